@@ -1,0 +1,95 @@
+"""Saving and loading model weights: safetensors + a JSON config beside them.
+
+`model.safetensors` holds the tensors; `model.json` holds
+`{"config": {...}, "meta": {...}}` where meta records how the weights were made
+(training steps, validation losses, corpus hash). Shipped checkpoints are
+stored in fp16 to keep the repository small and loaded back as fp32.
+
+Every failure to read a checkpoint becomes a `CheckpointError` with a sentence
+a user can act on; CLIs print it without a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from dspark.config import ModelConfig
+from dspark.model import Transformer
+
+
+class CheckpointError(Exception):
+    """A checkpoint is missing, unreadable or does not match its config."""
+
+
+def config_path(weights_path: str | Path) -> Path:
+    return Path(weights_path).with_suffix(".json")
+
+
+def save_checkpoint(
+    model: torch.nn.Module,
+    config,
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    meta: dict | None = None,
+) -> None:
+    """Write `path` (.safetensors) and its `.json` twin. Tied weights are stored once."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors, seen = {}, set()
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() in seen:  # tied to a tensor already written
+            continue
+        seen.add(tensor.data_ptr())
+        tensors[name] = tensor.detach().to(dtype).contiguous()
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp))
+    tmp.replace(path)  # atomic: a crash never leaves half a checkpoint
+    record = {"config": config.to_dict(), "meta": meta or {}}
+    config_path(path).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(record from the .json, tensors in fp32) or CheckpointError."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    cfg_path = config_path(path)
+    if not cfg_path.is_file():
+        raise CheckpointError(f"checkpoint config not found: {cfg_path}")
+    try:
+        record = json.loads(cfg_path.read_text())
+        record["config"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint config {cfg_path} is corrupt ({exc})") from None
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({exc})") from None
+    return record, {k: v.float() for k, v in tensors.items()}
+
+
+def load_target(path: str | Path) -> tuple[Transformer, dict]:
+    """Rebuild the target model from a checkpoint; returns (model in eval mode, meta)."""
+    record, tensors = read_checkpoint(path)
+    try:
+        config = ModelConfig.from_dict(record["config"])
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint config of {path} is invalid ({exc})") from None
+    model = Transformer(config)
+    try:
+        missing, unexpected = model.load_state_dict(tensors, strict=False)
+    except RuntimeError as exc:  # shape mismatch
+        raise CheckpointError(f"checkpoint {path} does not match its config ({exc})") from None
+    tied = {"lm_head.weight"} if config.tie_embeddings else set()
+    missing = [m for m in missing if m not in tied]
+    if missing or unexpected:
+        raise CheckpointError(
+            f"checkpoint {path} does not match its config "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
+    return model.eval(), record.get("meta", {})

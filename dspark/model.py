@@ -1,0 +1,258 @@
+"""The target language model: a small Llama-style decoder.
+
+RMSNorm, rotary position embeddings (RoPE), SwiGLU feed-forward and
+grouped-query attention, with the LM head tied to the token embedding.
+
+One model, two entry points:
+  * `forward(tokens)` -- a plain (B, T) causal pass without a cache, used for
+    training and as the ground truth the cached path is tested against;
+  * `forward_cached(tokens, slots, block_lens, cache)` -- appends a ragged
+    block to each listed KV-cache slot: the whole prompt at prefill, one token
+    per step when decoding, anchor + γ drafts when verifying. Tokens of all
+    requests arrive flattened into one (N,) vector; inside a block attention
+    is causal, and every token sees its own slot's cache in full.
+
+Both can also return the residual stream after the configured "tap" layers;
+drafters read these as context features (DESIGN.md section 2).
+
+What this file does not do: sampling, generation loops, drafting. The ragged
+attention here pads each block to the longest one *inside the attention op
+only*; projections and feed-forwards run on the flat token vector.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dspark.config import ModelConfig
+from dspark.kv_cache import KVCache
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor  # (B, T, V) or (N, V) (or (S, V) with last_only)
+    last_hidden: torch.Tensor  # final-normed hidden that feeds the LM head, same leading dims
+    taps: torch.Tensor | None = None  # (..., n_taps, dim) residual stream after each tap layer
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rope_table(config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of shape (max_seq_len, head_dim // 2)."""
+    half = config.head_dim // 2
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(half, dtype=torch.float64) / half))
+    angles = torch.outer(torch.arange(config.max_seq_len, dtype=torch.float64), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (x1, x2) halves of the last dim; cos/sin broadcast over the head dim."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = (
+            config.n_heads,
+            config.n_kv_heads,
+            config.head_dim,
+        )
+        kv_dim = config.n_kv_heads * config.head_dim
+        self.wq = nn.Linear(config.dim, config.dim, bias=False)
+        self.wk = nn.Linear(config.dim, kv_dim, bias=False)
+        self.wv = nn.Linear(config.dim, kv_dim, bias=False)
+        self.wo = nn.Linear(config.dim, config.dim, bias=False)
+
+    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        lead = x.shape[:-1]
+        q = self.wq(x).view(*lead, self.n_heads, self.head_dim)
+        k = self.wk(x).view(*lead, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(*lead, self.n_kv_heads, self.head_dim)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Full causal attention over x: (B, T, dim); cos/sin: (T, 1, head_dim/2)."""
+        B, T, _ = x.shape
+        q, k, v = (t.transpose(1, 2) for t in self._qkv(x, cos, sin))  # (B, H, T, hd)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.wo(out.transpose(1, 2).reshape(B, T, -1))
+
+    def forward_cached(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, cache: KVCache, rb
+    ) -> torch.Tensor:
+        """Ragged attention for flat tokens x: (N, dim) against the cache.
+
+        `rb` is the `_Ragged` index bundle built once per forward."""
+        q, k, v = self._qkv(x, cos, sin)  # (N, H, hd), (N, Hkv, hd), (N, Hkv, hd)
+        cache.keys[layer][rb.token_slot, :, rb.positions] = k.to(cache.keys.dtype)
+        cache.values[layer][rb.token_slot, :, rb.positions] = v.to(cache.values.dtype)
+        keys = rb.take_slots(cache.keys[layer])  # (S, Hkv, L, hd)
+        values = rb.take_slots(cache.values[layer])
+        q_pad = q.new_zeros(rb.n_slots, rb.block_max, self.n_heads, self.head_dim)
+        q_pad[rb.slot_index, rb.offsets] = q
+        out = F.scaled_dot_product_attention(
+            q_pad.transpose(1, 2),  # (S, H, Tb, hd)
+            keys.to(q.dtype),
+            values.to(q.dtype),
+            attn_mask=rb.mask,  # (S, 1, Tb, L)
+            enable_gqa=True,
+        )
+        out = out.transpose(1, 2)[rb.slot_index, rb.offsets]  # (N, H, hd)
+        return self.wo(out.reshape(x.shape[0], -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.w_gate = nn.Linear(config.dim, config.ffn_hidden, bias=False)
+        self.w_up = nn.Linear(config.dim, config.ffn_hidden, bias=False)
+        self.w_down = nn.Linear(config.ffn_hidden, config.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.attn = Attention(config)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.ffn = FeedForward(config)
+
+
+class _Ragged:
+    """Index bookkeeping for one ragged forward, shared by all layers.
+
+    slots (S,) cache slots; block_lens (S,); tokens are flat, slot-major."""
+
+    def __init__(self, slots: torch.Tensor, block_lens: torch.Tensor, cache: KVCache) -> None:
+        device = slots.device
+        self.n_slots = slots.shape[0]
+        self.block_max = int(block_lens.max())
+        starts = cache.lengths[slots]  # (S,) positions already in the cache
+        self.slot_index = torch.repeat_interleave(torch.arange(self.n_slots, device=device), block_lens)
+        first = torch.cumsum(block_lens, 0) - block_lens  # (S,) flat index of each block start
+        self.offsets = torch.arange(self.slot_index.shape[0], device=device) - first[self.slot_index]
+        self.positions = starts[self.slot_index] + self.offsets  # (N,) absolute positions
+        self.token_slot = slots[self.slot_index]  # (N,) cache slot of every token
+        self.kv_len = int((starts + block_lens).max())  # L: keys to read per slot
+        key_pos = torch.arange(self.kv_len, device=device)
+        query_pos = starts[:, None] + torch.arange(self.block_max, device=device)  # (S, Tb)
+        self.mask = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]  # (S, 1, Tb, L)
+        first_slot = int(slots[0])
+        contiguous = bool((slots == torch.arange(first_slot, first_slot + self.n_slots, device=device)).all())
+        self._slot_range = (first_slot, first_slot + self.n_slots) if contiguous else None
+        self._slots = slots
+
+    def take_slots(self, layer_cache: torch.Tensor) -> torch.Tensor:
+        """(n_slots_total, Hkv, T, hd) -> (S, Hkv, L, hd); a view when slots are contiguous."""
+        if self._slot_range is not None:
+            return layer_cache[self._slot_range[0] : self._slot_range[1], :, : self.kv_len]
+        return layer_cache[self._slots, :, : self.kv_len]
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.dim)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        cos, sin = rope_table(config)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # scale residual projections (GPT-2)
+            if name.endswith(("wo.weight", "w_down.weight")):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * config.n_layers))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def new_cache(self, n_slots: int, dtype: torch.dtype | None = None) -> KVCache:
+        dtype = dtype or self.embed.weight.dtype
+        return KVCache.for_model(self.config, n_slots, dtype, self.embed.weight.device)
+
+    def _head(self, x: torch.Tensor, taps: list[torch.Tensor] | None) -> ModelOutput:
+        hidden = self.norm(x)
+        stacked = torch.stack(taps, dim=-2) if taps is not None else None
+        return ModelOutput(self.lm_head(hidden), hidden, stacked)
+
+    def forward(self, tokens: torch.Tensor, return_taps: bool = False) -> ModelOutput:
+        """tokens: (B, T) -> logits (B, T, V). No cache: training and reference."""
+        T = tokens.shape[1]
+        if T > self.config.max_seq_len:
+            raise ValueError(f"sequence of {T} tokens exceeds context {self.config.max_seq_len}")
+        cos, sin = self.rope_cos[:T, None], self.rope_sin[:T, None]  # (T, 1, hd/2)
+        x = self.embed(tokens)
+        taps = [] if return_taps else None
+        for i, block in enumerate(self.blocks):
+            x = x + block.attn(block.attn_norm(x), cos, sin)
+            x = x + block.ffn(block.ffn_norm(x))
+            if return_taps and i in self.config.tap_layers:
+                taps.append(x)
+        return self._head(x, taps)
+
+    def forward_cached(
+        self,
+        tokens: torch.Tensor,
+        slots: torch.Tensor,
+        block_lens: torch.Tensor,
+        cache: KVCache,
+        return_taps: bool = False,
+        last_only: bool = False,
+    ) -> ModelOutput:
+        """Append a ragged block per slot and return logits for the new tokens.
+
+        tokens: (N,) flat, slot-major: the first block_lens[0] belong to
+        slots[0], and so on. slots, block_lens: (S,) int64, block_lens >= 1,
+        slots distinct. Returns logits (N, V), or (S, V) for each block's last
+        token with last_only=True (prefill). The cache lengths advance by
+        block_lens; roll back with `cache.rollback`.
+        """
+        if tokens.dim() != 1 or slots.dim() != 1 or slots.shape != block_lens.shape:
+            raise ValueError("tokens must be (N,), slots and block_lens both (S,)")
+        if int(block_lens.sum()) != tokens.shape[0] or bool((block_lens < 1).any()):
+            raise ValueError("block_lens must be >= 1 and sum to the number of tokens")
+        cache.check_room(slots, block_lens)
+        rb = _Ragged(slots, block_lens, cache)
+        cos, sin = self.rope_cos[rb.positions, None], self.rope_sin[rb.positions, None]
+        x = self.embed(tokens)  # (N, dim)
+        taps = [] if return_taps else None
+        for i, block in enumerate(self.blocks):
+            x = x + block.attn.forward_cached(block.attn_norm(x), cos, sin, i, cache, rb)
+            x = x + block.ffn(block.ffn_norm(x))
+            if return_taps and i in self.config.tap_layers:
+                taps.append(x)
+        cache.advance(slots, block_lens)
+        if last_only:
+            last = torch.cumsum(block_lens, 0) - 1
+            x = x[last]
+            taps = [t[last] for t in taps] if taps is not None else None
+        return self._head(x, taps)

@@ -1,0 +1,30 @@
+"""Where things live on disk.
+
+Shipped artefacts (tokenizer, default checkpoints, held-out evaluation prompts)
+sit inside the package under `dspark/assets/` so a fresh clone works at once.
+Everything the training commands produce (corpus, token arrays, training
+runs) goes under `DSPARK_HOME` (default `~/.cache/dspark`), never into git.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+TOKENIZER_PATH = ASSETS_DIR / "tokenizer.json"
+EVAL_PROMPTS_PATH = ASSETS_DIR / "eval_prompts.jsonl"
+TARGET_CHECKPOINT = ASSETS_DIR / "target.safetensors"  # its config sits beside it as .json
+
+
+def dspark_home() -> Path:
+    """Root for generated data and runs; override with the DSPARK_HOME variable."""
+    return Path(os.environ.get("DSPARK_HOME", Path.home() / ".cache" / "dspark"))
+
+
+def data_dir() -> Path:
+    return dspark_home() / "data"
+
+
+def runs_dir() -> Path:
+    return dspark_home() / "runs"

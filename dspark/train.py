@@ -1,0 +1,210 @@
+"""`python -m dspark.train`: every training command of the project.
+
+  data    build the offline corpus, the tokenizer and the token arrays
+  target  pre-train the target model (resumable)
+
+Outputs go under DSPARK_HOME (default ~/.cache/dspark); `--ship` copies the
+compact result into `dspark/assets/`, which is what gets committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from dspark import paths
+from dspark.checkpoint import save_checkpoint
+from dspark.cli import UsageError, run_main
+from dspark.config import ModelConfig
+from dspark.data import DOMAINS, build_samples, build_token_arrays, corpus_manifest, eval_prompts, write_jsonl
+from dspark.target_training import TrainConfig, train_target
+from dspark.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer
+
+
+def cmd_data(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    t0 = time.perf_counter()
+    print("building samples (stdlib sources, docstrings, pydoc topics, math problems) ...")
+    samples = build_samples(math_count=args.math_problems, seed=args.seed)
+    manifest = corpus_manifest(samples)
+    write_jsonl([s.__dict__ for s in samples], out / "corpus.jsonl")
+    prompts = eval_prompts(samples)
+    write_jsonl(prompts, out / "eval_prompts.jsonl")
+    if args.retrain_tokenizer or not paths.TOKENIZER_PATH.is_file():
+        print(f"training a byte-level BPE tokenizer, vocabulary {args.vocab_size} ...")
+        texts = (s.prompt + "\n" + s.response for s in samples if s.split == "train")
+        tokenizer = Tokenizer.train(texts, args.vocab_size)
+        tokenizer.save(out / "tokenizer.json")
+    else:
+        print(f"using the shipped tokenizer {paths.TOKENIZER_PATH} (--retrain-tokenizer to learn a new one)")
+        shutil.copy(paths.TOKENIZER_PATH, out / "tokenizer.json")
+        tokenizer = Tokenizer.load(out / "tokenizer.json")
+    print("tokenising ...")
+    sizes = build_token_arrays(samples, tokenizer, out)
+    manifest["tokens"] = sizes
+    manifest["vocab_size"] = tokenizer.vocab_size
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    print(f"\ncorpus sha256 {manifest['sha256'][:16]}…  (Python {manifest['python']})")
+    print(
+        f"{'domain':<6} {'train':>7} {'val':>6} {'eval':>5} {'chars':>11} {'train tokens':>13} {'val tokens':>11}"
+    )
+    for d in DOMAINS:
+        m = manifest["domains"][d]
+        n = m["samples"]
+        print(
+            f"{d:<6} {n['train']:>7} {n['val']:>6} {n['eval']:>5} {m['chars']:>11,} "
+            f"{sizes[d + '.train']:>13,} {sizes[d + '.val']:>11,}"
+        )
+    if args.ship:
+        shutil.copy(out / "tokenizer.json", paths.TOKENIZER_PATH)
+        shutil.copy(out / "eval_prompts.jsonl", paths.EVAL_PROMPTS_PATH)
+        print(f"shipped tokenizer and {len(prompts)} evaluation prompts to {paths.ASSETS_DIR}")
+    print(f"done in {time.perf_counter() - t0:.0f}s; wrote {out}")
+
+
+def cmd_target(args: argparse.Namespace) -> None:
+    data = Path(args.data)
+    manifest_path = data / "manifest.json"
+    if not manifest_path.is_file():
+        raise UsageError(f"no corpus in {data}; run `python -m dspark.train data` first")
+    manifest = json.loads(manifest_path.read_text())
+    run = Path(args.out)
+    if args.resume and (run / "model.json").is_file():
+        mc = ModelConfig.from_dict(json.loads((run / "model.json").read_text())["config"])
+        print("resuming: model shape comes from the run's own model.json")
+    else:
+        mc = ModelConfig(
+            vocab_size=manifest["vocab_size"],
+            dim=args.dim,
+            n_layers=args.layers,
+            n_heads=args.heads,
+            n_kv_heads=args.kv_heads,
+            ffn_hidden=args.ffn_hidden,
+            max_seq_len=args.context,
+            tap_layers=tuple(args.taps) if args.taps else ModelConfig.tap_layers,
+        )
+    if args.seq_len > mc.max_seq_len:
+        raise UsageError(f"--seq-len {args.seq_len} exceeds --context {mc.max_seq_len}")
+    tc = TrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        lr=args.lr,
+        warmup=args.warmup,
+        eval_every=args.eval_every,
+        checkpoint_every=args.eval_every,
+        seed=args.seed,
+    )
+    torch.set_num_threads(args.threads)
+    if not args.resume and (run / "model.safetensors").exists():
+        raise UsageError(f"{run} already holds a run; pass --resume to continue it or choose another --out")
+    meta = train_target(mc, tc, data, run, resume=args.resume, corpus_hash=manifest["sha256"])
+    print("validation loss / perplexity per domain:")
+    for d in DOMAINS:
+        print(f"  {d:<5} loss {meta['val_loss'][d]:.3f}  ppl {meta['val_ppl'][d]:.2f}")
+    if args.ship:
+        from dspark.checkpoint import load_target
+
+        model, _ = load_target(run / "model.safetensors")
+        save_checkpoint(model, mc, paths.TARGET_CHECKPOINT, dtype=torch.float16, meta=meta)
+        print(f"shipped fp16 weights to {paths.TARGET_CHECKPOINT}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m dspark.train",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "data",
+        help="build corpus, tokenizer and token arrays",
+        description="Build the three-domain corpus offline, (re)train the tokenizer, "
+        "tokenise train/val splits and pick the held-out evaluation prompts.",
+    )
+    p.add_argument("--out", default=str(paths.data_dir()), help="output directory (default: %(default)s)")
+    p.add_argument(
+        "--math-problems", type=int, default=15000, help="generated math problems (default: %(default)s)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the math generator (default: %(default)s)")
+    p.add_argument(
+        "--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="BPE vocabulary (default: %(default)s)"
+    )
+    p.add_argument(
+        "--retrain-tokenizer",
+        action="store_true",
+        help="learn a new tokenizer instead of reusing the shipped one",
+    )
+    p.add_argument("--ship", action="store_true", help="copy tokenizer and eval prompts into dspark/assets/")
+    p.set_defaults(func=cmd_data)
+
+    d = ModelConfig()
+    p = sub.add_parser(
+        "target",
+        help="pre-train the target LM",
+        description="Pre-train the target model on the corpus built by `data`. "
+        "Checkpoints every --eval-every steps; --resume continues an interrupted run.",
+    )
+    p.add_argument("--data", default=str(paths.data_dir()), help="corpus directory (default: %(default)s)")
+    p.add_argument(
+        "--out", default=str(paths.runs_dir() / "target"), help="run directory (default: %(default)s)"
+    )
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--ship", action="store_true", help="write fp16 weights to dspark/assets/ when done")
+    p.add_argument("--dim", type=int, default=d.dim, help="model width (default: %(default)s)")
+    p.add_argument("--layers", type=int, default=d.n_layers, help="blocks (default: %(default)s)")
+    p.add_argument("--heads", type=int, default=d.n_heads, help="query heads (default: %(default)s)")
+    p.add_argument(
+        "--kv-heads", type=int, default=d.n_kv_heads, help="key/value heads (default: %(default)s)"
+    )
+    p.add_argument("--ffn-hidden", type=int, default=d.ffn_hidden, help="SwiGLU width (default: %(default)s)")
+    p.add_argument("--context", type=int, default=d.max_seq_len, help="context length (default: %(default)s)")
+    p.add_argument("--taps", type=int, nargs="*", help=f"tap layers for drafters (default: {d.tap_layers})")
+    tc_defaults = TrainConfig()
+    p.add_argument(
+        "--steps", type=int, default=tc_defaults.steps, help="optimizer steps (default: %(default)s)"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=tc_defaults.batch_size,
+        help="windows per step (default: %(default)s)",
+    )
+    p.add_argument(
+        "--seq-len", type=int, default=tc_defaults.seq_len, help="tokens per window (default: %(default)s)"
+    )
+    p.add_argument(
+        "--lr", type=float, default=tc_defaults.lr, help="peak learning rate (default: %(default)s)"
+    )
+    p.add_argument(
+        "--warmup", type=int, default=tc_defaults.warmup, help="warm-up steps (default: %(default)s)"
+    )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=tc_defaults.eval_every,
+        help="steps between validation + checkpoint (default: %(default)s)",
+    )
+    p.add_argument("--seed", type=int, default=tc_defaults.seed, help="random seed (default: %(default)s)")
+    p.add_argument(
+        "--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: %(default)s)"
+    )
+    p.set_defaults(func=cmd_target)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
