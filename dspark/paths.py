@@ -14,6 +14,7 @@ from pathlib import Path
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 TOKENIZER_PATH = ASSETS_DIR / "tokenizer.json"
 EVAL_PROMPTS_PATH = ASSETS_DIR / "eval_prompts.jsonl"
+CORPUS_MANIFEST_PATH = ASSETS_DIR / "corpus_manifest.json"  # sizes + hash of the corpus behind them
 TARGET_CHECKPOINT = ASSETS_DIR / "target.safetensors"  # its config sits beside it as .json
 
 

@@ -64,7 +64,8 @@ def cmd_data(args: argparse.Namespace) -> None:
     if args.ship:
         shutil.copy(out / "tokenizer.json", paths.TOKENIZER_PATH)
         shutil.copy(out / "eval_prompts.jsonl", paths.EVAL_PROMPTS_PATH)
-        print(f"shipped tokenizer and {len(prompts)} evaluation prompts to {paths.ASSETS_DIR}")
+        shutil.copy(out / "manifest.json", paths.CORPUS_MANIFEST_PATH)
+        print(f"shipped tokenizer, manifest and {len(prompts)} evaluation prompts to {paths.ASSETS_DIR}")
     print(f"done in {time.perf_counter() - t0:.0f}s; wrote {out}")
 
 

@@ -1,0 +1,130 @@
+"""`python -m dspark.generate`: talk to the shipped target model.
+
+With no prompt it runs a short demo: one held-out evaluation prompt per domain
+(code, math, chat). Otherwise every positional argument is a prompt; they are
+generated together as one batch. Decoding is plain autoregressive for now.
+
+`--json` prints ONE JSON object on stdout. For a single prompt its `text` is a
+string and `new_tokens` an integer; for several prompts (or the demo) both are
+lists with one entry per prompt, and `tokens_per_s` is the batch's total.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from dspark import paths
+from dspark.checkpoint import load_target
+from dspark.cli import UsageError, run_main
+from dspark.data import load_eval_prompts
+from dspark.generation import generate
+from dspark.sampling import SamplingParams
+from dspark.tokenizer import Tokenizer
+
+
+def _style(text: str, sgr: int) -> str:
+    """Bold (1) or dim (2) on a terminal, plain text when piped."""
+    return f"\033[{sgr}m{text}\033[0m" if sys.stdout.isatty() else text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m dspark.generate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt text (none: run the demo)")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=96, help="tokens to generate (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0 = greedy, else sampling temperature (default: %(default)s)",
+    )
+    parser.add_argument("--top-k", type=int, default=0, help="sample only from the k best tokens (0 = off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed for sampling (default: %(default)s)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument(
+        "--checkpoint",
+        default=str(paths.TARGET_CHECKPOINT),
+        help="target weights (default: the shipped model)",
+    )
+    parser.add_argument(
+        "--tokenizer", default=str(paths.TOKENIZER_PATH), help="tokenizer.json (default: shipped)"
+    )
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    params = SamplingParams(args.temperature, args.top_k, args.top_p)  # validates
+    if any(not p.strip() for p in args.prompts):
+        raise UsageError("a prompt is empty; give some text or no prompt at all for the demo")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tokenizer = Tokenizer.load(args.tokenizer)
+    model, _ = load_target(args.checkpoint)
+    if model.config.vocab_size != tokenizer.vocab_size:
+        raise UsageError(
+            f"tokenizer has {tokenizer.vocab_size} tokens but the model expects {model.config.vocab_size}"
+        )
+
+    if args.prompts:
+        labels, texts = ["prompt"] * len(args.prompts), args.prompts
+    else:
+        demo = {}
+        for record in load_eval_prompts(paths.EVAL_PROMPTS_PATH):
+            demo.setdefault(record["domain"], record["prompt"])
+        labels, texts = list(demo), list(demo.values())
+    prompts = [tokenizer.chat_prompt(t) for t in texts]
+    context = model.config.max_seq_len
+    for text, ids in zip(texts, prompts):
+        if len(ids) >= context:
+            raise UsageError(
+                f"prompt {text[:40]!r}… is {len(ids)} tokens; the context is {context} tokens "
+                "and generation needs room for at least one more"
+            )
+
+    generator = torch.Generator().manual_seed(args.seed)
+    result = generate(model, prompts, args.max_new_tokens, params, generator, eos_id=tokenizer.eos_id)
+    replies = [tokenizer.decode(t) for t in result.tokens]
+
+    if args.json:
+        single = len(replies) == 1
+        record = {
+            "text": replies[0] if single else replies,
+            "new_tokens": len(result.tokens[0]) if single else [len(t) for t in result.tokens],
+            "tokens_per_s": round(result.tokens_per_s, 2),
+            "prompts": texts,
+            "stop_reasons": result.stop_reasons,
+            "drafter": "none",
+            "temperature": args.temperature,
+            "seed": args.seed,
+            "prefill_s": round(result.prefill_seconds, 4),
+            "decode_s": round(result.decode_seconds, 4),
+        }
+        print(json.dumps(record, ensure_ascii=False))
+        return
+    mode = "greedy" if params.greedy else f"T={args.temperature}"
+    for label, text, reply, tokens, reason in zip(labels, texts, replies, result.tokens, result.stop_reasons):
+        print(_style(f"[{label}]", 1), text.strip())
+        print(_style(f"--- reply ({len(tokens)} tokens, stopped by {reason}) ---", 2))
+        print(reply.rstrip() + "\n")
+    print(
+        f"{result.new_tokens} new tokens for {len(prompts)} prompt(s), {mode}, "
+        f"{result.tokens_per_s:.1f} tokens/s (plain autoregressive decoding, batch {len(prompts)})"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

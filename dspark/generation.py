@@ -1,0 +1,113 @@
+"""Plain autoregressive generation for a batch of prompts (no drafter).
+
+Each prompt gets a KV-cache slot. One ragged prefill pass reads all prompts at
+once (different lengths, no padding outside attention); then every step feeds
+each unfinished request its last token and samples the next one. A request
+stops at EOS (kept as its last token), after `max_new_tokens`, or when its
+slot's context is full. This is the baseline every speculative path must
+reproduce token for token at temperature 0.
+
+What this file does not do: drafting or verification, scheduling requests
+that arrive over time (that is the serving engine's job).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from dspark.kv_cache import KVCache
+from dspark.model import Transformer
+from dspark.sampling import SamplingParams, probabilities, sample
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[list[int]]  # new tokens per prompt (EOS included when it ended the request)
+    stop_reasons: list[str]  # per prompt: "eos", "length" (max_new_tokens) or "context"
+    prefill_seconds: float  # wall time of the prefill pass
+    decode_seconds: float  # wall time of all decode steps
+    steps: int  # target forward passes after prefill
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def tokens_per_s(self) -> float:
+        total = self.prefill_seconds + self.decode_seconds
+        return self.new_tokens / total if total > 0 else float("nan")
+
+
+def check_prompts(prompts: list[list[int]], context: int) -> None:
+    """Raise ValueError for an empty prompt or one that leaves no room to generate."""
+    if not prompts:
+        raise ValueError("no prompts given")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty")
+        if len(p) >= context:
+            raise ValueError(
+                f"prompt {i} is {len(p)} tokens; the model's context is {context} tokens "
+                "and generation needs room for at least one more"
+            )
+
+
+@torch.no_grad()
+def generate(
+    model: Transformer,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+    eos_id: int | None = None,
+    cache: KVCache | None = None,
+) -> GenerationResult:
+    """Generate for every prompt; `eos_id=None` never stops early (benchmarks)."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    context = model.config.max_seq_len
+    check_prompts(prompts, context)
+    generator = generator or torch.Generator().manual_seed(0)
+    cache = cache or model.new_cache(len(prompts))
+    slots = torch.tensor([cache.allocate() for _ in prompts])
+    try:
+        t0 = time.perf_counter()
+        flat = torch.tensor([t for p in prompts for t in p])
+        lens = torch.tensor([len(p) for p in prompts])
+        logits = model.forward_cached(flat, slots, lens, cache, last_only=True).logits  # (S, V)
+        next_tokens = sample(probabilities(logits, params), generator)  # (S,)
+        prefill_seconds = time.perf_counter() - t0
+
+        out: list[list[int]] = [[] for _ in prompts]
+        reasons = [""] * len(prompts)
+        active = list(range(len(prompts)))
+        steps, t1 = 0, time.perf_counter()
+        while True:
+            still = []
+            for row, i in enumerate(active):
+                token = int(next_tokens[row])
+                out[i].append(token)
+                if eos_id is not None and token == eos_id:
+                    reasons[i] = "eos"
+                elif len(out[i]) >= max_new_tokens:
+                    reasons[i] = "length"
+                elif int(cache.lengths[slots[i]]) + 1 > context:
+                    reasons[i] = "context"
+                else:
+                    still.append((row, i))
+            if not still:
+                break
+            active = [i for _, i in still]
+            feed = torch.tensor([int(next_tokens[row]) for row, _ in still])
+            step_slots = slots[active]
+            logits = model.forward_cached(feed, step_slots, torch.ones_like(step_slots), cache).logits
+            next_tokens = sample(probabilities(logits, params), generator)
+            steps += 1
+        decode_seconds = time.perf_counter() - t1
+    finally:
+        for s in slots.tolist():
+            cache.free(s)
+    return GenerationResult(out, reasons, prefill_seconds, decode_seconds, steps)

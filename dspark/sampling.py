@@ -1,0 +1,81 @@
+"""Logits -> probabilities -> tokens, the one place where this happens.
+
+`SamplingParams` (temperature, top-k, top-p) turns logits into an fp32
+probability vector with `probabilities`; `sample_from_probs` draws from it by
+inverse-CDF with uniforms the caller supplies, and `sample` draws those
+uniforms from an explicit `torch.Generator`. Drafting and verification must
+use exactly these tensors: a token sampled from one distribution and judged
+with another breaks losslessness.
+
+Temperature 0 means greedy: the probability vector is one-hot on the argmax
+(ties go to the lowest token id, as `torch.argmax` documents), so greedy and
+sampled decoding share every code path.
+
+What this file does not do: rejection sampling (a later verify module) or any
+randomness without a generator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 = greedy (argmax); otherwise logits are divided by it
+    top_k: int = 0  # keep only the k most likely tokens (0 = all)
+    top_p: float = 1.0  # keep the smallest set whose mass reaches top_p (1 = all)
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:  # also rejects NaN
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top-k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """(..., V) logits -> (..., V) fp32 probabilities after temperature/top-k/top-p."""
+    logits = logits.float()
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / params.temperature
+    if 0 < params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs  # mass of strictly better tokens
+        drop_sorted = mass_before >= params.top_p  # the top token always survives
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling: (..., V) probs and (...) uniforms in [0, 1) -> (...) ids.
+
+    A token with zero probability is never returned: the search is over the
+    cumulative sum scaled by its own total, with right-sided ties, and capped at
+    the last token with positive probability."""
+    cdf = probs.float().cumsum(-1)
+    target = uniforms.float().unsqueeze(-1) * cdf[..., -1:]
+    idx = torch.searchsorted(cdf.contiguous(), target.contiguous(), right=True).squeeze(-1)
+    # u that rounds to 1.0 would land past the end: cap at the last positive token
+    last_positive = probs.shape[-1] - 1 - (probs > 0).flip(-1).float().argmax(-1)
+    return torch.minimum(idx, last_positive)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """(..., V) probs -> (...) ids, uniforms drawn from `generator`."""
+    uniforms = torch.rand(probs.shape[:-1], generator=generator, device=probs.device)
+    return sample_from_probs(probs, uniforms)

@@ -1,0 +1,85 @@
+"""Checkpoints round-trip and fail clearly; target training learns, checkpoints and resumes."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY
+
+from dspark.checkpoint import CheckpointError, load_target, save_checkpoint
+from dspark.data import DOMAINS
+from dspark.model import Transformer
+from dspark.target_training import TrainConfig, domain_counts, lr_at, train_target
+
+
+def test_fp16_round_trip_keeps_ties(tmp_path, tiny_model):
+    save_checkpoint(tiny_model, TINY, tmp_path / "m.safetensors", dtype=torch.float16, meta={"x": 1})
+    model, meta = load_target(tmp_path / "m.safetensors")
+    assert meta == {"x": 1}
+    assert model.lm_head.weight is model.embed.weight
+    for (name, a), (_, b) in zip(tiny_model.state_dict().items(), model.state_dict().items()):
+        torch.testing.assert_close(a.half().float(), b, msg=name)
+
+
+def test_checkpoint_errors(tmp_path, tiny_model):
+    path = tmp_path / "m.safetensors"
+    with pytest.raises(CheckpointError, match="not found"):
+        load_target(path)
+    save_checkpoint(tiny_model, TINY, path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])  # truncated download
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_target(path)
+    save_checkpoint(tiny_model, TINY, path)
+    record = json.loads(path.with_suffix(".json").read_text())
+    record["config"]["dim"] = 64  # weights no longer fit the config
+    path.with_suffix(".json").write_text(json.dumps(record))
+    with pytest.raises(CheckpointError, match="does not match"):
+        load_target(path)
+    path.with_suffix(".json").write_text("{")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_target(path)
+
+
+def test_lr_schedule_and_domain_split():
+    tc = TrainConfig(steps=100, warmup=10, lr=1.0, min_lr=0.1, batch_size=7)
+    assert lr_at(0, tc) == pytest.approx(0.1) and lr_at(9, tc) == pytest.approx(1.0)
+    assert lr_at(100, tc) == pytest.approx(0.1)
+    assert all(lr_at(s, tc) >= lr_at(s + 1, tc) for s in range(10, 100))
+    counts = domain_counts(tc)
+    assert sum(counts.values()) == 7 and counts["code"] == 3
+
+
+@pytest.fixture()
+def toy_corpus(tmp_path):
+    """Token arrays where every domain repeats a short cycle: easy to learn."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for i, d in enumerate(DOMAINS):
+        cycle = np.arange(10 + i, 20 + 2 * i, dtype=np.uint16)
+        for split in ("train", "val"):
+            np.tile(cycle, 300).tofile(data / f"{d}.{split}.bin")
+    return data
+
+
+def test_training_learns_checkpoints_and_resumes(tmp_path, toy_corpus):
+    tc = TrainConfig(
+        steps=30, batch_size=6, seq_len=32, lr=1e-2, warmup=3, eval_every=15, checkpoint_every=15
+    )
+    run = tmp_path / "run"
+    first = train_target(TINY, tc, toy_corpus, run)
+    assert first["step"] == 30
+    assert all(v < 0.5 * math.log(TINY.vocab_size) for v in first["val_loss"].values())
+    log = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines()]
+    assert len(log) == 30 and log[-1]["loss"] < log[0]["loss"]
+    model, meta = load_target(run / "model.safetensors")
+    assert isinstance(model, Transformer) and meta["step"] == 30
+
+    longer = TrainConfig(**{**tc.__dict__, "steps": 34})
+    second = train_target(TINY, longer, toy_corpus, run, resume=True)
+    assert second["step"] == 34 and second["tokens"] == 34 * 6 * 32
+    assert len((run / "log.jsonl").read_text().splitlines()) == 34
