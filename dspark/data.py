@@ -41,6 +41,7 @@ from dspark.math_problems import generate_problems
 from dspark.tokenizer import Tokenizer
 
 DOMAINS = ("code", "math", "chat")
+MATH_PROBLEMS = 15000  # generated math problems in the default corpus
 EVAL_PER_DOMAIN = 80  # held-out prompts per domain (the issue asks for >= 64)
 VAL_FRACTION = 0.02
 MAX_PROMPT_CHARS = 1500
@@ -202,7 +203,7 @@ def math_samples(count: int, seed: int) -> Iterator[Sample]:
 # ---------------------------------------------------------------------------
 # the corpus
 # ---------------------------------------------------------------------------
-def build_samples(math_count: int = 20000, seed: int = 0) -> list[Sample]:
+def build_samples(math_count: int = MATH_PROBLEMS, seed: int = 0) -> list[Sample]:
     """All samples of all domains, de-duplicated, with splits assigned."""
     seen: set[str] = set()
     samples = []
@@ -262,7 +263,7 @@ def write_jsonl(records: list[dict], path: Path) -> None:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
 
 
-def corpus_manifest(samples: list[Sample]) -> dict:
+def corpus_manifest(samples: list[Sample], math_count: int, seed: int) -> dict:
     """Sizes per domain and split, and a content hash of the whole corpus."""
     digest = hashlib.sha256()
     for s in samples:
@@ -273,6 +274,8 @@ def corpus_manifest(samples: list[Sample]) -> dict:
         chars[s.domain] += len(s.prompt) + len(s.response)
     return {
         "python": sys.version.split()[0],
+        "math_problems": math_count,
+        "seed": seed,
         "sha256": digest.hexdigest(),
         "domains": {
             d: {

@@ -22,7 +22,15 @@ from dspark import paths
 from dspark.checkpoint import save_checkpoint
 from dspark.cli import UsageError, run_main
 from dspark.config import ModelConfig
-from dspark.data import DOMAINS, build_samples, build_token_arrays, corpus_manifest, eval_prompts, write_jsonl
+from dspark.data import (
+    DOMAINS,
+    MATH_PROBLEMS,
+    build_samples,
+    build_token_arrays,
+    corpus_manifest,
+    eval_prompts,
+    write_jsonl,
+)
 from dspark.target_training import TrainConfig, train_target
 from dspark.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer
 
@@ -32,7 +40,7 @@ def cmd_data(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     print("building samples (stdlib sources, docstrings, pydoc topics, math problems) ...")
     samples = build_samples(math_count=args.math_problems, seed=args.seed)
-    manifest = corpus_manifest(samples)
+    manifest = corpus_manifest(samples, args.math_problems, args.seed)
     write_jsonl([s.__dict__ for s in samples], out / "corpus.jsonl")
     prompts = eval_prompts(samples)
     write_jsonl(prompts, out / "eval_prompts.jsonl")
@@ -133,7 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default=str(paths.data_dir()), help="output directory (default: %(default)s)")
     p.add_argument(
-        "--math-problems", type=int, default=15000, help="generated math problems (default: %(default)s)"
+        "--math-problems",
+        type=int,
+        default=MATH_PROBLEMS,
+        help="generated math problems (default: %(default)s)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the math generator (default: %(default)s)")
     p.add_argument(
