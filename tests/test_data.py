@@ -87,7 +87,9 @@ def test_split_assignment_is_deterministic_and_order_free():
 def test_corpus_matches_the_shipped_manifest(manifest, samples):
     if manifest["python"] != sys.version.split()[0]:
         pytest.skip(f"corpus was built from Python {manifest['python']}'s stdlib")
-    assert corpus_manifest(samples, manifest["math_problems"], manifest["seed"])["sha256"] == manifest["sha256"]
+    assert (
+        corpus_manifest(samples, manifest["math_problems"], manifest["seed"])["sha256"] == manifest["sha256"]
+    )
 
 
 def test_token_arrays_round_trip(tmp_path, samples, tokenizer):

@@ -1,0 +1,134 @@
+"""Command lines: --help everywhere, one JSON object, clear errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dspark import bench, generate, paths, train
+from dspark.checkpoint import save_checkpoint
+from dspark.cli import run_main
+from dspark.config import ModelConfig
+from dspark.model import Transformer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def small_checkpoint(tmp_path_factory, tokenizer) -> Path:
+    """A random model with the shipped tokenizer's vocabulary: fast to load and run."""
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, dim=32, n_layers=2, n_heads=2, n_kv_heads=1,
+                         ffn_hidden=64, max_seq_len=128, tap_layers=(0,))  # fmt: skip
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("ckpt") / "tiny.safetensors"
+    save_checkpoint(Transformer(config), config, path, dtype=torch.float16)
+    return path
+
+
+@pytest.mark.parametrize(
+    "module, argv",
+    [(generate, []), (train, []), (train, ["data"]), (train, ["target"]), (bench, []), (bench, ["ar"])],
+)
+def test_help(module, argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        module.main([*argv, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage: python -m dspark." in capsys.readouterr().out
+
+
+def test_generate_json_one_prompt(small_checkpoint, capsys):
+    code = run_main(
+        generate.main,
+        ["Hello there", "--max-new-tokens", "5", "--json", "--checkpoint", str(small_checkpoint)],
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    record = json.loads(out)  # exactly one JSON object on stdout
+    assert isinstance(record["text"], str) and record["new_tokens"] <= 5 and record["tokens_per_s"] > 0
+
+
+def test_generate_demo_json_has_one_entry_per_domain(small_checkpoint, capsys):
+    code = run_main(generate.main, ["--max-new-tokens", "3", "--json", "--temperature", "0.8",
+                                    "--top-k", "50", "--top-p", "0.9", "--checkpoint", str(small_checkpoint)])  # fmt: skip
+    record = json.loads(capsys.readouterr().out)
+    assert code == 0 and len(record["text"]) == 3 and len(record["new_tokens"]) == 3
+
+
+def test_generate_same_seed_same_text(small_checkpoint, capsys):
+    args = [
+        "Say something",
+        "--max-new-tokens",
+        "8",
+        "--temperature",
+        "1",
+        "--json",
+        "--checkpoint",
+        str(small_checkpoint),
+    ]
+    texts = []
+    for seed in ("3", "3", "4"):
+        run_main(generate.main, [*args, "--seed", seed])
+        texts.append(json.loads(capsys.readouterr().out)["text"])
+    assert texts[0] == texts[1]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["   "], "prompt is empty"),
+        (["word " * 400], "context"),
+        (["hi", "--temperature", "-1"], "temperature"),
+        (["hi", "--top-p", "0"], "top-p"),
+        (["hi", "--max-new-tokens", "0"], "max-new-tokens"),
+        (["hi", "--checkpoint", "/nonexistent/model.safetensors"], "not found"),
+    ],
+)
+def test_generate_errors_are_clear(small_checkpoint, argv, message, capsys):
+    if "--checkpoint" not in argv:
+        argv = [*argv, "--checkpoint", str(small_checkpoint)]
+    assert run_main(generate.main, argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and message in err and "Traceback" not in err
+
+
+def test_corrupt_checkpoint_is_a_clear_error(small_checkpoint, tmp_path, capsys):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(small_checkpoint.read_bytes()[:100])
+    bad.with_suffix(".json").write_text(small_checkpoint.with_suffix(".json").read_text())
+    assert run_main(generate.main, ["hi", "--checkpoint", str(bad)]) == 2
+    assert "corrupt" in capsys.readouterr().err
+
+
+def test_train_target_without_corpus_is_a_clear_error(tmp_path, capsys):
+    assert run_main(train.main, ["target", "--data", str(tmp_path), "--out", str(tmp_path / "run")]) == 2
+    assert "python -m dspark.train data" in capsys.readouterr().err
+
+
+def test_bench_ar_runs(small_checkpoint, tmp_path, capsys):
+    out = tmp_path / "ar.json"
+    argv = ["ar", "--batch-sizes", "1,3", "--max-new-tokens", "4", "--repeats", "1",
+            "--checkpoint", str(small_checkpoint), "--json", str(out)]  # fmt: skip
+    assert run_main(bench.main, argv) == 0
+    assert "| batch |" in capsys.readouterr().out
+    rows = json.loads(out.read_text())["results"]
+    assert [r["batch"] for r in rows] == [1, 3] and all(r["tokens_per_s"] > 0 for r in rows)
+
+
+@pytest.mark.skipif(not paths.TARGET_CHECKPOINT.is_file(), reason="no shipped target checkpoint yet")
+def test_readme_command_on_the_shipped_model():
+    """What the README's first command runs, as a real subprocess (fresh interpreter)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "dspark.generate", "--max-new-tokens", "24", "--json"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(proc.stdout)
+    assert len(record["text"]) == 3 and all(n > 0 for n in record["new_tokens"])
+    bad = subprocess.run([sys.executable, "-m", "dspark.generate", "", "--json"],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)  # fmt: skip
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and bad.stdout == ""
