@@ -1,0 +1,110 @@
+"""Lossless verification of draft tokens: speculative rejection sampling.
+
+For every request r the drafter proposed tokens x_1..x_γ, x_k sampled from
+its distribution q_k; the target scored the anchor and the drafts in one pass,
+giving p_0..p_γ (p_k is the target's distribution for the token after x_k,
+p_0 the one after the anchor, i.e. for draft position 1). Only the first ℓ_r
+drafts are *verified* (ℓ_r in 0..γ, chosen per request by a scheduler; the
+rest were never sent to the target).
+
+Left to right, draft k is accepted when  u_k · q_k(x_k) < p_{k-1}(x_k),
+i.e. with probability min(1, p/q). At the first rejection a replacement is
+sampled from the residual  norm(max(0, p_{k-1} − q_k)); if all ℓ_r drafts
+survive, a bonus token is sampled from p_ℓ. Either way the round yields
+accepted + 1 tokens and the output distribution is exactly the target's
+(Leviathan et al. 2023; DESIGN.md section 1).
+
+Greedy decoding needs no special case: at temperature 0 both p and q are
+one-hot, so a draft is accepted exactly when it equals the target's argmax,
+and the residual of a rejection is the target's one-hot argmax.
+
+This is a pure function: all randomness comes in as uniforms, so the same
+uniforms always give the same answer (and tests can inject them). Indexing:
+`target_probs[:, k]` is the distribution for draft position k+1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dspark.sampling import sample_from_probs
+
+
+@dataclass
+class VerifyResult:
+    accepted: torch.Tensor  # (R,) int64: drafts accepted, 0..verify_lens[r]
+    next_token: torch.Tensor  # (R,) int64: residual sample after a rejection, else the bonus token
+
+
+def check_verify_inputs(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    verify_lens: torch.Tensor,
+) -> None:
+    R, gamma = draft_tokens.shape
+    V = target_probs.shape[-1]
+    if draft_probs.shape != (R, gamma, V):
+        raise ValueError(f"draft_probs must be {(R, gamma, V)}, got {tuple(draft_probs.shape)}")
+    if target_probs.shape != (R, gamma + 1, V):
+        raise ValueError(f"target_probs must be {(R, gamma + 1, V)}, got {tuple(target_probs.shape)}")
+    if verify_lens.shape != (R,) or bool(((verify_lens < 0) | (verify_lens > gamma)).any()):
+        raise ValueError(f"verify_lens must be (R,) with values in 0..{gamma}")
+    if draft_probs.dtype != torch.float32 or target_probs.dtype != torch.float32:
+        raise ValueError("probabilities must be float32 (the dtype the tokens were sampled with)")
+
+
+def verify(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    verify_lens: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    resample_uniforms: torch.Tensor,
+) -> VerifyResult:
+    """Batched, ragged speculative verification.
+
+    draft_tokens (R, γ) int64; draft_probs (R, γ, V) fp32, row k the q the
+    k-th draft was sampled from; target_probs (R, γ+1, V) fp32; verify_lens
+    (R,) int64 in 0..γ; accept_uniforms (R, γ) and resample_uniforms (R,) in
+    [0, 1). Drafts beyond verify_lens[r] are ignored entirely.
+    """
+    check_verify_inputs(draft_tokens, draft_probs, target_probs, verify_lens)
+    R, gamma = draft_tokens.shape
+    rows = torch.arange(R, device=draft_tokens.device)
+    if gamma > 0:
+        tok = draft_tokens.unsqueeze(-1)
+        q = draft_probs.gather(-1, tok).squeeze(-1)  # (R, γ) q_k(x_k)
+        p = target_probs[:, :gamma].gather(-1, tok).squeeze(-1)  # (R, γ) p_{k-1}(x_k)
+        ok = accept_uniforms * q < p  # (R, γ)
+        position = torch.arange(gamma, device=draft_tokens.device)
+        ok &= position[None, :] < verify_lens[:, None]  # unverified drafts count as stops
+        accepted = torch.cumprod(ok.long(), dim=1).sum(dim=1)  # length of the all-True prefix
+    else:
+        accepted = torch.zeros(R, dtype=torch.long, device=draft_tokens.device)
+
+    rejected = accepted < verify_lens  # (R,) stopped by a real rejection, not by ℓ_r
+    p_next = target_probs[rows, accepted]  # (R, V) target distribution at the stop
+    if gamma > 0:
+        q_next = draft_probs[rows, accepted.clamp(max=gamma - 1)]
+        residual = (p_next - q_next).clamp_min(0.0)
+        mass = residual.sum(-1, keepdim=True)
+        # A rejection implies p(x) < q(x) somewhere, hence positive residual mass;
+        # fall back to p for float round-off only.
+        residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_next)
+        dist = torch.where(rejected[:, None], residual, p_next)
+    else:
+        dist = p_next
+    next_token = sample_from_probs(dist, resample_uniforms)
+    return VerifyResult(accepted, next_token)
+
+
+def draw_uniforms(
+    n_requests: int, gamma: int, generator: torch.Generator, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fresh accept (R, γ) and resample (R,) uniforms for one verification round."""
+    accept = torch.rand(n_requests, gamma, generator=generator, device=device)
+    resample = torch.rand(n_requests, generator=generator, device=device)
+    return accept, resample
