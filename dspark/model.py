@@ -99,7 +99,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """Ragged attention for flat tokens x: (N, dim) against the cache.
 
-        `rb` is the `_Ragged` index bundle built once per forward."""
+        `rb` is the `RaggedIndex` index bundle built once per forward."""
         q, k, v = self._qkv(x, cos, sin)  # (N, H, hd), (N, Hkv, hd), (N, Hkv, hd)
         cache.keys[layer][rb.token_slot, :, rb.positions] = k.to(cache.keys.dtype)
         cache.values[layer][rb.token_slot, :, rb.positions] = v.to(cache.values.dtype)
@@ -138,8 +138,11 @@ class Block(nn.Module):
         self.ffn = FeedForward(config)
 
 
-class _Ragged:
+class RaggedIndex:
     """Index bookkeeping for one ragged forward, shared by all layers.
+
+    Built before the cache lengths advance: `positions` are where the new
+    tokens go.
 
     slots (S,) cache slots; block_lens (S,); tokens are flat, slot-major."""
 
@@ -167,6 +170,30 @@ class _Ragged:
         if self._slot_range is not None:
             return layer_cache[self._slot_range[0] : self._slot_range[1], :, : self.kv_len]
         return layer_cache[self._slots, :, : self.kv_len]
+
+
+def run_blocks_cached(
+    blocks: nn.ModuleList,
+    x: torch.Tensor,
+    rb: RaggedIndex,
+    cache: KVCache,
+    rope_cos: torch.Tensor,
+    rope_sin: torch.Tensor,
+    tap_layers: tuple[int, ...] = (),
+) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    """Run pre-norm blocks over flat inputs x: (N, dim), block i using cache layer i.
+
+    Shared by the target and by drafters that keep their own small KV cache.
+    Does not advance the cache lengths (the caller does, once). Returns the
+    output (N, dim) and the residual stream after each layer in `tap_layers`."""
+    cos, sin = rope_cos[rb.positions, None], rope_sin[rb.positions, None]  # (N, 1, hd/2)
+    taps = [] if tap_layers else None
+    for i, block in enumerate(blocks):
+        x = x + block.attn.forward_cached(block.attn_norm(x), cos, sin, i, cache, rb)
+        x = x + block.ffn(block.ffn_norm(x))
+        if i in tap_layers:
+            taps.append(x)
+    return x, taps
 
 
 class Transformer(nn.Module):
@@ -241,15 +268,11 @@ class Transformer(nn.Module):
         if int(block_lens.sum()) != tokens.shape[0] or bool((block_lens < 1).any()):
             raise ValueError("block_lens must be >= 1 and sum to the number of tokens")
         cache.check_room(slots, block_lens)
-        rb = _Ragged(slots, block_lens, cache)
-        cos, sin = self.rope_cos[rb.positions, None], self.rope_sin[rb.positions, None]
-        x = self.embed(tokens)  # (N, dim)
-        taps = [] if return_taps else None
-        for i, block in enumerate(self.blocks):
-            x = x + block.attn.forward_cached(block.attn_norm(x), cos, sin, i, cache, rb)
-            x = x + block.ffn(block.ffn_norm(x))
-            if return_taps and i in self.config.tap_layers:
-                taps.append(x)
+        rb = RaggedIndex(slots, block_lens, cache)
+        taps_at = self.config.tap_layers if return_taps else ()
+        x, taps = run_blocks_cached(
+            self.blocks, self.embed(tokens), rb, cache, self.rope_cos, self.rope_sin, taps_at
+        )
         cache.advance(slots, block_lens)
         if last_only:
             last = torch.cumsum(block_lens, 0) - 1

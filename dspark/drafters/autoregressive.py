@@ -1,0 +1,154 @@
+"""Feature-conditioned autoregressive drafters: MTP-1 and the EAGLE-3 style drafter.
+
+Both read the target's features at position i together with the token at
+position i+1 and predict the token at i+2, through ONE small decoder layer
+that has its own KV cache, and the target's frozen embedding and LM head:
+
+    entry_i = W_in [ RMSNorm(emb(x_{i+1})) ; RMSNorm(feature_i) ]   (dim)
+    g_i     = DecoderLayer(entry_i | earlier entries)               (dim)
+    q       = softmax(LMHead(RMSNorm(g_i)) / T)                     -> x_{i+2}
+
+* MTP-1 (DeepSeek-V3 style): feature_i = the target's final hidden state;
+  drafts exactly one token per round.
+* EAGLE-3 style: feature_i = a learned fusion of several target layers
+  (`tap_layers`); drafts γ tokens one after another, feeding back its own
+  output g as the feature of the position it just drafted. Trained with
+  "training-time test" (unrolled on its own outputs; see the drafter trainer).
+
+Per request the drafter caches one entry per committed position. Entries built
+from its own drafts are rolled back at the next call, so only entries made
+from real target features survive.
+
+What this file does not do: training (dspark/drafter_training.py, later) or
+verification.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from dspark.config import ModelConfig
+from dspark.drafters.base import Drafter, TargetFeatures
+from dspark.kv_cache import KVCache
+from dspark.model import Block, RaggedIndex, RMSNorm, Transformer, rope_table, run_blocks_cached
+from dspark.sampling import probabilities, sample
+
+
+@dataclass
+class AutoregressiveDrafterConfig:
+    kind: str = "eagle"  # "mtp" (final hidden, 1 token) or "eagle" (fused tap layers, γ tokens)
+    max_gamma: int = 7  # longest block it may draft (MTP: 1)
+    n_layers: int = 1  # decoder layers of the drafter
+    ffn_hidden: int = 688  # SwiGLU width of its decoder layer
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("mtp", "eagle"):
+            raise ValueError(f"kind must be 'mtp' or 'eagle', got {self.kind!r}")
+        if self.kind == "mtp" and self.max_gamma != 1:
+            raise ValueError("MTP-1 drafts exactly one token (max_gamma = 1)")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class AutoregressiveDrafter(Drafter):
+    def __init__(self, target: Transformer, config: AutoregressiveDrafterConfig) -> None:
+        super().__init__()
+        tc = target.config
+        self.config, self.name, self.max_gamma = config, config.kind, config.max_gamma
+        # A decoder config with the target's width/heads and the drafter's own depth.
+        self.layer_config = ModelConfig(
+            vocab_size=tc.vocab_size,
+            dim=tc.dim,
+            n_layers=config.n_layers,
+            n_heads=tc.n_heads,
+            n_kv_heads=tc.n_kv_heads,
+            ffn_hidden=config.ffn_hidden,
+            max_seq_len=tc.max_seq_len + config.max_gamma + 1,
+            rope_theta=tc.rope_theta,
+            norm_eps=tc.norm_eps,
+            tap_layers=(),
+        )
+        n_feat = len(tc.tap_layers) if config.kind == "eagle" else 1
+        self.fuse = nn.Linear(n_feat * tc.dim, tc.dim, bias=False) if n_feat > 1 else nn.Identity()
+        self.token_norm = RMSNorm(tc.dim, tc.norm_eps)
+        self.feature_norm = RMSNorm(tc.dim, tc.norm_eps)
+        self.w_in = nn.Linear(2 * tc.dim, tc.dim, bias=False)
+        self.layers = nn.ModuleList(Block(self.layer_config) for _ in range(config.n_layers))
+        self.out_norm = RMSNorm(tc.dim, tc.norm_eps)
+        cos, sin = rope_table(self.layer_config)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        # Frozen and shared with the target, kept out of this module's state_dict.
+        self._target = (target,)
+        self.cache: KVCache | None = None
+        self.committed: torch.Tensor | None = None  # (n_slots,) entries made from target features
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.02)
+
+    @property
+    def target(self) -> Transformer:
+        return self._target[0]
+
+    # ---- the network -------------------------------------------------------------
+    def features_of(self, features: TargetFeatures) -> torch.Tensor:
+        """(N, dim) drafter feature for each position from the target's outputs."""
+        if self.config.kind == "mtp":
+            return features.last_hidden
+        return self.fuse(features.taps.flatten(1))  # (N, n_taps * dim) -> (N, dim)
+
+    def entries(self, next_tokens: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
+        """entry_i from the token at i+1 (N,) and the feature at i (N, dim)."""
+        emb = self.target.embed(next_tokens)
+        return self.w_in(torch.cat([self.token_norm(emb), self.feature_norm(feature)], dim=-1))
+
+    def logits(self, g: torch.Tensor) -> torch.Tensor:
+        return self.target.lm_head(self.out_norm(g))
+
+    # ---- per-slot state -----------------------------------------------------------
+    def reset(self, n_slots: int) -> None:
+        self.cache = KVCache.for_model(
+            self.layer_config, n_slots, self.w_in.weight.dtype, self.w_in.weight.device
+        )
+        self.committed = torch.zeros(n_slots, dtype=torch.long)
+
+    def release(self, slot: int) -> None:
+        self.cache.lengths[slot] = 0
+        self.committed[slot] = 0
+
+    def _run(self, x: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        self.cache.check_room(slots, lens)
+        rb = RaggedIndex(slots, lens, self.cache)
+        g, _ = run_blocks_cached(self.layers, x, rb, self.cache, self.rope_cos, self.rope_sin)
+        self.cache.advance(slots, lens)
+        return g
+
+    @torch.no_grad()
+    def propose(self, slots, committed_tokens, features, committed_lens, anchors, gamma, params, generator):
+        if self.cache is None:
+            raise RuntimeError("call reset(n_slots) before propose")
+        R = slots.shape[0]
+        self.cache.lengths[slots] = self.committed[slots]  # drop entries built from own drafts
+        # Entry for every committed position i pairs its feature with the token at i+1;
+        # the token after the last committed position is the anchor.
+        ends = torch.cumsum(committed_lens, 0)
+        next_tokens = committed_tokens.roll(-1)  # segments are contiguous: i+1 is the same request
+        next_tokens[ends - 1] = anchors
+        g = self._run(self.entries(next_tokens, self.features_of(features)), slots, committed_lens)
+        self.committed[slots] = self.cache.lengths[slots]
+        g_last = g[ends - 1]  # (R, dim): predicts the token after the anchor
+        tokens, probs = [], []
+        for k in range(gamma):
+            q = probabilities(self.logits(g_last), params)  # (R, V) fp32
+            x = sample(q, generator)
+            tokens.append(x)
+            probs.append(q)
+            if k + 1 < gamma:  # feed back: own output as the feature of the drafted position
+                g_last = self._run(self.entries(x, g_last), slots, torch.ones(R, dtype=torch.long))
+        if not tokens:
+            return torch.zeros(R, 0, dtype=torch.long), torch.zeros(R, 0, self.target.config.vocab_size)
+        return torch.stack(tokens, 1), torch.stack(probs, 1)

@@ -1,0 +1,81 @@
+"""The contract between the speculative loop and every drafter.
+
+After each target pass the loop knows, per request, the positions that were
+just *committed* (fed to the target and kept): their tokens and the target's
+features there (tap-layer hidden states and the final hidden), plus the new
+*anchor*: the token sampled after them, not yet fed to the target. A drafter
+call receives exactly that and returns γ draft tokens after the anchor with
+the distributions they were sampled from:
+
+    propose(slots, committed_tokens, features, committed_lens, anchors, gamma, params, generator)
+        -> draft_tokens (R, γ), draft_probs (R, γ, V)
+
+At prefill the committed positions are the whole prompt. Drafters keep any
+per-request state they need (their own KV caches, context features) indexed by
+the target's cache slot, and are responsible for discarding whatever they
+computed for their own drafts (rolling back to the committed length).
+
+`NoDrafter` proposes nothing (γ = 0): the speculative loop then *is* plain
+decoding, which the tests use as a reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dspark.sampling import SamplingParams
+
+
+@dataclass
+class TargetFeatures:
+    taps: torch.Tensor  # (N, n_taps, dim) residual stream after the target's tap layers
+    last_hidden: torch.Tensor  # (N, dim) final-normed hidden state (input of the LM head)
+
+    def split(self, lens: list[int]) -> list[TargetFeatures]:
+        return [TargetFeatures(t, h) for t, h in zip(self.taps.split(lens), self.last_hidden.split(lens))]
+
+
+class Drafter(nn.Module):
+    """Base class; subclasses implement `reset`, `propose` and optionally `release`."""
+
+    name = "base"
+    max_gamma = 0  # longest block this drafter can propose
+
+    def reset(self, n_slots: int) -> None:
+        """Allocate per-slot state for a cache with `n_slots` slots (forgets everything)."""
+
+    def release(self, slot: int) -> None:
+        """Forget the request that owned `slot` (the slot will be reused)."""
+
+    def propose(
+        self,
+        slots: torch.Tensor,
+        committed_tokens: torch.Tensor,
+        features: TargetFeatures,
+        committed_lens: torch.Tensor,
+        anchors: torch.Tensor,
+        gamma: int,
+        params: SamplingParams,
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """slots (R,); committed_tokens (N,) flat, slot-major; features for those N
+        positions; committed_lens (R,) with sum N; anchors (R,). Returns draft
+        tokens (R, gamma) int64 and their fp32 distributions (R, gamma, V)."""
+        raise NotImplementedError
+
+
+class NoDrafter(Drafter):
+    """Proposes no tokens: speculative decoding degenerates to plain decoding."""
+
+    name = "none"
+
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+
+    def propose(self, slots, committed_tokens, features, committed_lens, anchors, gamma, params, generator):
+        R = slots.shape[0]
+        return torch.zeros(R, 0, dtype=torch.long), torch.zeros(R, 0, self.vocab_size)
