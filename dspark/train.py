@@ -1,7 +1,9 @@
 """`python -m dspark.train`: every training command of the project.
 
-  data    build the offline corpus, the tokenizer and the token arrays
-  target  pre-train the target model (resumable)
+  data       build the offline corpus, the tokenizer and the token arrays
+  target     pre-train the target model (resumable)
+  responses  answer training prompts again with the target (drafter data)
+  drafter    train a drafter (mtp | eagle) on those responses
 
 Outputs go under DSPARK_HOME (default ~/.cache/dspark); `--ship` copies the
 compact result into `dspark/assets/`, which is what gets committed.
@@ -125,6 +127,65 @@ def cmd_target(args: argparse.Namespace) -> None:
         print(f"shipped fp16 weights to {paths.TARGET_CHECKPOINT}")
 
 
+def cmd_responses(args: argparse.Namespace) -> None:
+    from dspark.checkpoint import load_target
+    from dspark.responses import regenerate
+
+    corpus = Path(args.data) / "corpus.jsonl"
+    if not corpus.is_file():
+        raise UsageError(f"no corpus in {args.data}; run `python -m dspark.train data` first")
+    torch.set_num_threads(args.threads)
+    target, _ = load_target(args.checkpoint)
+    tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    n = regenerate(
+        target,
+        tokenizer,
+        corpus,
+        out,
+        args.per_domain,
+        args.val_per_domain,
+        args.max_new_tokens,
+        args.batch_size,
+    )
+    print(f"{n} target responses in {out}")
+
+
+def cmd_drafter(args: argparse.Namespace) -> None:
+    from dspark.checkpoint import load_target
+    from dspark.drafter_training import DrafterTrainConfig, train_drafter
+    from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
+    from dspark.drafters.registry import default_path
+    from dspark.responses import load_responses
+
+    torch.set_num_threads(args.threads)
+    target, target_meta = load_target(args.checkpoint)
+    train_set, val_set = (
+        load_responses(Path(args.responses), "train"),
+        load_responses(Path(args.responses), "val"),
+    )
+    gamma = 1 if args.kind == "mtp" else args.gamma
+    config = AutoregressiveDrafterConfig(
+        args.kind, gamma, n_layers=args.layers, ffn_hidden=target.config.ffn_hidden
+    )
+    torch.manual_seed(args.seed)
+    drafter = AutoregressiveDrafter(target, config)
+    tc = DrafterTrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        unroll=gamma,
+        lr=args.lr,
+        eval_every=args.eval_every,
+        seed=args.seed,
+    )
+    out = Path(args.out) if args.out else default_path(args.kind)
+    meta = {"target_checkpoint": str(args.checkpoint), "responses": len(train_set)}
+    meta = train_drafter(drafter, target, train_set, val_set, tc, out, meta)
+    acc = " ".join(f"{a:.3f}" for a in meta["val_expected_acceptance"])
+    print(f"saved {out}; validation expected acceptance per step: {acc}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m dspark.train",
@@ -210,6 +271,61 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: %(default)s)"
     )
     p.set_defaults(func=cmd_target)
+
+    responses_default = paths.dspark_home() / "responses.jsonl"
+    p = sub.add_parser(
+        "responses",
+        help="regenerate responses with the target (drafter data)",
+        description="Answer training/validation prompts of the corpus again with the target, sampled at T = 1, "
+        "so that drafters learn the target rather than the corpus. Resumes if interrupted.",
+    )
+    p.add_argument("--data", default=str(paths.data_dir()), help="corpus directory (default: %(default)s)")
+    p.add_argument("--out", default=str(responses_default), help="output JSON lines (default: %(default)s)")
+    p.add_argument("--checkpoint", default=str(paths.TARGET_CHECKPOINT), help="target (default: shipped)")
+    p.add_argument(
+        "--per-domain", type=int, default=400, help="train prompts per domain (default: %(default)s)"
+    )
+    p.add_argument(
+        "--val-per-domain", type=int, default=24, help="val prompts per domain (default: %(default)s)"
+    )
+    p.add_argument(
+        "--max-new-tokens", type=int, default=160, help="response length cap (default: %(default)s)"
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=32, help="prompts generated together (default: %(default)s)"
+    )
+    p.add_argument(
+        "--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: %(default)s)"
+    )
+    p.set_defaults(func=cmd_responses)
+
+    p = sub.add_parser(
+        "drafter",
+        help="train an MTP-1 or EAGLE-3 style drafter",
+        description="Train a drafter on the target-regenerated responses (the target stays frozen). "
+        "EAGLE uses training-time test: it is unrolled on its own outputs for --gamma steps.",
+    )
+    p.add_argument("--kind", choices=("mtp", "eagle"), required=True, help="which drafter")
+    p.add_argument(
+        "--responses", default=str(responses_default), help="responses file (default: %(default)s)"
+    )
+    p.add_argument("--checkpoint", default=str(paths.TARGET_CHECKPOINT), help="target (default: shipped)")
+    p.add_argument("--out", help="drafter checkpoint (default: dspark/assets/drafter_<kind>.safetensors)")
+    p.add_argument(
+        "--gamma", type=int, default=7, help="EAGLE draft length = unrolled steps (default: %(default)s)"
+    )
+    p.add_argument("--layers", type=int, default=1, help="drafter decoder layers (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=600, help="optimizer steps (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per step (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: %(default)s)")
+    p.add_argument(
+        "--eval-every", type=int, default=100, help="steps between validations (default: %(default)s)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    p.add_argument(
+        "--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: %(default)s)"
+    )
+    p.set_defaults(func=cmd_drafter)
     return parser
 
 

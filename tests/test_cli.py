@@ -33,7 +33,16 @@ def small_checkpoint(tmp_path_factory, tokenizer) -> Path:
 
 @pytest.mark.parametrize(
     "module, argv",
-    [(generate, []), (train, []), (train, ["data"]), (train, ["target"]), (bench, []), (bench, ["ar"])],
+    [
+        (generate, []),
+        (train, []),
+        (train, ["data"]),
+        (train, ["target"]),
+        (train, ["responses"]),
+        (train, ["drafter"]),
+        (bench, []),
+        (bench, ["ar"]),
+    ],  # fmt: skip
 )
 def test_help(module, argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -78,6 +87,44 @@ def test_generate_same_seed_same_text(small_checkpoint, capsys):
     assert texts[0] == texts[1]
 
 
+@pytest.fixture(scope="module")
+def small_drafters(small_checkpoint, tmp_path_factory) -> dict[str, Path]:
+    """Untrained MTP and EAGLE drafters for the small checkpoint."""
+    from dspark.checkpoint import load_target
+    from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
+
+    target, _ = load_target(small_checkpoint)
+    out = {}
+    for kind, gamma in (("mtp", 1), ("eagle", 3)):
+        config = AutoregressiveDrafterConfig(kind, gamma, ffn_hidden=32)
+        path = tmp_path_factory.mktemp("drafters") / f"{kind}.safetensors"
+        save_checkpoint(AutoregressiveDrafter(target, config), config, path, dtype=torch.float16)
+        out[kind] = path
+    return out
+
+
+@pytest.mark.parametrize("kind", ["mtp", "eagle"])
+def test_generate_with_a_drafter(small_checkpoint, small_drafters, kind, capsys):
+    base = ["Hello there", "--max-new-tokens", "12", "--checkpoint", str(small_checkpoint)]
+    assert run_main(generate.main, [*base, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    spec_args = [*base, "--drafter", kind, "--drafter-checkpoint", str(small_drafters[kind]), "--gamma", "3"]
+    assert run_main(generate.main, [*spec_args, "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["text"] == plain["text"]  # greedy: the drafter never changes the output
+    assert record["drafter"] == kind and record["rounds"] >= 1 and record["tau"] >= 1
+    assert len(record["acceptance_by_position"]) == (1 if kind == "mtp" else 3)
+    assert run_main(generate.main, spec_args) == 0
+    assert "acceptance by position" in capsys.readouterr().out
+
+
+def test_eagle_gamma_out_of_range(small_checkpoint, small_drafters, capsys):
+    argv = ["hi", "--checkpoint", str(small_checkpoint), "--drafter", "eagle",
+            "--drafter-checkpoint", str(small_drafters["eagle"]), "--gamma", "9"]  # fmt: skip
+    assert run_main(generate.main, argv) == 2
+    assert "--gamma" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -87,6 +134,10 @@ def test_generate_same_seed_same_text(small_checkpoint, capsys):
         (["hi", "--top-p", "0"], "top-p"),
         (["hi", "--max-new-tokens", "0"], "max-new-tokens"),
         (["hi", "--checkpoint", "/nonexistent/model.safetensors"], "not found"),
+        (
+            ["hi", "--drafter", "eagle", "--drafter-checkpoint", "/nonexistent/d.safetensors"],
+            "no trained eagle",
+        ),
     ],
 )
 def test_generate_errors_are_clear(small_checkpoint, argv, message, capsys):

@@ -1,0 +1,52 @@
+"""Drafters by name: building them from checkpoints for the CLIs.
+
+Names used on every command line: `none` (plain decoding), `mtp` (MTP-1) and
+`eagle` (EAGLE-3 style). Shipped checkpoints live in `dspark/assets/` as
+`drafter_<name>.safetensors` + `.json` (fp16, only the drafter's own weights:
+embedding and LM head are the target's).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dspark import paths
+from dspark.checkpoint import CheckpointError, read_checkpoint
+from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
+from dspark.drafters.base import Drafter, NoDrafter
+from dspark.model import Transformer
+
+DRAFTER_NAMES = ("none", "mtp", "eagle")
+
+
+def default_path(name: str) -> Path:
+    return paths.ASSETS_DIR / f"drafter_{name}.safetensors"
+
+
+def load_drafter(path: str | Path, target: Transformer) -> Drafter:
+    """Rebuild a trained drafter for `target` from its checkpoint."""
+    record, tensors = read_checkpoint(path)
+    try:
+        config = AutoregressiveDrafterConfig(**record["config"])
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"drafter config of {path} is invalid ({exc})") from None
+    drafter = AutoregressiveDrafter(target, config)
+    try:
+        drafter.load_state_dict(tensors)
+    except RuntimeError as exc:
+        raise CheckpointError(f"drafter {path} does not fit this target ({str(exc)[:200]})") from None
+    return drafter.eval()
+
+
+def get_drafter(name: str, target: Transformer, path: str | Path | None = None) -> Drafter:
+    """`none`, or a trained drafter from `path` (default: the shipped one)."""
+    if name not in DRAFTER_NAMES:
+        raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
+    if name == "none":
+        return NoDrafter(target.config.vocab_size)
+    path = Path(path) if path else default_path(name)
+    if not path.is_file():
+        raise CheckpointError(
+            f"no trained {name} drafter at {path}; train one with `python -m dspark.train drafter --kind {name}`"
+        )
+    return load_drafter(path, target)

@@ -1,0 +1,100 @@
+"""Target-regenerated responses: the data drafters learn from.
+
+A drafter must imitate the *target*, not the corpus: so the training prompts
+are answered again by the shipped target itself (sampled at temperature 1,
+like the paper), and drafters train on prompt + regenerated response. The
+result is cached on disk as JSON lines `{"domain", "split", "prompt_ids",
+"response_ids"}`; an interrupted run continues where it stopped.
+
+What this file does not do: train anything, or touch the held-out evaluation
+prompts (only the corpus's train and val splits are used).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from dspark.data import DOMAINS
+from dspark.generation import generate
+from dspark.model import Transformer
+from dspark.sampling import SamplingParams
+from dspark.tokenizer import Tokenizer
+
+
+def pick_prompts(
+    corpus_path: Path, per_domain: dict[str, int], max_prompt_tokens: int, tokenizer: Tokenizer, seed: int
+):
+    """A seeded selection of (domain, split, prompt ids) from the corpus's train and val splits."""
+    by_key: dict[tuple[str, str], list[str]] = {}
+    with open(corpus_path, encoding="utf-8") as f:
+        for line in f:
+            s = json.loads(line)
+            if s["split"] in ("train", "val"):
+                by_key.setdefault((s["domain"], s["split"]), []).append(s["prompt"])
+    rng = random.Random(seed)
+    chosen = []
+    for (domain, split), prompts in sorted(by_key.items()):
+        want = per_domain[split]
+        rng.shuffle(prompts)
+        taken = 0
+        for p in prompts:
+            ids = tokenizer.chat_prompt(p)
+            if len(ids) <= max_prompt_tokens:
+                chosen.append((domain, split, ids))
+                taken += 1
+                if taken == want:
+                    break
+    return chosen
+
+
+@torch.no_grad()
+def regenerate(
+    target: Transformer,
+    tokenizer: Tokenizer,
+    corpus_path: Path,
+    out_path: Path,
+    train_per_domain: int,
+    val_per_domain: int,
+    max_new_tokens: int,
+    batch_size: int,
+    seed: int = 0,
+) -> int:
+    """Append target responses to `out_path` until every chosen prompt has one; returns the count."""
+    max_prompt = target.config.max_seq_len - max_new_tokens
+    chosen = pick_prompts(
+        corpus_path, {"train": train_per_domain, "val": val_per_domain}, max_prompt, tokenizer, seed
+    )
+    done = sum(1 for _ in open(out_path)) if out_path.exists() else 0
+    params = SamplingParams(temperature=1.0)
+    bar = tqdm(total=len(chosen), initial=done, desc="responses", unit="prompt")
+    with open(out_path, "a", encoding="utf-8") as f:
+        for start in range(done, len(chosen), batch_size):
+            batch = chosen[start : start + batch_size]
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + start)  # resumable and reproducible
+            result = generate(
+                target, [ids for _, _, ids in batch], max_new_tokens, params, gen, tokenizer.eos_id
+            )
+            for (domain, split, ids), response in zip(batch, result.tokens):
+                record = {"domain": domain, "split": split, "prompt_ids": ids, "response_ids": response}
+                f.write(json.dumps(record) + "\n")
+            f.flush()
+            bar.update(len(batch))
+    bar.close()
+    return len(chosen)
+
+
+def load_responses(path: Path, split: str) -> list[dict]:
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path} not found; run `python -m dspark.train responses` first")
+    with open(path, encoding="utf-8") as f:
+        records = [json.loads(line) for line in f]
+    out = [r for r in records if r["split"] == split]
+    missing = {d for d in DOMAINS} - {r["domain"] for r in out}
+    if missing:
+        raise ValueError(f"responses file has no {split} data for {sorted(missing)}")
+    return out
