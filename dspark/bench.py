@@ -1,6 +1,8 @@
 """`python -m dspark.bench`: benchmarks that print tables (and JSON on request).
 
-  ar   plain autoregressive decoding speed of the target at several batch sizes
+  ar       plain autoregressive decoding speed of the target at several batch sizes
+  offline  speculative decoding per drafter and domain: tau, position-wise
+           acceptance, single-stream tokens/s and speed-up over no drafter
 
 Numbers are wall-clock on whatever machine runs the command; nothing here is
 asserted by tests. Each measurement repeats `--repeats` times after a warm-up
@@ -91,6 +93,61 @@ def bench_ar(args: argparse.Namespace) -> dict:
     return {"benchmark": "ar", "threads": torch.get_num_threads(), "results": rows}
 
 
+def domain_prompts(tokenizer: Tokenizer, per_domain: int) -> dict[str, list[list[int]]]:
+    out: dict[str, list[list[int]]] = {}
+    for r in load_eval_prompts(paths.EVAL_PROMPTS_PATH):
+        if len(out.setdefault(r["domain"], [])) < per_domain:
+            out[r["domain"]].append(tokenizer.chat_prompt(r["prompt"]))
+    return out
+
+
+def bench_offline(args: argparse.Namespace) -> dict:
+    from dspark.drafters.registry import get_drafter
+    from dspark.speculative import SpeculativeResult, speculative_generate
+
+    tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
+    target, _ = load_target(args.checkpoint)
+    params = SamplingParams(temperature=args.temperature)
+    drafters = {name: get_drafter(name, target) for name in args.drafters}
+    rows = []
+    for domain, prompts in domain_prompts(tokenizer, args.prompts_per_domain).items():
+        generate(target, prompts[:1], 4, params)  # warm-up
+        base_tokens = base_time = 0.0
+        for i, prompt in enumerate(prompts):  # single stream: one request at a time
+            r = generate(target, [prompt], args.max_new_tokens, params, torch.Generator().manual_seed(i),
+                         tokenizer.eos_id)  # fmt: skip
+            base_tokens += r.new_tokens
+            base_time += r.prefill_seconds + r.decode_seconds
+        base_tps = base_tokens / base_time
+        rows.append({"drafter": "none", "domain": domain, "temperature": args.temperature, "gamma": 0,
+                     "tau": 1.0, "cond_acceptance": [], "tokens_per_s": base_tps, "speedup": 1.0})  # fmt: skip
+        for name, drafter in drafters.items():
+            gamma = min(args.gamma, drafter.max_gamma)
+            n_tokens = seconds = 0.0
+            lens, accs = [], []
+            for i, prompt in enumerate(prompts):
+                r = speculative_generate(target, drafter, [prompt], args.max_new_tokens, params, gamma,
+                                         torch.Generator().manual_seed(i), tokenizer.eos_id)  # fmt: skip
+                n_tokens += r.new_tokens
+                seconds += r.prefill_seconds + r.decode_seconds
+                lens += r.verify_lens
+                accs += r.accepted
+            pooled = SpeculativeResult([], [], 0, 0, 0, [], lens, accs)
+            tps = n_tokens / seconds
+            rows.append({"drafter": name, "domain": domain, "temperature": args.temperature, "gamma": gamma,
+                         "tau": pooled.tau, "cond_acceptance": pooled.acceptance_by_position(gamma),
+                         "tokens_per_s": tps, "speedup": tps / base_tps})  # fmt: skip
+    print(f"offline speculative decoding, T = {args.temperature}, gamma = {args.gamma}, "
+          f"{args.prompts_per_domain} held-out prompts per domain, batch 1, {torch.get_num_threads()} CPU threads\n")  # fmt: skip
+    print("| drafter | domain | tau | tokens/s | speed-up | conditional acceptance by position |")
+    print("|---|---|---:|---:|---:|---|")
+    for r in rows:
+        acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["cond_acceptance"])
+        print(f"| {r['drafter']} | {r['domain']} | {r['tau']:.2f} | {r['tokens_per_s']:.0f} | "
+              f"{r['speedup']:.2f}x | {acc} |")  # fmt: skip
+    return {"benchmark": "offline", "results": rows}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m dspark.bench",
@@ -118,6 +175,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     p.set_defaults(func=bench_ar)
+
+    p = sub.add_parser(
+        "offline",
+        help="tau, acceptance and speed-up per drafter and domain",
+        description="Speculative decoding on the held-out prompts, one request at a time: per drafter and "
+        "domain, tau (tokens per round incl. the bonus), position-wise conditional acceptance, tokens/s "
+        "and the speed-up over plain decoding (--drafter none) on this machine.",
+    )
+    p.add_argument("--drafters", type=lambda t: [x for x in t.split(",") if x], default=["mtp", "eagle"],
+                   help="comma-separated drafter names (default: mtp,eagle)")  # fmt: skip
+    p.add_argument(
+        "--temperature", type=float, default=1.0, help="sampling temperature (default: %(default)s)"
+    )
+    p.add_argument("--gamma", type=int, default=7, help="draft tokens per round (default: %(default)s)")
+    p.add_argument(
+        "--prompts-per-domain", type=int, default=8, help="held-out prompts (default: %(default)s)"
+    )
+    p.add_argument("--max-new-tokens", type=int, default=96, help="tokens per request (default: %(default)s)")
+    p.add_argument(
+        "--checkpoint", default=str(paths.TARGET_CHECKPOINT), help="target weights (default: shipped)"
+    )
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    p.set_defaults(func=bench_offline)
     return parser
 
 
