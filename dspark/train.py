@@ -180,7 +180,7 @@ def cmd_drafter(args: argparse.Namespace) -> None:
         seed=args.seed,
     )
     out = Path(args.out) if args.out else default_path(args.kind)
-    meta = {"target_checkpoint": str(args.checkpoint), "responses": len(train_set)}
+    meta = {"target_checkpoint": Path(args.checkpoint).name, "responses": len(train_set)}
     meta = train_drafter(drafter, target, train_set, val_set, tc, out, meta)
     acc = " ".join(f"{a:.3f}" for a in meta["val_expected_acceptance"])
     print(f"saved {out}; validation expected acceptance per step: {acc}")
@@ -283,10 +283,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=str(responses_default), help="output JSON lines (default: %(default)s)")
     p.add_argument("--checkpoint", default=str(paths.TARGET_CHECKPOINT), help="target (default: shipped)")
     p.add_argument(
-        "--per-domain", type=int, default=400, help="train prompts per domain (default: %(default)s)"
+        "--per-domain", type=int, default=2000, help="train prompts per domain (default: %(default)s)"
     )
     p.add_argument(
-        "--val-per-domain", type=int, default=24, help="val prompts per domain (default: %(default)s)"
+        "--val-per-domain", type=int, default=48, help="val prompts per domain (default: %(default)s)"
     )
     p.add_argument(
         "--max-new-tokens", type=int, default=160, help="response length cap (default: %(default)s)"

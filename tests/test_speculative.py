@@ -202,3 +202,23 @@ def test_sampled_output_follows_the_target_exactly(kind, gamma):
         accepted_any += sum(itertools.chain(*result.from_draft))
     assert accepted_any > 500  # drafts were really accepted, so the test exercises verification
     assert_matches(counts, joint.flatten())
+
+
+@pytest.mark.parametrize("name, gamma", [("mtp", 1), ("eagle", 7), ("eagle", 3)])
+def test_shipped_drafters_are_greedy_identical(name, gamma, tokenizer):
+    from dspark import paths
+    from dspark.checkpoint import load_target
+    from dspark.data import load_eval_prompts
+    from dspark.drafters.registry import default_path, get_drafter
+
+    if not (paths.TARGET_CHECKPOINT.is_file() and default_path(name).is_file()):
+        pytest.skip(f"no shipped {name} drafter")
+    target, _ = load_target(paths.TARGET_CHECKPOINT)
+    records = load_eval_prompts(paths.EVAL_PROMPTS_PATH)
+    ps = [tokenizer.chat_prompt(r["prompt"]) for r in records[::80]]  # one prompt per domain, ragged lengths
+    reference = generate(target, ps, 40, GREEDY, eos_id=tokenizer.eos_id)
+    result = speculative_generate(
+        target, get_drafter(name, target), ps, 40, GREEDY, gamma, eos_id=tokenizer.eos_id
+    )
+    assert result.tokens == reference.tokens
+    assert result.tau > 1.2  # a trained drafter really gets tokens accepted
