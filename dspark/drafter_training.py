@@ -12,7 +12,9 @@ Per batch of sequences (prompt + the target's own response):
      chain). MTP-1 drafts one token, so K = 1.
 The loss is the soft-label cross-entropy −Σ p_t log q at every step, weighted
 0.8^k. Validation reports the expected acceptance c* = 1 − ½‖q − p_t‖₁ per
-step (the exact acceptance rate of speculative sampling at T = 1).
+step (the exact acceptance rate of speculative sampling at T = 1); the fp16
+checkpoint is rewritten at every validation, so an interrupted run leaves its
+latest weights behind.
 
 What this file does not do: the DSpark/DFlash drafter's three-term loss (the
 DSpark issue), or regenerate responses (`dspark.responses`).
@@ -193,15 +195,15 @@ def train_drafter(
             bar.write(
                 f"step {step + 1}: expected acceptance per step " + " ".join(f"{a:.3f}" for a in val_acc)
             )
-    meta = {
-        **meta,
-        "train_config": asdict(tc),
-        "val_expected_acceptance": history[-1]["val_expected_acceptance"],
-        "history": history,
-        "seconds": time.perf_counter() - t0,
-    }
-    save_checkpoint(drafter, drafter.config, out_path, dtype=torch.float16, meta=meta)
-    return meta
+            record = {
+                **meta,
+                "train_config": asdict(tc),
+                "val_expected_acceptance": val_acc,
+                "history": history,
+                "seconds": time.perf_counter() - t0,
+            }
+            save_checkpoint(drafter, drafter.config, out_path, dtype=torch.float16, meta=record)
+    return record
 
 
 def load_history(path: Path) -> dict:
