@@ -22,7 +22,7 @@ import torch
 from dspark import paths
 from dspark.checkpoint import load_target
 from dspark.cli import UsageError, run_main
-from dspark.data import load_eval_prompts
+from dspark.data import eval_prompts_by_domain
 from dspark.generation import generate
 from dspark.sampling import SamplingParams
 from dspark.tokenizer import Tokenizer
@@ -40,12 +40,8 @@ def parse_int_list(text: str) -> list[int]:
 
 def eval_prompt_ids(tokenizer: Tokenizer, n: int) -> list[list[int]]:
     """n held-out prompts, cycling through the domains (code, math, chat, code, ...)."""
-    records = load_eval_prompts(paths.EVAL_PROMPTS_PATH)
-    by_domain: dict[str, list[str]] = {}
-    for r in records:
-        by_domain.setdefault(r["domain"], []).append(r["prompt"])
-    domains = list(by_domain)
-    return [tokenizer.chat_prompt(by_domain[domains[i % len(domains)]][i // len(domains)]) for i in range(n)]
+    groups = list(eval_prompts_by_domain().values())
+    return [tokenizer.chat_prompt(groups[i % len(groups)][i // len(groups)]) for i in range(n)]
 
 
 def bench_ar(args: argparse.Namespace) -> dict:
@@ -93,14 +89,6 @@ def bench_ar(args: argparse.Namespace) -> dict:
     return {"benchmark": "ar", "threads": torch.get_num_threads(), "results": rows}
 
 
-def domain_prompts(tokenizer: Tokenizer, per_domain: int) -> dict[str, list[list[int]]]:
-    out: dict[str, list[list[int]]] = {}
-    for r in load_eval_prompts(paths.EVAL_PROMPTS_PATH):
-        if len(out.setdefault(r["domain"], [])) < per_domain:
-            out[r["domain"]].append(tokenizer.chat_prompt(r["prompt"]))
-    return out
-
-
 def bench_offline(args: argparse.Namespace) -> dict:
     from dspark.drafters.registry import get_drafter
     from dspark.speculative import SpeculativeResult, speculative_generate
@@ -110,7 +98,8 @@ def bench_offline(args: argparse.Namespace) -> dict:
     params = SamplingParams(temperature=args.temperature)
     drafters = {name: get_drafter(name, target) for name in args.drafters}
     rows = []
-    for domain, prompts in domain_prompts(tokenizer, args.prompts_per_domain).items():
+    for domain, texts in eval_prompts_by_domain(args.prompts_per_domain).items():
+        prompts = [tokenizer.chat_prompt(t) for t in texts]
         generate(target, prompts[:1], 4, params)  # warm-up
         base_tokens = base_time = 0.0
         for i, prompt in enumerate(prompts):  # single stream: one request at a time

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from dspark.math_problems import generate_problems
+from dspark.paths import EVAL_PROMPTS_PATH
 from dspark.tokenizer import Tokenizer
 
 DOMAINS = ("code", "math", "chat")
@@ -254,6 +255,18 @@ def eval_prompts(samples: list[Sample]) -> list[dict[str, str]]:
 def load_eval_prompts(path: str | Path) -> list[dict[str, str]]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def eval_prompts_by_domain(
+    per_domain: int | None = None, path: str | Path | None = None
+) -> dict[str, list[str]]:
+    """The shipped held-out prompts grouped by domain (code, math, chat order), at most `per_domain` each."""
+    out: dict[str, list[str]] = {}
+    for r in load_eval_prompts(path or EVAL_PROMPTS_PATH):
+        prompts = out.setdefault(r["domain"], [])
+        if per_domain is None or len(prompts) < per_domain:
+            prompts.append(r["prompt"])
+    return out
 
 
 def write_jsonl(records: list[dict], path: Path) -> None:

@@ -28,7 +28,7 @@ import torch
 from dspark import paths
 from dspark.checkpoint import load_target
 from dspark.cli import UsageError, run_main
-from dspark.data import load_eval_prompts
+from dspark.data import eval_prompts_by_domain
 from dspark.drafters.registry import DRAFTER_NAMES, get_drafter
 from dspark.generation import generate
 from dspark.sampling import SamplingParams
@@ -112,10 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.prompts:
         labels, texts = ["prompt"] * len(args.prompts), args.prompts
     else:
-        demo = {}
-        for record in load_eval_prompts(paths.EVAL_PROMPTS_PATH):
-            demo.setdefault(record["domain"], record["prompt"])
-        labels, texts = list(demo), list(demo.values())
+        demo = eval_prompts_by_domain(per_domain=1)
+        labels, texts = list(demo), [p[0] for p in demo.values()]
     prompts = [tokenizer.chat_prompt(t) for t in texts]
     context = model.config.max_seq_len
     for text, ids in zip(texts, prompts):
