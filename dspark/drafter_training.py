@@ -16,8 +16,9 @@ step (the exact acceptance rate of speculative sampling at T = 1); the fp16
 checkpoint is rewritten at every validation, so an interrupted run leaves its
 latest weights behind.
 
-What this file does not do: the DSpark/DFlash drafter's three-term loss (the
-DSpark issue), or regenerate responses (`dspark.responses`).
+The optimizer loop (`train_drafter`) is shared with the DSpark/DFlash drafters,
+whose three-term block loss lives in dspark/parallel_training.py. What this
+file does not do: regenerate responses (`dspark.responses`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ from tqdm import tqdm
 from dspark.checkpoint import save_checkpoint
 from dspark.drafters.autoregressive import AutoregressiveDrafter
 from dspark.drafters.base import TargetFeatures
+from dspark.drafters.parallel import ParallelDrafter
 from dspark.model import Transformer
+from dspark.parallel_training import block_losses
 
 
 @dataclass
@@ -48,7 +51,8 @@ class DrafterTrainConfig:
     step_decay: float = 0.8  # loss weight of unrolled step k is step_decay**k
     eval_every: int = 100  # steps between validation passes
     eval_sequences: int = 48  # validation sequences
-    seed: int = 0  # batch order
+    anchors_per_seq: int = 16  # parallel drafters: packed blocks per training sequence
+    seed: int = 0  # batch order and anchor positions
 
 
 def pad_batch(records: list[dict], max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,8 +145,21 @@ def unrolled_losses(
     return losses, accept
 
 
+def batch_loss(
+    drafter, target, tokens, lengths, tc: DrafterTrainConfig, generator
+) -> tuple[torch.Tensor, list]:
+    """(loss, expected acceptance per draft position) for any trainable drafter."""
+    if isinstance(drafter, ParallelDrafter):
+        loss, acc, _ = block_losses(drafter, target, tokens, lengths, tc.anchors_per_seq, generator)
+        return loss, acc
+    unroll = tc.unroll if drafter.config.kind == "eagle" else 1
+    losses, acc = unrolled_losses(drafter, target, tokens, lengths, unroll)
+    weights = [tc.step_decay**k for k in range(len(losses))]
+    return sum(w * item for w, item in zip(weights, losses)) / sum(weights), acc
+
+
 def train_drafter(
-    drafter: AutoregressiveDrafter,
+    drafter: AutoregressiveDrafter | ParallelDrafter,
     target: Transformer,
     train: list[dict],
     val: list[dict],
@@ -157,22 +174,24 @@ def train_drafter(
     optimizer = torch.optim.AdamW(params, lr=tc.lr, betas=(0.9, 0.95), weight_decay=0.0)
     g = torch.Generator().manual_seed(tc.seed)
     max_len = target.config.max_seq_len
-    unroll = tc.unroll if drafter.config.kind == "eagle" else 1
-    weights = [tc.step_decay**k for k in range(unroll)]
     history = []
 
     def evaluate() -> list[float]:
         drafter.eval()
-        sums = torch.zeros(unroll)
+        eval_gen = torch.Generator().manual_seed(1234)  # the same anchors at every validation
+        rows = []
         with torch.no_grad():
-            chunks = [
-                val[i : i + tc.batch_size] for i in range(0, min(len(val), tc.eval_sequences), tc.batch_size)
-            ]
-            for chunk in chunks:
-                _, acc = unrolled_losses(drafter, target, *pad_batch(chunk, max_len), unroll)
-                sums[: len(acc)] += torch.stack(acc)
+            for i in range(0, min(len(val), tc.eval_sequences), tc.batch_size):
+                _, acc = batch_loss(
+                    drafter, target, *pad_batch(val[i : i + tc.batch_size], max_len), tc, eval_gen
+                )
+                rows.append(torch.stack(acc))
         drafter.train()
-        return (sums / len(chunks)).tolist()
+        width = max(len(r) for r in rows)
+        table = torch.full((len(rows), width), float("nan"))
+        for j, r in enumerate(rows):
+            table[j, : len(r)] = r
+        return table.nanmean(0).tolist()
 
     drafter.train()
     bar = tqdm(range(tc.steps), desc=f"drafter {drafter.config.kind}", unit="step")
@@ -182,8 +201,7 @@ def train_drafter(
         for group in optimizer.param_groups:
             group["lr"] = lr
         pick = torch.randint(0, len(train), (tc.batch_size,), generator=g).tolist()
-        losses, acc = unrolled_losses(drafter, target, *pad_batch([train[i] for i in pick], max_len), unroll)
-        loss = sum(w * item for w, item in zip(weights, losses)) / sum(weights[: len(losses)])
+        loss, acc = batch_loss(drafter, target, *pad_batch([train[i] for i in pick], max_len), tc, g)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -1,0 +1,226 @@
+"""DSpark's drafter: a parallel (DFlash-style) backbone + a sequential head + a confidence head.
+
+Backbone (DESIGN.md section 2; paper section 3.1). The block after an anchor
+x0 is `[x0, MASK, ..., MASK]` (γ input slots); slot k predicts the token at
+anchor + k, so one pass gives γ draft logits U_1..U_γ. Every draft layer
+attends bidirectionally inside the block and to the *context features*
+
+    H_ctx = RMSNorm(W_c [H(l1); ...; H(lm)])       (tap layers of the target)
+
+injected as extra keys/values through the layer's own projections:
+K = [W_K H_ctx ; W_K H_blk], V = [W_V H_ctx ; W_V H_blk]. A block sees the
+context strictly before its anchor. Per request the drafter caches the
+context keys/values of every committed position, per layer, in its own KV
+cache, rolled back with the target's (committed positions only ever grow).
+
+Sequential stage (paper section 3.1, eq. for p_k): left to right,
+
+    p_k(v) = softmax_v( U_k(v) + B_k(x_{k-1}, v) ),   x_0 = anchor
+
+  * Markov head: B = W1[x_{k-1}] W2 (W1: V x r lookup, W2: r x V);
+  * RNN head: z = [s_{k-1}; W1[x_{k-1}]; h_k] -> gate g, candidate c, output o;
+    s_k = σ(g) s_{k-1} + (1 - σ(g)) tanh(c);  B = tanh(o) W2;
+  * rank r = 0: no sequential term -- the DFlash baseline, same code path.
+
+Confidence head: c_k = σ(wᵀ [h_k ; W1[x_{k-1}]]), an estimate of
+P(token k survives | tokens < k survived); the scheduler issue consumes it
+(`last_confidence` after each `propose`).
+
+What this file does not do: training (dspark/parallel_training.py) or calibration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dspark.config import ModelConfig
+from dspark.drafters.base import Drafter, TargetFeatures
+from dspark.kv_cache import KVCache
+from dspark.model import Block, RaggedIndex, RMSNorm, Transformer, apply_rope, rope_table
+from dspark.sampling import probabilities, sample
+from dspark.tokenizer import MASK, SPECIAL_TOKENS
+
+KINDS = {"dflash": "none", "dspark": "markov", "dspark-rnn": "rnn"}  # kind -> sequential head
+
+
+@dataclass
+class ParallelDrafterConfig:
+    kind: str = "dspark"  # "dflash" (no sequential head), "dspark" (Markov head), "dspark-rnn"
+    gamma: int = 7  # block size: draft slots per round
+    n_layers: int = 2  # backbone layers
+    ffn_hidden: int = 688  # SwiGLU width of each backbone layer
+    rank: int = 64  # r of W1 (V x r) and W2 (r x V); 0 for dflash
+    mask_id: int = SPECIAL_TOKENS.index(MASK)  # token that fills the γ-1 future slots (<|mask|>)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {sorted(KINDS)}, got {self.kind!r}")
+        if self.kind == "dflash":
+            self.rank = 0
+        if self.kind != "dflash" and self.rank < 1:
+            raise ValueError("DSpark's sequential head needs rank >= 1 (rank 0 is the dflash kind)")
+        if self.gamma < 1:
+            raise ValueError("gamma must be >= 1")
+
+    @property
+    def head(self) -> str:
+        return KINDS[self.kind]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class ParallelDrafter(Drafter):
+    def __init__(self, target: Transformer, config: ParallelDrafterConfig) -> None:
+        super().__init__()
+        tc = target.config
+        self.config, self.name, self.max_gamma = config, config.kind, config.gamma
+        self.layer_config = ModelConfig(
+            vocab_size=tc.vocab_size,
+            dim=tc.dim,
+            n_layers=config.n_layers,
+            n_heads=tc.n_heads,
+            n_kv_heads=tc.n_kv_heads,
+            ffn_hidden=config.ffn_hidden,
+            max_seq_len=tc.max_seq_len + config.gamma + 1,
+            rope_theta=tc.rope_theta,
+            norm_eps=tc.norm_eps,
+            tap_layers=(),
+        )
+        self.ctx_proj = nn.Linear(len(tc.tap_layers) * tc.dim, tc.dim, bias=False)  # W_c
+        self.ctx_norm = RMSNorm(tc.dim, tc.norm_eps)
+        self.layers = nn.ModuleList(Block(self.layer_config) for _ in range(config.n_layers))
+        self.out_norm = RMSNorm(tc.dim, tc.norm_eps)
+        r = config.rank
+        if r > 0:  # the sequential head (absent in DFlash)
+            self.w1 = nn.Embedding(tc.vocab_size, r)  # W1[x]: (r,)
+            self.w2 = nn.Linear(r, tc.vocab_size, bias=False)  # W2: r -> V
+        if config.head == "rnn":
+            self.rnn = nn.Linear(r + r + tc.dim, 3 * r)  # [s; W1[x]; h] -> gate, candidate, output
+        self.confidence = nn.Linear(tc.dim + r, 1)  # w of c_k = σ(wᵀ[h_k; W1[x_{k-1}]])
+        cos, sin = rope_table(self.layer_config)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self._target = (target,)  # frozen, shared; kept out of state_dict
+        if not 0 <= config.mask_id < tc.vocab_size:
+            raise ValueError(f"mask_id {config.mask_id} outside the target's vocabulary")
+        self.mask_id = config.mask_id
+        self.cache: KVCache | None = None
+        self.last_confidence: torch.Tensor | None = None  # (R, γ) from the latest propose
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+        if r > 0:
+            nn.init.zeros_(self.w2.weight)  # the sequential term starts as a no-op on top of U
+
+    @property
+    def target(self) -> Transformer:
+        return self._target[0]
+
+    # ---- context features and their keys/values ------------------------------------------
+    def context_features(self, features: TargetFeatures) -> torch.Tensor:
+        """H_ctx (N, dim) = RMSNorm(W_c [taps])."""
+        return self.ctx_norm(self.ctx_proj(features.taps.flatten(1)))
+
+    def context_kv(self, layer: Block, h_ctx: torch.Tensor, positions: torch.Tensor):
+        """Keys/values of context features through `layer`'s own projections (..., Hkv, hd)."""
+        attn = layer.attn
+        cos, sin = self.rope_cos[positions, None], self.rope_sin[positions, None]
+        k = attn.wk(h_ctx).unflatten(-1, (attn.n_kv_heads, attn.head_dim))
+        v = attn.wv(h_ctx).unflatten(-1, (attn.n_kv_heads, attn.head_dim))
+        return apply_rope(k, cos, sin), v
+
+    def backbone(self, block_tokens, block_pos, ctx_k, ctx_v, visible) -> torch.Tensor:
+        """Run the draft layers over blocks.
+
+        block_tokens (R, S) and block_pos (R, S): S block slots per row (one
+        block, or several packed blocks in training); ctx_k/ctx_v: per layer
+        (R, Hkv, L, hd); visible (R, S, L + S): which context positions and
+        which block slots each slot may attend to. Returns h (R, S, dim)."""
+        x = self.target.embed(block_tokens)
+        cos, sin = self.rope_cos[block_pos, None], self.rope_sin[block_pos, None]  # (R, S, 1, hd/2)
+        mask = visible[:, None]  # (R, 1, S, L + S)
+        for layer, k_ctx, v_ctx in zip(self.layers, ctx_k, ctx_v):
+            attn = layer.attn
+            q, k, v = attn._qkv(layer.attn_norm(x), cos, sin)  # (R, S, H|Hkv, hd)
+            keys = torch.cat([k_ctx, k.transpose(1, 2)], dim=2)  # (R, Hkv, L + S, hd)
+            values = torch.cat([v_ctx, v.transpose(1, 2)], dim=2)
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True
+            )
+            x = x + attn.wo(out.transpose(1, 2).flatten(2))
+            x = x + layer.ffn(layer.ffn_norm(x))
+        return x
+
+    # ---- the sequential stage ---------------------------------------------------------------
+    def sequential_logits(self, u_k, h_k, prev, state):
+        """One left-to-right step: (logits (R, V), confidence (R,), new state)."""
+        e = self.w1(prev) if self.config.rank else h_k.new_zeros(h_k.shape[0], 0)  # (R, r)
+        if self.config.head == "markov":
+            u_k = u_k + self.w2(e)
+        elif self.config.head == "rnn":
+            gate, cand, out = self.rnn(torch.cat([state, e, h_k], dim=-1)).chunk(3, dim=-1)
+            g = torch.sigmoid(gate)
+            state = g * state + (1 - g) * torch.tanh(cand)
+            u_k = u_k + self.w2(torch.tanh(out))
+        conf = torch.sigmoid(self.confidence(torch.cat([h_k, e], dim=-1))).squeeze(-1)
+        return u_k, conf, state
+
+    # ---- inference ------------------------------------------------------------------------------
+    def reset(self, n_slots: int) -> None:
+        w = self.ctx_proj.weight
+        self.cache = KVCache.for_model(self.layer_config, n_slots, w.dtype, w.device)
+
+    def release(self, slot: int) -> None:
+        self.cache.lengths[slot] = 0
+
+    def append_context(
+        self, slots: torch.Tensor, features: TargetFeatures, committed_lens: torch.Tensor
+    ) -> None:
+        """Write the context keys/values of newly committed positions into every layer's cache."""
+        self.cache.check_room(slots, committed_lens)
+        rb = RaggedIndex(slots, committed_lens, self.cache)
+        h_ctx = self.context_features(features)
+        for i, layer in enumerate(self.layers):
+            k, v = self.context_kv(layer, h_ctx, rb.positions)
+            self.cache.keys[i][rb.token_slot, :, rb.positions] = k
+            self.cache.values[i][rb.token_slot, :, rb.positions] = v
+        self.cache.advance(slots, committed_lens)
+
+    def draft_block(self, slots: torch.Tensor, anchors: torch.Tensor, gamma: int):
+        """One backbone pass over [anchor, MASK x (γ-1)] per request: (h (R, γ, dim), U (R, γ, V))."""
+        R = slots.shape[0]
+        ctx_len = self.cache.lengths[slots]  # (R,) = the anchor's position
+        L = int(ctx_len.max())
+        block = torch.full((R, gamma), self.mask_id, dtype=torch.long)
+        block[:, 0] = anchors
+        block_pos = ctx_len[:, None] + torch.arange(gamma)  # (R, γ)
+        ctx_k = [self.cache.keys[i][slots, :, :L] for i in range(len(self.layers))]
+        ctx_v = [self.cache.values[i][slots, :, :L] for i in range(len(self.layers))]
+        before_anchor = (torch.arange(L)[None, :] < ctx_len[:, None])[:, None, :].expand(R, gamma, L)
+        inside = torch.ones(R, gamma, gamma, dtype=torch.bool)  # bidirectional inside the block
+        h = self.backbone(block, block_pos, ctx_k, ctx_v, torch.cat([before_anchor, inside], dim=-1))
+        return h, self.target.lm_head(self.out_norm(h))
+
+    @torch.no_grad()
+    def propose(self, slots, committed_tokens, features, committed_lens, anchors, gamma, params, generator):
+        if self.cache is None:
+            raise RuntimeError("call reset(n_slots) before propose")
+        self.append_context(slots, features, committed_lens)
+        h, u = self.draft_block(slots, anchors, gamma)
+        # sample left to right through the sequential head
+        prev, state = anchors, h.new_zeros(slots.shape[0], self.config.rank)
+        tokens, probs, confs = [], [], []
+        for k in range(gamma):
+            logits, conf, state = self.sequential_logits(u[:, k], h[:, k], prev, state)
+            q = probabilities(logits, params)
+            prev = sample(q, generator)
+            tokens.append(prev)
+            probs.append(q)
+            confs.append(conf)
+        self.last_confidence = torch.stack(confs, 1)
+        return torch.stack(tokens, 1), torch.stack(probs, 1)

@@ -1,0 +1,138 @@
+"""DSpark / DFlash drafter: block masks, packed training == inference, rank 0 == DFlash,
+greedy identity and exact sampling through the speculative loop."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from conftest import TINY
+from stats_helpers import assert_matches
+from test_speculative import GREEDY, MICRO, RAGGED, exact_joint, prompts
+
+from dspark.drafters.base import TargetFeatures
+from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
+from dspark.generation import generate
+from dspark.model import Transformer
+from dspark.parallel_training import block_losses, block_visibility, packed_blocks
+from dspark.sampling import SamplingParams
+from dspark.speculative import speculative_generate
+
+
+def make(target, kind, gamma=4, rank=8, seed=0):
+    torch.manual_seed(seed)
+    mask_id = min(5, target.config.vocab_size - 1)
+    config = ParallelDrafterConfig(kind, gamma=gamma, ffn_hidden=64, rank=rank, mask_id=mask_id)
+    drafter = ParallelDrafter(target, config)
+    if kind != "dflash":  # a non-trivial sequential head (W2 starts at zero)
+        torch.nn.init.normal_(drafter.w2.weight, std=0.5)
+    return drafter.eval()
+
+
+def test_block_visibility_hand_worked():
+    vis = block_visibility(torch.tensor([[2, 4]]), T=6, gamma=2)[0].int()
+    #            ctx 0..5        block slots (a=2: 0,1 | a=4: 2,3)
+    expected = [[1, 1, 0, 0, 0, 0, 1, 1, 0, 0],
+                [1, 1, 0, 0, 0, 0, 1, 1, 0, 0],
+                [1, 1, 1, 1, 0, 0, 0, 0, 1, 1],
+                [1, 1, 1, 1, 0, 0, 0, 0, 1, 1]]  # fmt: skip
+    assert vis.tolist() == expected
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark", "dspark-rnn"])
+def test_packed_training_blocks_equal_the_inference_path(tiny_model, kind):
+    drafter = make(tiny_model, kind)
+    tokens = torch.randint(0, TINY.vocab_size, (1, 30), generator=torch.Generator().manual_seed(1))
+    anchors = torch.tensor([[3, 11, 12, 25]])
+    with torch.no_grad():
+        taps = tiny_model(tokens, return_taps=True).taps
+        _, u_packed = packed_blocks(drafter, taps, tokens, anchors)
+        for j, a in enumerate(anchors[0].tolist()):
+            _, u_alone = packed_blocks(drafter, taps, tokens, anchors[:, j : j + 1])  # no other block present
+            torch.testing.assert_close(u_packed[0, j], u_alone[0, 0], atol=1e-5, rtol=0)
+            drafter.reset(2)
+            slot = torch.tensor([1])
+            feats = TargetFeatures(taps[0, :a], taps[0, :a, 0])
+            drafter.append_context(slot, feats, torch.tensor([a]))  # positions strictly before the anchor
+            _, u_inf = drafter.draft_block(slot, tokens[0, a : a + 1], drafter.config.gamma)
+            torch.testing.assert_close(u_packed[0, j], u_inf[0], atol=1e-5, rtol=0)
+
+
+def test_blocks_never_see_at_or_after_their_anchor(tiny_model):
+    drafter = make(tiny_model, "dspark")
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, TINY.vocab_size, (1, 24), generator=g)
+    changed = tokens.clone()
+    changed[0, 10:] = torch.randint(0, TINY.vocab_size, (14,), generator=g)  # rewrite the future
+    changed[0, 9] = tokens[0, 9]
+    anchors = torch.tensor([[9]])
+    with torch.no_grad():
+        _, u1 = packed_blocks(drafter, tiny_model(tokens, return_taps=True).taps, tokens, anchors)
+        _, u2 = packed_blocks(drafter, tiny_model(changed, return_taps=True).taps, changed, anchors)
+    torch.testing.assert_close(u1, u2)  # the block at anchor 9 only reads positions < 9 (+ the anchor token)
+
+
+def test_rank_zero_dspark_is_the_dflash_path(tiny_model):
+    dflash = make(tiny_model, "dflash")
+    dspark = make(tiny_model, "dspark", rank=8)
+    shared = {k: v for k, v in dflash.state_dict().items() if not k.startswith("confidence")}
+    dspark.load_state_dict({**dspark.state_dict(), **shared})  # same backbone, plus a Markov head
+    with torch.no_grad():
+        dspark.w2.weight.zero_()  # the Markov term W1[x] W2 vanishes
+        params = SamplingParams(temperature=1.0)
+        outs = []
+        for d in (dflash, dspark):
+            d.reset(2)
+            torch.manual_seed(0)
+            feats = TargetFeatures(torch.randn(7, len(TINY.tap_layers), TINY.dim), torch.randn(7, TINY.dim))
+            toks, probs = d.propose(torch.tensor([0, 1]), torch.arange(7), feats, torch.tensor([3, 4]),
+                                    torch.tensor([5, 6]), 4, params, torch.Generator().manual_seed(3))  # fmt: skip
+            outs.append((toks, probs))
+    assert torch.equal(outs[0][0], outs[1][0])
+    torch.testing.assert_close(outs[0][1], outs[1][1])
+    assert ParallelDrafterConfig("dflash", rank=64).rank == 0
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark", "dspark-rnn"])
+@pytest.mark.parametrize("gamma", [1, 3, 4])
+def test_greedy_identity(tiny_model, kind, gamma):
+    ps = prompts(RAGGED, seed=6)
+    reference = generate(tiny_model, ps, 24, GREEDY)
+    result = speculative_generate(tiny_model, make(tiny_model, kind, gamma=4), ps, 24, GREEDY, gamma)
+    assert result.tokens == reference.tokens and result.stop_reasons == reference.stop_reasons
+    assert result.tau > 1.0  # some drafts accepted, so verification is exercised
+
+
+def test_training_loss_terms_and_gradients(tiny_model):
+    drafter = make(tiny_model, "dspark").train()
+    tokens = torch.randint(0, TINY.vocab_size, (2, 20), generator=torch.Generator().manual_seed(4))
+    loss, acc, terms = block_losses(
+        drafter, tiny_model, tokens, torch.tensor([20, 9]), 5, torch.Generator().manual_seed(0)
+    )
+    loss.backward()
+    assert set(terms) == {"ce", "tv", "conf"} and len(acc) == drafter.config.gamma
+    assert all(0 <= float(a) <= 1 for a in acc)
+    assert drafter.w1.weight.grad.abs().sum() > 0 and drafter.confidence.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("kind", ["dspark", "dspark-rnn"])
+def test_sampled_output_follows_the_target_exactly(kind):
+    torch.manual_seed(0)
+    target = Transformer(MICRO).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(8.0)
+    params = SamplingParams(temperature=1.0)
+    prompt, length = [1, 3, 0], 3
+    joint = exact_joint(target, prompt, params, length)
+    drafter = make(target, kind, gamma=3, rank=4)
+    g = torch.Generator().manual_seed(42)
+    counts = torch.zeros(MICRO.vocab_size**length)
+    accepted = 0
+    for _ in range(12):
+        result = speculative_generate(target, drafter, [prompt] * 1000, length, params, 3, generator=g)
+        for toks in result.tokens:
+            counts[toks[0] * 25 + toks[1] * 5 + toks[2]] += 1
+        accepted += sum(itertools.chain(*result.from_draft))
+    assert accepted > 500
+    assert_matches(counts, joint.flatten())
