@@ -4,8 +4,9 @@ With no prompt it runs a short demo: one held-out evaluation prompt per domain
 (code, math, chat). Otherwise every positional argument is a prompt; they are
 generated together as one batch.
 
-`--drafter none` decodes plainly; `mtp` (MTP-1, one draft token per round)
-and `eagle` (EAGLE-3 style, `--gamma` draft tokens per round) decode
+`--drafter none` decodes plainly; `mtp` (MTP-1, one draft token per round),
+`eagle` (EAGLE-3 style), `dflash` (parallel) and `dspark` / `dspark-rnn`
+(parallel + sequential head), with `--gamma` draft tokens per round, decode
 speculatively: same output distribution (same text at --temperature 0),
 fewer target passes. Tokens that came from accepted drafts are highlighted
 (on a terminal) or wrapped in «» (when piped); the stats follow the text.
@@ -78,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--drafter", choices=DRAFTER_NAMES, default="none", help="speculative drafter (default: %(default)s)"
     )
     parser.add_argument(
-        "--gamma", type=int, default=7, help="draft tokens per round for eagle (default: %(default)s)"
+        "--gamma", type=int, default=7, help="draft tokens per round (not mtp) (default: %(default)s)"
     )
     parser.add_argument("--drafter-checkpoint", help="drafter weights (default: the shipped one)")
     parser.add_argument(
@@ -125,8 +126,8 @@ def main(argv: list[str] | None = None) -> None:
 
     drafter = get_drafter(args.drafter, model, args.drafter_checkpoint)
     gamma = min(args.gamma, drafter.max_gamma)
-    if args.drafter == "eagle" and not 1 <= args.gamma <= drafter.max_gamma:
-        raise UsageError(f"--gamma must be in 1..{drafter.max_gamma} for this eagle drafter")
+    if args.drafter not in ("none", "mtp") and not 1 <= args.gamma <= drafter.max_gamma:
+        raise UsageError(f"--gamma must be in 1..{drafter.max_gamma} for this {args.drafter} drafter")
     generator = torch.Generator().manual_seed(args.seed)
     if args.drafter == "none":
         result = generate(model, prompts, args.max_new_tokens, params, generator, eos_id=tokenizer.eos_id)

@@ -156,6 +156,8 @@ def cmd_drafter(args: argparse.Namespace) -> None:
     from dspark.checkpoint import load_target
     from dspark.drafter_training import DrafterTrainConfig, train_drafter
     from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
+    from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
+    from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
     from dspark.drafters.registry import default_path
     from dspark.responses import load_responses
 
@@ -166,15 +168,19 @@ def cmd_drafter(args: argparse.Namespace) -> None:
         load_responses(Path(args.responses), "val"),
     )
     gamma = 1 if args.kind == "mtp" else args.gamma
-    config = AutoregressiveDrafterConfig(
-        args.kind, gamma, n_layers=args.layers, ffn_hidden=target.config.ffn_hidden
-    )
     torch.manual_seed(args.seed)
-    drafter = AutoregressiveDrafter(target, config)
+    if args.kind in PARALLEL_KINDS:
+        layers = args.layers or 2
+        config = ParallelDrafterConfig(args.kind, gamma, layers, target.config.ffn_hidden, rank=args.rank)
+        drafter = ParallelDrafter(target, config)
+    else:
+        config = AutoregressiveDrafterConfig(args.kind, gamma, args.layers or 1, target.config.ffn_hidden)
+        drafter = AutoregressiveDrafter(target, config)
     tc = DrafterTrainConfig(
         steps=args.steps,
         batch_size=args.batch_size,
         unroll=gamma,
+        anchors_per_seq=args.anchors,
         lr=args.lr,
         eval_every=args.eval_every,
         seed=args.seed,
@@ -301,20 +307,38 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "drafter",
-        help="train an MTP-1 or EAGLE-3 style drafter",
+        help="train a drafter (mtp, eagle, dflash, dspark, dspark-rnn)",
         description="Train a drafter on the target-regenerated responses (the target stays frozen). "
-        "EAGLE uses training-time test: it is unrolled on its own outputs for --gamma steps.",
+        "EAGLE uses training-time test: it is unrolled on its own outputs for --gamma steps. "
+        "The parallel drafters (dflash, dspark, dspark-rnn) train on --anchors packed blocks per sequence; "
+        "dspark adds the three-term loss of the paper.",
     )
-    p.add_argument("--kind", choices=("mtp", "eagle"), required=True, help="which drafter")
+    p.add_argument(
+        "--kind",
+        choices=("mtp", "eagle", "dflash", "dspark", "dspark-rnn"),
+        required=True,
+        help="which drafter",
+    )
     p.add_argument(
         "--responses", default=str(responses_default), help="responses file (default: %(default)s)"
     )
     p.add_argument("--checkpoint", default=str(paths.TARGET_CHECKPOINT), help="target (default: shipped)")
     p.add_argument("--out", help="drafter checkpoint (default: dspark/assets/drafter_<kind>.safetensors)")
     p.add_argument(
-        "--gamma", type=int, default=7, help="EAGLE draft length = unrolled steps (default: %(default)s)"
+        "--gamma",
+        type=int,
+        default=7,
+        help="draft block length (EAGLE: unrolled steps) (default: %(default)s)",
     )
-    p.add_argument("--layers", type=int, default=1, help="drafter decoder layers (default: %(default)s)")
+    p.add_argument(
+        "--layers", type=int, default=0, help="drafter layers (default: 1 for mtp/eagle, 2 for parallel)"
+    )
+    p.add_argument(
+        "--rank", type=int, default=64, help="DSpark sequential-head rank r (default: %(default)s)"
+    )
+    p.add_argument(
+        "--anchors", type=int, default=16, help="parallel drafters: blocks per sequence (default: 16)"
+    )
     p.add_argument("--steps", type=int, default=600, help="optimizer steps (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per step (default: %(default)s)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: %(default)s)")

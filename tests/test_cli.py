@@ -92,18 +92,24 @@ def small_drafters(small_checkpoint, tmp_path_factory) -> dict[str, Path]:
     """Untrained MTP and EAGLE drafters for the small checkpoint."""
     from dspark.checkpoint import load_target
     from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
+    from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 
     target, _ = load_target(small_checkpoint)
     out = {}
-    for kind, gamma in (("mtp", 1), ("eagle", 3)):
-        config = AutoregressiveDrafterConfig(kind, gamma, ffn_hidden=32)
+    for kind, gamma in (("mtp", 1), ("eagle", 3), ("dspark", 3)):
+        if kind == "dspark":
+            config = ParallelDrafterConfig(kind, gamma, 1, ffn_hidden=32, rank=4)
+            drafter = ParallelDrafter(target, config)
+        else:
+            config = AutoregressiveDrafterConfig(kind, gamma, ffn_hidden=32)
+            drafter = AutoregressiveDrafter(target, config)
         path = tmp_path_factory.mktemp("drafters") / f"{kind}.safetensors"
-        save_checkpoint(AutoregressiveDrafter(target, config), config, path, dtype=torch.float16)
+        save_checkpoint(drafter, config, path, dtype=torch.float16)
         out[kind] = path
     return out
 
 
-@pytest.mark.parametrize("kind", ["mtp", "eagle"])
+@pytest.mark.parametrize("kind", ["mtp", "eagle", "dspark"])
 def test_generate_with_a_drafter(small_checkpoint, small_drafters, kind, capsys):
     base = ["Hello there", "--max-new-tokens", "12", "--checkpoint", str(small_checkpoint)]
     assert run_main(generate.main, [*base, "--json"]) == 0

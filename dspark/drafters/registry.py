@@ -1,7 +1,8 @@
 """Drafters by name: building them from checkpoints for the CLIs.
 
-Names used on every command line: `none` (plain decoding), `mtp` (MTP-1) and
-`eagle` (EAGLE-3 style). Shipped checkpoints live in `dspark/assets/` as
+Names used on every command line: `none` (plain decoding), `mtp` (MTP-1),
+`eagle` (EAGLE-3 style), `dflash` (parallel drafter, no sequential head),
+`dspark` (parallel + Markov head) and `dspark-rnn` (parallel + RNN head). Shipped checkpoints live in `dspark/assets/` as
 `drafter_<name>.safetensors` + `.json` (fp16, only the drafter's own weights:
 embedding and LM head are the target's).
 """
@@ -14,9 +15,11 @@ from dspark import paths
 from dspark.checkpoint import CheckpointError, read_checkpoint
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import Drafter, NoDrafter
+from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
+from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from dspark.model import Transformer
 
-DRAFTER_NAMES = ("none", "mtp", "eagle")
+DRAFTER_NAMES = ("none", "mtp", "eagle", "dflash", "dspark", "dspark-rnn")
 
 
 def default_path(name: str) -> Path:
@@ -27,10 +30,12 @@ def load_drafter(path: str | Path, target: Transformer) -> Drafter:
     """Rebuild a trained drafter for `target` from its checkpoint."""
     record, tensors = read_checkpoint(path)
     try:
-        config = AutoregressiveDrafterConfig(**record["config"])
+        if record["config"].get("kind") in PARALLEL_KINDS:
+            drafter = ParallelDrafter(target, ParallelDrafterConfig(**record["config"]))
+        else:
+            drafter = AutoregressiveDrafter(target, AutoregressiveDrafterConfig(**record["config"]))
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"drafter config of {path} is invalid ({exc})") from None
-    drafter = AutoregressiveDrafter(target, config)
     try:
         drafter.load_state_dict(tensors)
     except RuntimeError as exc:
