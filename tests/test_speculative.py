@@ -204,7 +204,9 @@ def test_sampled_output_follows_the_target_exactly(kind, gamma):
     assert_matches(counts, joint.flatten())
 
 
-@pytest.mark.parametrize("name, gamma", [("mtp", 1), ("eagle", 7), ("eagle", 3)])
+@pytest.mark.parametrize(
+    "name, gamma", [("mtp", 1), ("eagle", 7), ("eagle", 3), ("dflash", 7), ("dspark", 7), ("dspark", 2)]
+)
 def test_shipped_drafters_are_greedy_identical(name, gamma, tokenizer):
     from dspark import paths
     from dspark.checkpoint import load_target
