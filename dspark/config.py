@@ -7,7 +7,7 @@ checkpoint, so a checkpoint can always be rebuilt from its own directory.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 
@@ -42,6 +42,17 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
+
+    def drafter_layers(self, n_layers: int, ffn_hidden: int, extra_positions: int) -> ModelConfig:
+        """Config of a drafter's own layers: this model's width, heads and RoPE, the
+        drafter's depth and FFN width, room for `extra_positions` draft positions."""
+        return replace(
+            self,
+            n_layers=n_layers,
+            ffn_hidden=ffn_hidden,
+            max_seq_len=self.max_seq_len + extra_positions,
+            tap_layers=(),
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)

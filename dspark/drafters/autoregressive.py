@@ -30,7 +30,6 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from dspark.config import ModelConfig
 from dspark.drafters.base import Drafter, TargetFeatures
 from dspark.kv_cache import KVCache
 from dspark.model import Block, RaggedIndex, RMSNorm, Transformer, rope_table, run_blocks_cached
@@ -59,19 +58,7 @@ class AutoregressiveDrafter(Drafter):
         super().__init__()
         tc = target.config
         self.config, self.name, self.max_gamma = config, config.kind, config.max_gamma
-        # A decoder config with the target's width/heads and the drafter's own depth.
-        self.layer_config = ModelConfig(
-            vocab_size=tc.vocab_size,
-            dim=tc.dim,
-            n_layers=config.n_layers,
-            n_heads=tc.n_heads,
-            n_kv_heads=tc.n_kv_heads,
-            ffn_hidden=config.ffn_hidden,
-            max_seq_len=tc.max_seq_len + config.max_gamma + 1,
-            rope_theta=tc.rope_theta,
-            norm_eps=tc.norm_eps,
-            tap_layers=(),
-        )
+        self.layer_config = tc.drafter_layers(config.n_layers, config.ffn_hidden, config.max_gamma + 1)
         n_feat = len(tc.tap_layers) if config.kind == "eagle" else 1
         self.fuse = nn.Linear(n_feat * tc.dim, tc.dim, bias=False) if n_feat > 1 else nn.Identity()
         self.token_norm = RMSNorm(tc.dim, tc.norm_eps)

@@ -37,7 +37,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dspark.config import ModelConfig
 from dspark.drafters.base import Drafter, TargetFeatures
 from dspark.kv_cache import KVCache
 from dspark.model import Block, RaggedIndex, RMSNorm, Transformer, apply_rope, rope_table
@@ -79,18 +78,7 @@ class ParallelDrafter(Drafter):
         super().__init__()
         tc = target.config
         self.config, self.name, self.max_gamma = config, config.kind, config.gamma
-        self.layer_config = ModelConfig(
-            vocab_size=tc.vocab_size,
-            dim=tc.dim,
-            n_layers=config.n_layers,
-            n_heads=tc.n_heads,
-            n_kv_heads=tc.n_kv_heads,
-            ffn_hidden=config.ffn_hidden,
-            max_seq_len=tc.max_seq_len + config.gamma + 1,
-            rope_theta=tc.rope_theta,
-            norm_eps=tc.norm_eps,
-            tap_layers=(),
-        )
+        self.layer_config = tc.drafter_layers(config.n_layers, config.ffn_hidden, config.gamma + 1)
         self.ctx_proj = nn.Linear(len(tc.tap_layers) * tc.dim, tc.dim, bias=False)  # W_c
         self.ctx_norm = RMSNorm(tc.dim, tc.norm_eps)
         self.layers = nn.ModuleList(Block(self.layer_config) for _ in range(config.n_layers))
