@@ -91,7 +91,7 @@ def bench_ar(args: argparse.Namespace) -> dict:
 
 def bench_offline(args: argparse.Namespace) -> dict:
     from dspark.drafters.registry import get_drafter
-    from dspark.speculative import SpeculativeResult, speculative_generate
+    from dspark.speculative import acceptance_by_position, speculative_generate, tokens_per_round
 
     tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
     target, _ = load_target(args.checkpoint)
@@ -121,10 +121,9 @@ def bench_offline(args: argparse.Namespace) -> dict:
                 seconds += r.prefill_seconds + r.decode_seconds
                 lens += r.verify_lens
                 accs += r.accepted
-            pooled = SpeculativeResult([], [], 0, 0, 0, [], lens, accs)
             tps = n_tokens / seconds
             rows.append({"drafter": name, "domain": domain, "temperature": args.temperature, "gamma": gamma,
-                         "tau": pooled.tau, "cond_acceptance": pooled.acceptance_by_position(gamma),
+                         "tau": tokens_per_round(accs), "cond_acceptance": acceptance_by_position(lens, accs, gamma),
                          "tokens_per_s": tps, "speedup": tps / base_tps})  # fmt: skip
     print(f"offline speculative decoding, T = {args.temperature}, gamma = {args.gamma}, "
           f"{args.prompts_per_domain} held-out prompts per domain, batch 1, {torch.get_num_threads()} CPU threads\n")  # fmt: skip

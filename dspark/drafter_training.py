@@ -77,15 +77,13 @@ def _layer_step(layer, x, positions, cache, rope_cos, rope_sin):
     k = k.transpose(1, 2).repeat_interleave(rep, 1)
     v = v.transpose(1, 2).repeat_interleave(rep, 1)
     scale = 1.0 / math.sqrt(attn.head_dim)
+    T = x.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
     if not cache:  # step 0: real entries, plain causal attention
         cache.append((k, v))
-        T = x.shape[1]
-        causal = torch.ones(T, T, dtype=torch.bool).tril()
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)
     else:
         real_k, real_v = cache[0]
-        T = x.shape[1]
-        causal = torch.ones(T, T, dtype=torch.bool).tril()
         s_real = (q @ real_k.transpose(-1, -2)) * scale  # (B, H, T, T)
         s_real = s_real.masked_fill(~causal, float("-inf"))
         chain = [*cache[1:], (k, v)]  # this chain's steps 1..k, diagonal: chain i sees only chain i

@@ -31,7 +31,7 @@ from dspark.checkpoint import load_target
 from dspark.cli import UsageError, run_main
 from dspark.data import eval_prompts_by_domain
 from dspark.drafters.registry import DRAFTER_NAMES, get_drafter
-from dspark.generation import generate
+from dspark.generation import check_prompts, generate
 from dspark.sampling import SamplingParams
 from dspark.speculative import SpeculativeResult, speculative_generate
 from dspark.tokenizer import Tokenizer
@@ -116,13 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         demo = eval_prompts_by_domain(per_domain=1)
         labels, texts = list(demo), [p[0] for p in demo.values()]
     prompts = [tokenizer.chat_prompt(t) for t in texts]
-    context = model.config.max_seq_len
-    for text, ids in zip(texts, prompts):
-        if len(ids) >= context:
-            raise UsageError(
-                f"prompt {text[:40]!r}… is {len(ids)} tokens; the context is {context} tokens "
-                "and generation needs room for at least one more"
-            )
+    check_prompts(prompts, model.config.max_seq_len)  # before loading a drafter
 
     drafter = get_drafter(args.drafter, model, args.drafter_checkpoint)
     gamma = min(args.gamma, drafter.max_gamma)

@@ -50,19 +50,30 @@ class SpeculativeResult(GenerationResult):
 
     @property
     def tau(self) -> float:
-        """Mean tokens per request-round, the bonus/correction token included."""
-        return sum(a + 1 for acc in self.accepted for a in acc) / max(1, self.rounds)
+        return tokens_per_round(self.accepted)
 
     def acceptance_by_position(self, gamma: int) -> list[float | None]:
-        """Position-wise conditional acceptance (DESIGN section 7): at position k,
-        among rounds that verified k and accepted 1..k-1, the fraction accepting k."""
-        hits, tries = [0] * gamma, [0] * gamma
-        for lens, accs in zip(self.verify_lens, self.accepted):
-            for ell, a in zip(lens, accs):
-                for k in range(min(ell, a + 1)):  # positions 1..min(ℓ, a+1) were reached
-                    tries[k] += 1
-                    hits[k] += k < a
-        return [h / t if t else None for h, t in zip(hits, tries)]
+        return acceptance_by_position(self.verify_lens, self.accepted, gamma)
+
+
+def tokens_per_round(accepted: list[list[int]]) -> float:
+    """τ: mean tokens per request-round, the bonus/correction token included."""
+    rounds = [a for acc in accepted for a in acc]
+    return sum(a + 1 for a in rounds) / max(1, len(rounds))
+
+
+def acceptance_by_position(
+    verify_lens: list[list[int]], accepted: list[list[int]], gamma: int
+) -> list[float | None]:
+    """Position-wise conditional acceptance (DESIGN section 7): at position k,
+    among rounds that verified k and accepted 1..k-1, the fraction accepting k."""
+    hits, tries = [0] * gamma, [0] * gamma
+    for lens, accs in zip(verify_lens, accepted):
+        for ell, a in zip(lens, accs):
+            for k in range(min(ell, a + 1)):  # positions 1..min(ℓ, a+1) were reached
+                tries[k] += 1
+                hits[k] += k < a
+    return [h / t if t else None for h, t in zip(hits, tries)]
 
 
 @torch.no_grad()
