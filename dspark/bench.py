@@ -1,8 +1,16 @@
 """`python -m dspark.bench`: benchmarks that print tables (and JSON on request).
 
-  ar       plain autoregressive decoding speed of the target at several batch sizes
-  offline  speculative decoding per drafter and domain: tau, position-wise
-           acceptance, single-stream tokens/s and speed-up over no drafter
+  ar         plain autoregressive decoding speed of the target at several batch sizes
+  offline    speculative decoding per drafter, domain and temperature: tau,
+             position-wise acceptance, single-stream tokens/s and speed-up over
+             no drafter (paper Table 1 and Fig. 2 analogues)
+  depth      tau against the number of drafter layers, DSpark vs DFlash (Fig. 3)
+  gamma      tau against the verified block length, and per-round latency with
+             and without the sequential head (Fig. 4)
+  threshold  static confidence-threshold sweep over fully verified rounds (Fig. 5)
+
+The offline-study commands write markdown tables and PNG figures with --out DIR
+(the README's copies live in walkthrough/results/).
 
 Numbers are wall-clock on whatever machine runs the command; nothing here is
 asserted by tests. Each measurement repeats `--repeats` times after a warm-up
@@ -19,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from dspark import paths
+from dspark import paths, study
 from dspark.checkpoint import load_target
 from dspark.cli import UsageError, run_main
-from dspark.data import eval_prompts_by_domain
+from dspark.data import EVAL_PER_DOMAIN, eval_prompts_by_domain
 from dspark.generation import generate
 from dspark.sampling import SamplingParams
 from dspark.tokenizer import Tokenizer
@@ -36,6 +44,36 @@ def parse_int_list(text: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
+
+
+def parse_float_list(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(not v >= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected non-negative numbers, got {text!r}")
+    return values
+
+
+def parse_name_list(text: str) -> list[str]:
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one name")
+    return values
+
+
+def add_study_options(p: argparse.ArgumentParser, prompts_per_domain: int) -> None:
+    """Options shared by the offline-study benchmarks."""
+    p.add_argument("--prompts-per-domain", type=int, default=prompts_per_domain,
+                   help="held-out prompts per domain (default: %(default)s)")  # fmt: skip
+    p.add_argument("--max-new-tokens", type=int, default=96, help="tokens per request (default: %(default)s)")
+    p.add_argument(
+        "--checkpoint", default=str(paths.TARGET_CHECKPOINT), help="target weights (default: shipped)"
+    )
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    p.add_argument("--out", metavar="DIR", help="write the markdown table(s) and PNG figure(s) into DIR")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
 
 
 def eval_prompt_ids(tokenizer: Tokenizer, n: int) -> list[list[int]]:
@@ -95,45 +133,193 @@ def bench_offline(args: argparse.Namespace) -> dict:
 
     tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
     target, _ = load_target(args.checkpoint)
-    params = SamplingParams(temperature=args.temperature)
     drafters = {name: get_drafter(name, target) for name in args.drafters}
     rows = []
-    for domain, texts in eval_prompts_by_domain(args.prompts_per_domain).items():
-        prompts = [tokenizer.chat_prompt(t) for t in texts]
-        generate(target, prompts[:1], 4, params)  # warm-up
-        base_tokens = base_time = 0.0
-        for i, prompt in enumerate(prompts):  # single stream: one request at a time
-            r = generate(target, [prompt], args.max_new_tokens, params, torch.Generator().manual_seed(i),
-                         tokenizer.eos_id)  # fmt: skip
-            base_tokens += r.new_tokens
-            base_time += r.prefill_seconds + r.decode_seconds
-        base_tps = base_tokens / base_time
-        rows.append({"drafter": "none", "domain": domain, "temperature": args.temperature, "gamma": 0,
-                     "tau": 1.0, "cond_acceptance": [], "tokens_per_s": base_tps, "speedup": 1.0})  # fmt: skip
-        for name, drafter in drafters.items():
-            gamma = min(args.gamma, drafter.max_gamma)
-            n_tokens = seconds = 0.0
-            lens, accs = [], []
-            for i, prompt in enumerate(prompts):
-                r = speculative_generate(target, drafter, [prompt], args.max_new_tokens, params, gamma,
-                                         torch.Generator().manual_seed(i), tokenizer.eos_id)  # fmt: skip
-                n_tokens += r.new_tokens
-                seconds += r.prefill_seconds + r.decode_seconds
-                lens += r.verify_lens
-                accs += r.accepted
-            tps = n_tokens / seconds
-            rows.append({"drafter": name, "domain": domain, "temperature": args.temperature, "gamma": gamma,
-                         "tau": tokens_per_round(accs), "cond_acceptance": acceptance_by_position(lens, accs, gamma),
-                         "tokens_per_s": tps, "speedup": tps / base_tps})  # fmt: skip
-    print(f"offline speculative decoding, T = {args.temperature}, gamma = {args.gamma}, "
-          f"{args.prompts_per_domain} held-out prompts per domain, batch 1, {torch.get_num_threads()} CPU threads\n")  # fmt: skip
-    print("| drafter | domain | tau | tokens/s | speed-up | conditional acceptance by position |")
-    print("|---|---|---:|---:|---:|---|")
+    for temperature in args.temperatures:
+        params = SamplingParams(temperature=temperature)
+        for domain, prompts in study.prompts_by_domain(tokenizer, args.prompts_per_domain).items():
+            generate(target, prompts[:1], 4, params)  # warm-up
+            base_tokens = base_time = 0.0
+            for i, prompt in enumerate(prompts):  # single stream: one request at a time
+                r = generate(target, [prompt], args.max_new_tokens, params, torch.Generator().manual_seed(i),
+                             tokenizer.eos_id)  # fmt: skip
+                base_tokens += r.new_tokens
+                base_time += r.prefill_seconds + r.decode_seconds
+            base_tps = base_tokens / base_time
+            rows.append({"drafter": "none", "domain": domain, "temperature": temperature, "gamma": 0,
+                         "tau": 1.0, "cond_acceptance": [], "tokens_per_s": base_tps, "speedup": 1.0})  # fmt: skip
+            for name, drafter in drafters.items():
+                gamma = min(args.gamma, drafter.max_gamma)
+                n_tokens = seconds = 0.0
+                lens, accs = [], []
+                for i, prompt in enumerate(prompts):
+                    r = speculative_generate(target, drafter, [prompt], args.max_new_tokens, params, gamma,
+                                             torch.Generator().manual_seed(i), tokenizer.eos_id)  # fmt: skip
+                    n_tokens += r.new_tokens
+                    seconds += r.prefill_seconds + r.decode_seconds
+                    lens += r.verify_lens
+                    accs += r.accepted
+                tps = n_tokens / seconds
+                rows.append({"drafter": name, "domain": domain, "temperature": temperature, "gamma": gamma,
+                             "tau": tokens_per_round(accs), "cond_acceptance": acceptance_by_position(lens, accs, gamma),
+                             "tokens_per_s": tps, "speedup": tps / base_tps})  # fmt: skip
+    print(f"offline speculative decoding, gamma = {args.gamma}, {args.prompts_per_domain} held-out prompts per "
+          f"domain, batch 1, {torch.get_num_threads()} CPU threads\n")  # fmt: skip
+    print("| T | drafter | domain | tau | tokens/s | speed-up | conditional acceptance by position |")
+    print("|---|---|---|---:|---:|---:|---|")
     for r in rows:
         acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["cond_acceptance"])
-        print(f"| {r['drafter']} | {r['domain']} | {r['tau']:.2f} | {r['tokens_per_s']:.0f} | "
+        print(f"| {r['temperature']:g} | {r['drafter']} | {r['domain']} | {r['tau']:.2f} | {r['tokens_per_s']:.0f} | "
               f"{r['speedup']:.2f}x | {acc} |")  # fmt: skip
-    return {"benchmark": "offline", "results": rows}
+    table = offline_table(rows)
+    print("\nTable 1 analogue: tau (tokens per round incl. the bonus token)\n\n" + table)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "table1.md").write_text(table)
+        for temperature in args.temperatures:
+            path = out / f"position_acceptance_T{temperature:g}.png"
+            sub = [r for r in rows if r["temperature"] == temperature]
+            study.plot_position_acceptance(
+                sub, path, f"conditional acceptance by position, T = {temperature:g}"
+            )
+            print(f"wrote {path}")
+    return {"benchmark": "offline", "gamma": args.gamma, "results": rows}
+
+
+def offline_table(rows: list[dict]) -> str:
+    """Markdown: one row per drafter, tau per domain and macro average, per temperature, + speed-up."""
+    temps = list(dict.fromkeys(r["temperature"] for r in rows))
+    domains = list(dict.fromkeys(r["domain"] for r in rows))
+    header = ["drafter"]
+    for t in temps:
+        header += [f"{d} T={t:g}" for d in domains] + [f"macro T={t:g}", f"speed-up T={t:g}"]
+    body = []
+    for name in dict.fromkeys(r["drafter"] for r in rows if r["drafter"] != "none"):
+        line: list = [name]
+        for t in temps:
+            sub = {r["domain"]: r for r in rows if r["drafter"] == name and r["temperature"] == t}
+            line += [sub[d]["tau"] for d in domains] + [study.macro([sub[d]["tau"] for d in domains])]
+            line.append(", ".join(f"{sub[d]['speedup']:.2f}x" for d in domains))
+        body.append(line)
+    return study.markdown_table(header, body)
+
+
+def load_study_drafters(target, specs: list[str]) -> dict:
+    """`label=PATH` pairs (or a bare shipped drafter name) -> {label: drafter}."""
+    from dspark.drafters.registry import get_drafter, load_drafter
+
+    out = {}
+    for spec in specs:
+        label, _, path = spec.partition("=")
+        if path:
+            if not Path(path).is_file():
+                raise UsageError(
+                    f"no drafter checkpoint at {path} (train it with `python -m dspark.train drafter`)"
+                )
+            out[label] = load_drafter(path, target)
+        else:
+            out[label] = get_drafter(label, target)
+    return out
+
+
+def bench_depth(args: argparse.Namespace) -> dict:
+    from dspark.drafters.registry import load_drafter
+
+    tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
+    target, _ = load_target(args.checkpoint)
+    params = SamplingParams(temperature=args.temperature)
+    prompts = study.prompts_by_domain(tokenizer, args.prompts_per_domain)
+    rows = []
+    for kind in args.kinds:
+        for layers in args.layers:
+            path = Path(args.study_dir) / f"{kind}_L{layers}.safetensors"
+            if not path.is_file():
+                raise UsageError(f"missing {path}: train it with `python -m dspark.train drafter --kind {kind} "
+                                 f"--layers {layers} --steps 800 --out {path}`")  # fmt: skip
+            drafter = load_drafter(path, target)
+            for domain, ps in prompts.items():
+                rounds = study.measure_tau(target, drafter, ps, params, args.gamma, args.max_new_tokens,
+                                           tokenizer.eos_id)  # fmt: skip
+                rows.append({"kind": kind, "layers": layers, "domain": domain, "tau": rounds.tau})
+            tau = [r["tau"] for r in rows[-len(prompts) :]]
+            rows.append({"kind": kind, "layers": layers, "domain": "macro", "tau": study.macro(tau)})
+    domains = [*prompts, "macro"]
+    body = [[k, n, *(next(r["tau"] for r in rows if (r["kind"], r["layers"], r["domain"]) == (k, n, d))
+                     for d in domains)] for k in args.kinds for n in args.layers]  # fmt: skip
+    table = study.markdown_table(["drafter", "layers", *domains], body)
+    print(f"drafter depth, gamma = {args.gamma}, T = {args.temperature:g}, tau\n\n" + table)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "depth.md").write_text(table)
+        study.plot_depth(rows, Path(args.out) / "depth.png")
+        print(f"wrote {Path(args.out) / 'depth.png'}")
+    return {"benchmark": "depth", "gamma": args.gamma, "temperature": args.temperature, "results": rows}
+
+
+def bench_gamma(args: argparse.Namespace) -> dict:
+    tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
+    target, _ = load_target(args.checkpoint)
+    params = SamplingParams(temperature=args.temperature)
+    prompts = study.prompts_by_domain(tokenizer, args.prompts_per_domain)
+    drafters = load_study_drafters(target, args.drafters)
+    tau_rows, latency_rows = [], []
+    for label, drafter in drafters.items():
+        if drafter.name not in ("dflash", "dspark", "dspark-rnn"):
+            raise UsageError(f"{label}: the gamma study compares the parallel drafters (dflash, dspark, dspark-rnn)")
+        if max(args.gammas) > drafter.max_gamma:
+            raise UsageError(f"drafter {label} drafts at most {drafter.max_gamma} tokens; lower --gammas")
+        for domain, ps in prompts.items():
+            for gamma in args.gammas:  # the drafter proposes its full block; only the first γ are verified
+                rounds = study.measure_tau(target, drafter, ps, params, drafter.max_gamma, args.max_new_tokens,
+                                           tokenizer.eos_id, verify_len=gamma)  # fmt: skip
+                tau_rows.append({"kind": label, "domain": domain, "gamma": gamma, "tau": rounds.tau})
+        batch = [p for ps in prompts.values() for p in ps][: args.latency_batch]
+        for gamma in args.gammas:
+            row = study.round_latency(target, drafter, batch, gamma, params, args.repeats)
+            latency_rows.append({"kind": label, **row})
+    domains = list(prompts)
+    header = ["drafter", "γ", *domains, "macro", f"round ms (batch {args.latency_batch})", "draft ms"]
+    body = []
+    for label in drafters:
+        for gamma in args.gammas:
+            tau = [next(r["tau"] for r in tau_rows if (r["kind"], r["domain"], r["gamma"]) == (label, d, gamma))
+                   for d in domains]  # fmt: skip
+            lat = next(r for r in latency_rows if (r["kind"], r["gamma"]) == (label, gamma))
+            body.append([label, gamma, *tau, study.macro(tau), lat["round_ms"], lat["draft_ms"]])
+    table = study.markdown_table(header, body)
+    print(f"proposal length, T = {args.temperature:g}: tau and per-round latency\n\n" + table)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "gamma.md").write_text(table)
+        study.plot_gamma(tau_rows, latency_rows, Path(args.out) / "gamma.png")
+        print(f"wrote {Path(args.out) / 'gamma.png'}")
+    return {"benchmark": "gamma", "temperature": args.temperature, "tau": tau_rows, "latency": latency_rows}
+
+
+def bench_threshold(args: argparse.Namespace) -> dict:
+    tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
+    target, _ = load_target(args.checkpoint)
+    params = SamplingParams(temperature=args.temperature)
+    ((label, drafter),) = load_study_drafters(target, [args.drafter]).items()
+    gamma = min(args.gamma, drafter.max_gamma)
+    rows = []
+    for domain, ps in study.prompts_by_domain(tokenizer, args.prompts_per_domain).items():
+        rounds = study.measure_tau(target, drafter, ps, params, gamma, args.max_new_tokens, tokenizer.eos_id)
+        for row in study.threshold_sweep(rounds, args.thresholds):
+            rows.append({"domain": domain, **row})
+    body = [[r["domain"], r["threshold"], r["accepted_per_step"], r["rejected_per_step"],
+             None if r["acceptance_rate"] is None else f"{100 * r['acceptance_rate']:.1f}%"] for r in rows]  # fmt: skip
+    table = study.markdown_table(
+        ["domain", "θ", "accepted drafts / step", "rejected drafts / step", "acceptance rate"], body
+    )
+    print(f"static survival-threshold sweep, {label}, gamma = {gamma}, T = {args.temperature:g}\n\n" + table)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "threshold.md").write_text(table)
+        study.plot_threshold(rows, Path(args.out) / "threshold.png")
+        print(f"wrote {Path(args.out) / 'threshold.png'}")
+    return {"benchmark": "threshold", "drafter": label, "gamma": gamma, "results": rows}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,27 +352,72 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "offline",
-        help="tau, acceptance and speed-up per drafter and domain",
-        description="Speculative decoding on the held-out prompts, one request at a time: per drafter and "
-        "domain, tau (tokens per round incl. the bonus), position-wise conditional acceptance, tokens/s "
-        "and the speed-up over plain decoding (--drafter none) on this machine.",
+        help="Table 1 + Fig. 2: tau, acceptance by position and speed-up per drafter and domain",
+        description="Speculative decoding on the held-out prompts, one request at a time: per drafter, "
+        "domain and temperature, tau (tokens per round incl. the bonus), position-wise conditional "
+        "acceptance, tokens/s and the speed-up over plain decoding on this machine. With --out: "
+        "table1.md and position_acceptance_T<t>.png (paper Table 1 and Fig. 2 analogues).",
     )
-    p.add_argument("--drafters", type=lambda t: [x for x in t.split(",") if x], default=["mtp", "eagle"],
+    p.add_argument("--drafters", type=parse_name_list, default=["mtp", "eagle"],
                    help="comma-separated drafter names (default: mtp,eagle)")  # fmt: skip
-    p.add_argument(
-        "--temperature", type=float, default=1.0, help="sampling temperature (default: %(default)s)"
-    )
+    p.add_argument("--temperatures", type=parse_float_list, default=[1.0],
+                   help="comma-separated sampling temperatures (default: 1)")  # fmt: skip
     p.add_argument("--gamma", type=int, default=7, help="draft tokens per round (default: %(default)s)")
-    p.add_argument(
-        "--prompts-per-domain", type=int, default=8, help="held-out prompts (default: %(default)s)"
-    )
-    p.add_argument("--max-new-tokens", type=int, default=96, help="tokens per request (default: %(default)s)")
-    p.add_argument(
-        "--checkpoint", default=str(paths.TARGET_CHECKPOINT), help="target weights (default: shipped)"
-    )
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    add_study_options(p, prompts_per_domain=8)
     p.set_defaults(func=bench_offline)
+
+    p = sub.add_parser(
+        "depth",
+        help="Fig. 3: tau against drafter layers",
+        description="tau per domain of drafters trained with 1, 2, ... backbone layers, read from "
+        "STUDY_DIR/<kind>_L<layers>.safetensors (train them with `python -m dspark.train drafter "
+        "--layers N --out ...`). With --out: depth.md and depth.png (paper Fig. 3 analogue).",
+    )
+    p.add_argument("--kinds", type=parse_name_list, default=["dspark", "dflash"],
+                   help="drafter kinds (default: dspark,dflash)")  # fmt: skip
+    p.add_argument("--layers", type=parse_int_list, default=[1, 2, 3], help="depths (default: 1,2,3)")
+    p.add_argument("--study-dir", default=str(paths.runs_dir() / "study"),
+                   help="where the study checkpoints are (default: %(default)s)")  # fmt: skip
+    p.add_argument("--gamma", type=int, default=7, help="draft tokens per round (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1)")
+    add_study_options(p, prompts_per_domain=16)
+    p.set_defaults(func=bench_depth)
+
+    p = sub.add_parser(
+        "gamma",
+        help="Fig. 4: tau against gamma, and round latency with/without the sequential head",
+        description="For drafters trained with a long block (default: the γ=16 study checkpoints), tau "
+        "per domain when only the first γ drafts of each block are verified, and the median wall-clock "
+        "of one round (drafting γ tokens + the target pass over anchor + γ drafts) at --latency-batch "
+        "requests. dflash is the same backbone without the sequential head. With --out: gamma.md and "
+        "gamma.png (paper Fig. 4 analogue).",
+    )
+    study_dir = paths.runs_dir() / "study"
+    p.add_argument("--drafters", type=parse_name_list,
+                   default=[f"{k}={study_dir / (k + '_g16.safetensors')}" for k in ("dspark", "dflash")],
+                   help="comma-separated LABEL=CHECKPOINT (or shipped names) (default: dspark,dflash at γ=16 "
+                   "in the study dir)")  # fmt: skip
+    p.add_argument("--gammas", type=parse_int_list, default=[4, 8, 12, 16], help="(default: 4,8,12,16)")
+    p.add_argument("--latency-batch", type=int, default=16, help="requests per timed round (default: 16)")
+    p.add_argument("--repeats", type=int, default=20, help="timed rounds per point (default: 20)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1)")
+    add_study_options(p, prompts_per_domain=16)
+    p.set_defaults(func=bench_gamma)
+
+    p = sub.add_parser(
+        "threshold",
+        help="Fig. 5: static confidence-threshold sweep",
+        description="Fully verified rounds of a DSpark drafter on the held-out prompts, replayed under "
+        "static thresholds on the prefix survival Π c_j: accepted and rejected draft tokens per step and "
+        "the acceptance rate. With --out: threshold.md and threshold.png (paper Fig. 5 analogue).",
+    )
+    p.add_argument("--drafter", default="dspark", help="name or LABEL=CHECKPOINT (default: dspark)")
+    p.add_argument("--thresholds", type=parse_float_list, default=[round(0.1 * i, 1) for i in range(10)],
+                   help="comma-separated survival thresholds (default: 0,0.1,...,0.9)")  # fmt: skip
+    p.add_argument("--gamma", type=int, default=7, help="draft tokens per round (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1)")
+    add_study_options(p, prompts_per_domain=16)
+    p.set_defaults(func=bench_threshold)
     return parser
 
 
@@ -196,6 +427,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     if getattr(args, "max_new_tokens", 1) < 1 or getattr(args, "repeats", 1) < 1:
         raise UsageError("--max-new-tokens and --repeats must be at least 1")
+    if not 1 <= getattr(args, "prompts_per_domain", 1) <= EVAL_PER_DOMAIN:
+        raise UsageError(f"--prompts-per-domain must be in 1..{EVAL_PER_DOMAIN}")
     result = args.func(args)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

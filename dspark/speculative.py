@@ -43,6 +43,8 @@ class SpeculativeResult(GenerationResult):
     from_draft: list[list[bool]] = field(default_factory=list)  # per emitted token: was it an accepted draft?
     verify_lens: list[list[int]] = field(default_factory=list)  # per request, per round: ℓ_r
     accepted: list[list[int]] = field(default_factory=list)  # per request, per round: a_r
+    # per request, per round: the drafter's confidences c_1..c_γ (empty lists if it has no confidence head)
+    confidences: list[list[list[float]]] = field(default_factory=list)
 
     @property
     def rounds(self) -> int:
@@ -110,6 +112,7 @@ def speculative_generate(
     reasons = [""] * n
     ells: list[list[int]] = [[] for _ in prompts]
     accs: list[list[int]] = [[] for _ in prompts]
+    confs: list[list[list[float]]] = [[] for _ in prompts]
 
     def emit(i: int, tokens: list[int], drafted: list[bool]) -> bool:
         """Append tokens to request i until a stop; True if the request is finished."""
@@ -146,6 +149,7 @@ def speculative_generate(
         drafts, draft_probs = drafter.propose(
             act_slots, committed, features, lens, anchors, gamma, params, generator
         )
+        round_conf = getattr(drafter, "last_confidence", None)  # (R, γ) or None
         room = context - cache.lengths[act_slots] - 1  # positions left after the anchor
         wanted = verify_len_fn(drafts, draft_probs) if verify_len_fn else torch.full_like(room, gamma)
         if bool(((wanted < 0) | (wanted > gamma)).any()):
@@ -174,6 +178,8 @@ def speculative_generate(
             a = int(result.accepted[r])
             ells[i].append(int(verify_lens[r]))
             accs[i].append(a)
+            if round_conf is not None:
+                confs[i].append(round_conf[r].tolist())
             cache.rollback(int(act_slots[r]), int(start[r]) + a + 1)
             new = [*drafts[r, :a].tolist(), int(result.next_token[r])]
             if emit(i, new, [True] * a + [False]):
@@ -190,7 +196,9 @@ def speculative_generate(
         )
         active = [active[r] for r in still]
     decode_seconds = time.perf_counter() - t1
-    return SpeculativeResult(out, reasons, prefill_seconds, decode_seconds, steps, from_draft, ells, accs)
+    return SpeculativeResult(
+        out, reasons, prefill_seconds, decode_seconds, steps, from_draft, ells, accs, confs
+    )
 
 
 def _select(tokens, features: TargetFeatures, lens, anchors, keep_rows):

@@ -42,6 +42,10 @@ def small_checkpoint(tmp_path_factory, tokenizer) -> Path:
         (train, ["drafter"]),
         (bench, []),
         (bench, ["ar"]),
+        (bench, ["offline"]),
+        (bench, ["depth"]),
+        (bench, ["gamma"]),
+        (bench, ["threshold"]),
     ],  # fmt: skip
 )
 def test_help(module, argv, capsys):
@@ -175,6 +179,45 @@ def test_bench_ar_runs(small_checkpoint, tmp_path, capsys):
     assert "| batch |" in capsys.readouterr().out
     rows = json.loads(out.read_text())["results"]
     assert [r["batch"] for r in rows] == [1, 3] and all(r["tokens_per_s"] > 0 for r in rows)
+
+
+def test_bench_study_commands_write_tables_and_figures(small_checkpoint, small_drafters, tmp_path, capsys):
+    """threshold, gamma and depth on a random small model: tables, PNGs, JSON."""
+    drafter = f"d={small_drafters['dspark']}"
+    common = ["--prompts-per-domain", "2", "--max-new-tokens", "6", "--checkpoint", str(small_checkpoint),
+              "--out", str(tmp_path)]  # fmt: skip
+    assert run_main(bench.main, ["threshold", "--drafter", drafter, "--thresholds", "0,0.5", *common]) == 0
+    assert "acceptance rate" in capsys.readouterr().out
+    argv = ["gamma", "--drafters", drafter, "--gammas", "1,3", "--latency-batch", "2", "--repeats", "1",
+            *common, "--json", str(tmp_path / "g.json")]  # fmt: skip
+    assert run_main(bench.main, argv) == 0
+    record = json.loads((tmp_path / "g.json").read_text())
+    assert {r["gamma"] for r in record["tau"]} == {1, 3} and len(record["latency"]) == 2
+    study_dir = tmp_path / "study"
+    study_dir.mkdir()
+    for suffix in (".safetensors", ".json"):
+        (study_dir / f"dspark_L1{suffix}").write_bytes(
+            small_drafters["dspark"].with_suffix(suffix).read_bytes()
+        )
+    argv = [
+        "depth",
+        "--kinds",
+        "dspark",
+        "--layers",
+        "1",
+        "--gamma",
+        "3",
+        "--study-dir",
+        str(study_dir),
+        *common,
+    ]
+    assert run_main(bench.main, argv) == 0
+    assert "| dspark | 1 |" in capsys.readouterr().out
+    for name in ("threshold", "gamma", "depth"):
+        assert (tmp_path / f"{name}.md").is_file() and (tmp_path / f"{name}.png").stat().st_size > 1000
+    # a missing study checkpoint says how to train it
+    assert run_main(bench.main, [*argv[:-2], "--layers", "2"]) == 2
+    assert "python -m dspark.train drafter --kind dspark --layers 2" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not paths.TARGET_CHECKPOINT.is_file(), reason="no shipped target checkpoint yet")

@@ -116,7 +116,7 @@ def test_training_loss_terms_and_gradients(tiny_model):
     assert drafter.w1.weight.grad.abs().sum() > 0 and drafter.confidence.weight.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("kind", ["dspark", "dspark-rnn"])
+@pytest.mark.parametrize("kind", ["dflash", "dspark", "dspark-rnn"])
 def test_sampled_output_follows_the_target_exactly(kind):
     torch.manual_seed(0)
     target = Transformer(MICRO).eval()

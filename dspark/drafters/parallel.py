@@ -40,7 +40,7 @@ from torch import nn
 from dspark.drafters.base import Drafter, TargetFeatures
 from dspark.kv_cache import KVCache
 from dspark.model import Block, RaggedIndex, RMSNorm, Transformer, apply_rope, rope_table
-from dspark.sampling import probabilities, sample
+from dspark.sampling import probabilities, sample, sample_from_probs
 from dspark.tokenizer import MASK, SPECIAL_TOKENS
 
 KINDS = {"dflash": "none", "dspark": "markov", "dspark-rnn": "rnn"}  # kind -> sequential head
@@ -200,6 +200,12 @@ class ParallelDrafter(Drafter):
             raise RuntimeError("call reset(n_slots) before propose")
         self.append_context(slots, features, committed_lens)
         h, u = self.draft_block(slots, anchors, gamma)
+        if self.config.rank == 0:  # DFlash: no dependence between positions, sample the block at once
+            q = probabilities(u, params)  # (R, γ, V)
+            self.last_confidence = torch.sigmoid(self.confidence(h)).squeeze(-1)  # (R, γ)
+            # uniforms in the order the left-to-right loop draws them: rank-0 DSpark == DFlash, token for token
+            uniforms = torch.rand(gamma, slots.shape[0], generator=generator).T
+            return sample_from_probs(q, uniforms), q
         # sample left to right through the sequential head
         prev, state = anchors, h.new_zeros(slots.shape[0], self.config.rank)
         tokens, probs, confs = [], [], []

@@ -1,0 +1,296 @@
+"""The offline study of the DSpark drafter at this project's scale (paper section 4.2-4.3).
+
+Measurements behind `python -m dspark.bench offline|depth|gamma|threshold`, on
+the held-out prompts of each domain, each with a plot writer (PNG):
+
+  * position-wise conditional acceptance (paper Fig. 2): `plot_position_acceptance`
+    over the rows of `bench offline`, which also gives the Table 1 analogue;
+  * drafter depth (Fig. 3): `measure_tau` for drafters with 1, 2, ... layers;
+  * proposal length (Fig. 4): `measure_tau` at several verify lengths of a
+    drafter trained with a long block, and `round_latency` -- one drafting
+    pass + one target verification pass at a given batch -- with and without
+    the sequential head;
+  * static confidence-threshold sweep (Fig. 5): `threshold_sweep` replays
+    fully verified rounds. With lossless verification a round that verifies
+    ℓ drafts accepts min(ℓ, a) of them, where a is what full verification
+    accepted (position k's accept/reject never depends on later positions),
+    so one recorded run answers every threshold.
+
+A threshold θ verifies the longest prefix whose *survival* Π_{j<=k} c_j is at
+least θ (θ = 0: everything) -- the quantity the scheduler of the next issue ranks.
+
+What this file does not do: train drafters (`dspark.train drafter`), time
+single-stream speed-ups (`bench offline`), or calibrate confidences.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from dspark.data import eval_prompts_by_domain
+from dspark.drafters.base import Drafter, TargetFeatures
+from dspark.model import Transformer
+from dspark.sampling import SamplingParams, probabilities, sample
+from dspark.speculative import acceptance_by_position, speculative_generate, tokens_per_round
+from dspark.tokenizer import Tokenizer
+
+
+def prompts_by_domain(tokenizer: Tokenizer, per_domain: int) -> dict[str, list[list[int]]]:
+    """Held-out chat prompts (token ids) per domain, the same ones for every drafter."""
+    return {
+        d: [tokenizer.chat_prompt(t) for t in texts]
+        for d, texts in eval_prompts_by_domain(per_domain).items()
+    }
+
+
+@dataclass
+class Rounds:
+    """Every request-round of some runs: ℓ, accepted a, confidences c_1..c_γ."""
+
+    verify_lens: list[list[int]] = field(default_factory=list)  # per request, per round
+    accepted: list[list[int]] = field(default_factory=list)
+    confidences: list[list[list[float]]] = field(default_factory=list)
+
+    @property
+    def tau(self) -> float:
+        return tokens_per_round(self.accepted)
+
+    def acceptance_by_position(self, gamma: int) -> list[float | None]:
+        return acceptance_by_position(self.verify_lens, self.accepted, gamma)
+
+
+def measure_tau(
+    target: Transformer,
+    drafter: Drafter,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    gamma: int,
+    max_new_tokens: int,
+    eos_id: int | None,
+    verify_len: int | None = None,
+    batch_size: int = 16,
+    seed: int = 0,
+) -> Rounds:
+    """Speculative decoding of `prompts` in batches; the drafter proposes `gamma`
+    tokens per round and every round verifies `verify_len` of them (default: all)."""
+    rounds = Rounds()
+    fixed = None
+    if verify_len is not None:
+        if not 0 <= verify_len <= gamma:
+            raise ValueError(f"verify_len must be in 0..{gamma}")
+        fixed = lambda drafts, probs: torch.full((drafts.shape[0],), verify_len)  # noqa: E731
+    for start in range(0, len(prompts), batch_size):
+        result = speculative_generate(target, drafter, prompts[start : start + batch_size], max_new_tokens,
+                                      params, gamma, torch.Generator().manual_seed(seed + start), eos_id,
+                                      fixed)  # fmt: skip
+        rounds.verify_lens += result.verify_lens
+        rounds.accepted += result.accepted
+        rounds.confidences += result.confidences
+    return rounds
+
+
+def threshold_sweep(rounds: Rounds, thresholds: list[float]) -> list[dict]:
+    """Replay fully verified rounds under static survival thresholds.
+
+    For each θ: ℓ = number of leading positions with Π_{j<=k} c_j >= θ,
+    accepted = min(ℓ, a), rejected = ℓ - accepted; reported per round (step)
+    together with the acceptance rate accepted / verified."""
+    flat = [(ell, a, c) for L, A, C in zip(rounds.verify_lens, rounds.accepted, rounds.confidences)
+            for ell, a, c in zip(L, A, C)]  # fmt: skip
+    if not flat:
+        raise ValueError("no rounds with confidences to replay (does the drafter have a confidence head?)")
+    if any(ell != len(c) for ell, _, c in flat):
+        raise ValueError("threshold_sweep needs fully verified rounds (ℓ = γ in every round)")
+    survivals = [torch.tensor(c, dtype=torch.float64).cumprod(0) for _, _, c in flat]
+    rows = []
+    for theta in thresholds:
+        acc = rej = 0
+        for (_, a, _), surv in zip(flat, survivals):
+            below = (surv < theta).nonzero()
+            ell = int(below[0]) if len(below) else len(surv)
+            acc += min(ell, a)
+            rej += ell - min(ell, a)
+        n = len(flat)
+        rows.append({"threshold": theta, "accepted_per_step": acc / n, "rejected_per_step": rej / n,
+                     "acceptance_rate": acc / (acc + rej) if acc + rej else None})  # fmt: skip
+    return rows
+
+
+@torch.no_grad()
+def round_latency(
+    target: Transformer,
+    drafter: Drafter,
+    prompts: list[list[int]],
+    gamma: int,
+    params: SamplingParams,
+    repeats: int = 20,
+) -> dict:
+    """Median wall-clock of one speculative round for a batch of requests:
+    drafting γ tokens each (`propose`) + one ragged target pass over
+    anchor + γ drafts each. The caches are rolled back after every round so
+    every repeat sees the same contexts. Parallel drafters only (their
+    context cache accepts a round that commits nothing)."""
+    from dspark.drafters.parallel import ParallelDrafter
+
+    if not isinstance(drafter, ParallelDrafter):
+        raise ValueError(f"round_latency times the parallel drafters (dflash, dspark*), not {drafter.name!r}")
+    n = len(prompts)
+    cache = target.new_cache(n)
+    drafter.reset(cache.n_slots)
+    slots = torch.tensor([cache.allocate() for _ in prompts])
+    lens = torch.tensor([len(p) for p in prompts])
+    flat = torch.tensor([t for p in prompts for t in p])
+    res = target.forward_cached(flat, slots, lens, cache, return_taps=True)
+    anchors = sample(probabilities(res.logits[torch.cumsum(lens, 0) - 1], params), torch.Generator())
+    generator = torch.Generator().manual_seed(0)
+    features, committed, committed_lens = TargetFeatures(res.taps, res.last_hidden), flat, lens
+    draft_ms, verify_ms = [], []
+    start = cache.lengths[slots].clone()
+    for rep in range(repeats + 1):  # the first round is a warm-up (and appends the prompt context)
+        t0 = time.perf_counter()
+        drafts, _ = drafter.propose(
+            slots, committed, features, committed_lens, anchors, gamma, params, generator
+        )
+        t1 = time.perf_counter()
+        blocks = torch.cat([anchors[:, None], drafts], dim=1).flatten()
+        target.forward_cached(blocks, slots, torch.full((n,), gamma + 1), cache, return_taps=True)
+        t2 = time.perf_counter()
+        for s, length in zip(slots.tolist(), start.tolist()):
+            cache.rollback(s, length)
+        # nothing new is committed, so later rounds append no context to the drafter
+        committed, committed_lens = flat[:0], torch.zeros(n, dtype=torch.long)
+        features = TargetFeatures(features.taps[:0], features.last_hidden[:0])
+        if rep:
+            draft_ms.append(1000 * (t1 - t0))
+            verify_ms.append(1000 * (t2 - t1))
+    draft, verify = statistics.median(draft_ms), statistics.median(verify_ms)
+    return {"batch": n, "gamma": gamma, "draft_ms": draft, "verify_ms": verify, "round_ms": draft + verify}
+
+
+def macro(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    def cell(v) -> str:
+        if isinstance(v, float):
+            return f"{v:.2f}"
+        return "-" if v is None else str(v)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+# ---- plots ---------------------------------------------------------------------------------------
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_position_acceptance(rows: list[dict], path: str | Path, title: str) -> None:
+    """Fig. 2 analogue: one panel per domain, one line per drafter (rows of `bench offline`)."""
+    plt = _pyplot()
+    domains = list(dict.fromkeys(r["domain"] for r in rows))
+    fig, axes = plt.subplots(1, len(domains), figsize=(4.2 * len(domains), 3.4), sharey=True)
+    for ax, domain in zip(axes, domains):
+        for r in rows:
+            if r["domain"] == domain and r["cond_acceptance"]:
+                pts = [(k + 1, a) for k, a in enumerate(r["cond_acceptance"]) if a is not None]
+                ax.plot(*zip(*pts), marker="o", label=r["drafter"])
+        ax.set_title(domain)
+        ax.set_xlabel("position k in the block")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("conditional acceptance")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_depth(rows: list[dict], path: str | Path) -> None:
+    """Fig. 3 analogue: macro τ (and per domain) against backbone layers, per kind."""
+    plt = _pyplot()
+    domains = [*dict.fromkeys(r["domain"] for r in rows)]
+    fig, axes = plt.subplots(1, len(domains), figsize=(3.4 * len(domains), 3.2))
+    for ax, domain in zip(axes, domains):
+        for kind in dict.fromkeys(r["kind"] for r in rows):
+            pts = sorted((r["layers"], r["tau"]) for r in rows if r["kind"] == kind and r["domain"] == domain)
+            ax.plot(*zip(*pts), marker="o", label=kind)
+        ax.set_title(domain)
+        ax.set_xlabel("drafter layers")
+        ax.set_xticks(sorted({r["layers"] for r in rows}))
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("τ (tokens per round)")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_gamma(tau_rows: list[dict], latency_rows: list[dict], path: str | Path) -> None:
+    """Fig. 4 analogue: τ against γ per domain, and round latency against γ per kind."""
+    plt = _pyplot()
+    domains = [*dict.fromkeys(r["domain"] for r in tau_rows)]
+    fig, axes = plt.subplots(1, len(domains) + 1, figsize=(3.4 * (len(domains) + 1), 3.2))
+    for ax, domain in zip(axes, domains):
+        for kind in dict.fromkeys(r["kind"] for r in tau_rows):
+            pts = sorted(
+                (r["gamma"], r["tau"]) for r in tau_rows if r["kind"] == kind and r["domain"] == domain
+            )
+            ax.plot(*zip(*pts), marker="o", label=kind)
+        ax.set_title(domain)
+        ax.set_xlabel("γ (drafts verified)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("τ (tokens per round)")
+    axes[0].legend(fontsize=8)
+    ax = axes[-1]
+    for kind in dict.fromkeys(r["kind"] for r in latency_rows):
+        pts = sorted((r["gamma"], r["round_ms"]) for r in latency_rows if r["kind"] == kind)
+        ax.plot(*zip(*pts), marker="o", label=kind)
+    batch = latency_rows[0]["batch"] if latency_rows else 0
+    ax.set_title(f"round latency, batch {batch}")
+    ax.set_xlabel("γ (block size)")
+    ax.set_ylabel("ms per round")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_threshold(rows: list[dict], path: str | Path) -> None:
+    """Fig. 5 analogue: accepted/rejected drafts per step (bars) and acceptance rate (line)."""
+    plt = _pyplot()
+    domains = [*dict.fromkeys(r["domain"] for r in rows)]
+    fig, axes = plt.subplots(1, len(domains), figsize=(4.2 * len(domains), 3.4), sharey=True)
+    for ax, domain in zip(axes, domains):
+        sub = [r for r in rows if r["domain"] == domain]
+        x = [r["threshold"] for r in sub]
+        acc = [r["accepted_per_step"] for r in sub]
+        rej = [r["rejected_per_step"] for r in sub]
+        width = 0.8 * (x[1] - x[0]) if len(x) > 1 else 0.08
+        ax.bar(x, acc, width, label="accepted drafts")
+        ax.bar(x, rej, width, bottom=acc, hatch="//", alpha=0.6, label="rejected drafts")
+        ax.set_title(domain)
+        ax.set_xlabel("survival threshold θ")
+        rate = ax.twinx()
+        rate.plot(x, [r["acceptance_rate"] for r in sub], color="k", marker="o", label="acceptance rate")
+        rate.set_ylim(0, 1.05)
+        if domain == domains[-1]:
+            rate.set_ylabel("acceptance rate")
+    axes[0].set_ylabel("draft tokens per step")
+    axes[0].legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,78 @@
+"""The offline-study helpers: threshold replay (hand-worked), fixed verify lengths,
+recorded confidences and the round-latency probe."""
+
+from __future__ import annotations
+
+import pytest
+from test_parallel_drafter import make
+from test_speculative import GREEDY, prompts
+
+from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
+from dspark.sampling import SamplingParams
+from dspark.speculative import speculative_generate
+from dspark.study import Rounds, markdown_table, measure_tau, round_latency, threshold_sweep
+
+# two fully verified rounds, γ = 3: survivals (0.9, 0.45, 0.405) accepting 2, and (0.4, 0.36, 0.324) accepting 0
+SHORT = [3, 17, 1, 9]  # far from the 64-token context: nothing caps the verify lengths
+HAND = Rounds(verify_lens=[[3], [3]], accepted=[[2], [0]], confidences=[[[0.9, 0.5, 0.9]], [[0.4, 0.9, 0.9]]])
+
+
+def test_threshold_sweep_hand_worked():
+    zero, mid, high = threshold_sweep(HAND, [0.0, 0.42, 0.95])
+    # θ = 0 verifies everything: accepted 2 + 0, rejected 1 + 3
+    assert (zero["accepted_per_step"], zero["rejected_per_step"]) == (1.0, 2.0)
+    assert zero["acceptance_rate"] == pytest.approx(1 / 3)
+    # θ = 0.42: round 1 stops before 0.405 (ℓ = 2, both accepted), round 2 verifies nothing
+    assert (mid["accepted_per_step"], mid["rejected_per_step"], mid["acceptance_rate"]) == (1.0, 0.0, 1.0)
+    assert (high["accepted_per_step"], high["rejected_per_step"], high["acceptance_rate"]) == (0.0, 0.0, None)
+
+
+def test_threshold_sweep_needs_full_rounds_with_confidences():
+    with pytest.raises(ValueError, match="fully verified"):
+        threshold_sweep(Rounds([[2]], [[1]], [[[0.5, 0.5, 0.5]]]), [0.1])
+    with pytest.raises(ValueError, match="confidence head"):
+        threshold_sweep(Rounds([[3]], [[1]], [[]]), [0.1])
+
+
+def test_confidences_are_recorded_per_round(tiny_model):
+    ps = prompts(SHORT, seed=2)
+    result = speculative_generate(tiny_model, make(tiny_model, "dspark", gamma=4), ps, 12, GREEDY, 4)
+    for accs, confs in zip(result.accepted, result.confidences):
+        assert len(confs) == len(accs) and all(len(c) == 4 and all(0 < x < 1 for x in c) for c in confs)
+    eagle = AutoregressiveDrafter(tiny_model, AutoregressiveDrafterConfig("eagle", 3, ffn_hidden=32)).eval()
+    assert speculative_generate(tiny_model, eagle, ps, 6, GREEDY, 3).confidences == [[]] * len(ps)
+
+
+@pytest.mark.parametrize("verify_len", [0, 1, 3, 4])
+def test_measure_tau_with_fixed_verify_lengths(tiny_model, verify_len):
+    drafter = make(tiny_model, "dspark", gamma=4)
+    ps = prompts(SHORT, seed=3)
+    rounds = measure_tau(tiny_model, drafter, ps, GREEDY, 4, 10, None, verify_len=verify_len, batch_size=2)
+    assert len(rounds.accepted) == len(ps)
+    assert all(ell == verify_len for L in rounds.verify_lens for ell in L)
+    assert all(0 <= a <= verify_len for A in rounds.accepted for a in A)
+    if verify_len == 0:
+        assert rounds.tau == 1.0
+    with pytest.raises(ValueError, match="verify_len"):
+        measure_tau(tiny_model, drafter, ps, GREEDY, 4, 10, None, verify_len=5)
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_round_latency_leaves_the_caches_as_they_were(tiny_model, kind):
+    drafter = make(tiny_model, kind, gamma=4)
+    row = round_latency(tiny_model, drafter, prompts(SHORT, seed=4), 3, SamplingParams(1.0), repeats=2)
+    assert row["gamma"] == 3 and row["batch"] == len(SHORT)
+    assert row["draft_ms"] > 0 and row["verify_ms"] > 0
+    assert row["round_ms"] == pytest.approx(row["draft_ms"] + row["verify_ms"])
+    # the drafter's context cache holds exactly the prompts (later rounds committed nothing)
+    assert sorted(drafter.cache.lengths[: len(SHORT)].tolist()) == sorted(SHORT)
+    with pytest.raises(ValueError, match="parallel"):
+        eagle = AutoregressiveDrafter(tiny_model, AutoregressiveDrafterConfig("eagle", 3, ffn_hidden=32))
+        round_latency(tiny_model, eagle, prompts(SHORT), 3, SamplingParams(1.0))
+
+
+def test_markdown_table():
+    assert (
+        markdown_table(["a", "b"], [["x", 1.234], [2, None]])
+        == "| a | b |\n|---|---|\n| x | 1.23 |\n| 2 | - |\n"
+    )
