@@ -89,12 +89,15 @@ def speculative_generate(
     generator: torch.Generator | None = None,
     eos_id: int | None = None,
     verify_len_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    observe_fn: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> SpeculativeResult:
     """Generate for every prompt with `drafter` proposing `gamma` tokens per round.
 
     `verify_len_fn(draft_tokens (R, γ), draft_probs (R, γ, V)) -> (R,)` picks how
     many drafts each request verifies (default: all γ); it must depend on
-    nothing but what the drafter produced, or losslessness is lost."""
+    nothing but what the drafter produced, or losslessness is lost.
+    `observe_fn(verify_lens (R,), accepted (R,))` hears every round's outcome
+    (policies that learn from history, dspark/scheduler.py)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not 0 <= gamma <= drafter.max_gamma:
@@ -169,6 +172,8 @@ def speculative_generate(
             drafts, draft_probs, target_probs, verify_lens, *draw_uniforms(len(active), gamma, generator)
         )
 
+        if observe_fn is not None:
+            observe_fn(verify_lens, result.accepted)
         kept_lens = result.accepted + 1  # anchor + accepted drafts stay in the cache
         flat_keep = torch.cat(
             [torch.arange(int(b)) < int(k) for b, k in zip(block_lens, kept_lens)]

@@ -1,0 +1,293 @@
+"""Verify-length policies, among them DSpark's hardware-aware prefix scheduler (Algorithm 1).
+
+Each round every request r has γ drafts with prefix survivals
+a_{r,j} = Π_{i<=j} c_{r,i} (calibrated confidences, non-increasing in j). A
+policy picks verify lengths ℓ_r ∈ [0, γ]; the target then scores
+B = Σ_r (1 + ℓ_r) tokens and is expected to emit τ = Σ_r (1 + Σ_{j<=ℓ_r} a_{r,j}).
+With SPS(B) the measured target steps per second at B batch tokens, DSpark
+maximises the expected emission rate Θ = τ · SPS(B) (DESIGN section 5, paper
+section 3.2.2 and Algorithm 1):
+
+  * `prefix_schedule(..., early_stop=True)`: walk all (r, j) in descending a
+    (ties: earlier position first, so every prefix stays a prefix), admit
+    while Θ strictly improves, stop at the first step where it does not.
+    Admitting x_{r,j} then depends only on survivals ranked above it, none of
+    which depends on x_{r,j}: lossless.
+  * `early_stop=False` is the *retrospective* global argmax along the same
+    path. It may admit x_{r,j} because of a_{r,j+1}, which depends on x_{r,j}
+    itself: NOT lossless (paper Appendix A; `dspark/counterexample.py`).
+  * `AsyncPrefixPolicy` (paper section 5.2): the budget K comes from the
+    global argmax over the survivals of TWO rounds earlier (already realised,
+    so no leak and no trap on a jagged SPS), then the current top-K survivals
+    are admitted, with a configurable minimum length per request.
+
+Baselines with the same interface: no speculation, MTP-1, fixed γ, a static
+survival threshold, and a SmartSpec-style goodput rule (one EMA acceptance
+rate, one length for the whole batch).
+
+What this file does not do: measure SPS (dspark/profiler.py) or calibrate the
+confidences (dspark/calibration.py).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+POLICY_NAMES = ("none", "mtp1", "fixed", "threshold", "goodput", "dspark", "dspark-async")
+
+
+@dataclass
+class ThroughputProfile:
+    """SPS(B): target steps per second with B tokens in one pass, for B = 1..len(steps_per_second)."""
+
+    steps_per_second: list[float]  # entry B-1 is SPS(B)
+    name: str = ""  # where it came from ("cpu-measured", "h200-roofline", ...)
+
+    def __post_init__(self) -> None:
+        if not self.steps_per_second or any(not s > 0 for s in self.steps_per_second):
+            raise ValueError("a throughput profile needs positive steps/s for B = 1, 2, ...")
+
+    @property
+    def max_tokens(self) -> int:
+        return len(self.steps_per_second)
+
+    def sps(self, batch_tokens: int) -> float:
+        """SPS(B). Beyond the table a step is assumed to take proportionally longer."""
+        if batch_tokens < 1:
+            raise ValueError(f"batch tokens must be >= 1, got {batch_tokens}")
+        if batch_tokens <= self.max_tokens:
+            return self.steps_per_second[batch_tokens - 1]
+        return self.steps_per_second[-1] * self.max_tokens / batch_tokens
+
+    @classmethod
+    def from_points(
+        cls, batch_tokens: list[int], seconds_per_step: list[float], max_tokens: int, name: str = ""
+    ) -> ThroughputProfile:
+        """Interpolate measured step times linearly over B = 1..max_tokens (held
+        flat before the first point, proportional after the last) and force
+        SPS to be non-increasing in B, as a larger pass is never faster."""
+        points = sorted(zip(batch_tokens, seconds_per_step))
+        xs, ys = [float(b) for b, _ in points], [t for _, t in points]
+        sps, slowest = [], 0.0
+        for B in range(1, max_tokens + 1):
+            if B <= xs[0]:
+                t = ys[0]
+            elif B >= xs[-1]:
+                t = ys[-1] * B / xs[-1]
+            else:
+                i = next(i for i in range(1, len(xs)) if xs[i] >= B)
+                w = (B - xs[i - 1]) / (xs[i] - xs[i - 1])
+                t = ys[i - 1] + w * (ys[i] - ys[i - 1])
+            slowest = max(slowest, t)
+            sps.append(1.0 / slowest)
+        return cls(sps, name)
+
+
+def prefix_survival(confidences: torch.Tensor, temperatures: torch.Tensor | None = None) -> torch.Tensor:
+    """(R, γ) confidences c -> (R, γ) survivals a_{r,j} = Π_{i<=j} c̃_{r,i}, where
+    c̃ = σ(logit(c) / T_j) with the STS temperatures (none: c̃ = c)."""
+    c = confidences.double()
+    if temperatures is not None:
+        logit = torch.logit(c.clamp(1e-12, 1 - 1e-12))
+        c = torch.sigmoid(logit / temperatures.double()[: c.shape[1]])
+    return c.cumprod(dim=1)
+
+
+def greedy_path(survivals: torch.Tensor) -> torch.Tensor:
+    """All (r, j) in admission order: descending survival, ties by position, then request.
+    Returns (R·γ, 2) [r, j] rows with j 0-based."""
+    R, gamma = survivals.shape
+    r = torch.arange(R).repeat_interleave(gamma)
+    j = torch.arange(gamma).repeat(R)
+    a = survivals.flatten()
+    # lexicographic sort: by -a, then j, then r (stable sorts applied from the last key to the first)
+    order = torch.argsort(r, stable=True)
+    order = order[torch.argsort(j[order], stable=True)]
+    order = order[torch.argsort(-a[order], stable=True)]
+    return torch.stack([r[order], j[order]], dim=1)
+
+
+def prefix_schedule(
+    survivals: torch.Tensor,
+    profile: ThroughputProfile,
+    early_stop: bool = True,
+    budget: int | None = None,
+) -> torch.Tensor:
+    """Algorithm 1: (R, γ) survivals -> (R,) verify lengths.
+
+    early_stop=True: admit along the greedy path while Θ strictly improves.
+    early_stop=False: the retrospective global argmax of Θ along the path (lossy).
+    budget=K: admit exactly the top K of the path (the async variant's second half)."""
+    R, gamma = survivals.shape
+    lengths = torch.zeros(R, dtype=torch.long)
+    if R == 0 or gamma == 0:
+        return lengths
+    path = greedy_path(survivals)
+    if budget is not None:
+        n_admit = max(0, min(int(budget), len(path)))
+    else:
+        gains = survivals[path[:, 0], path[:, 1]].tolist()
+        tau, best, n_admit = float(R), R * profile.sps(R), 0
+        for n, gain in enumerate(gains, start=1):
+            tau += gain
+            theta = tau * profile.sps(R + n)
+            if theta > best:
+                best, n_admit = theta, n
+            elif early_stop:
+                break
+    admitted = path[:n_admit]
+    lengths.index_add_(0, admitted[:, 0], torch.ones(n_admit, dtype=torch.long))
+    return lengths
+
+
+def expected_rate(survivals: torch.Tensor, lengths: torch.Tensor, profile: ThroughputProfile) -> float:
+    """Θ(ℓ) = (Σ_r 1 + Σ_{j<=ℓ_r} a_{r,j}) · SPS(Σ_r 1 + ℓ_r) for any verify lengths."""
+    R, gamma = survivals.shape
+    keep = torch.arange(gamma)[None, :] < lengths[:, None]
+    tau = R + float((survivals * keep).sum())
+    return tau * profile.sps(R + int(lengths.sum())) if R else 0.0
+
+
+# ---- policies -------------------------------------------------------------------------------------
+class Policy:
+    """Verify lengths for a batch. `lengths` sees only what the drafter produced this
+    round (survivals) and what happened before; `observe` receives each round's outcome."""
+
+    name = "policy"
+    needs_confidence = False
+
+    def lengths(self, survivals: torch.Tensor, gamma: int, profile: ThroughputProfile) -> torch.Tensor:
+        raise NotImplementedError
+
+    def observe(self, verify_lens: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Called after verification (default: nothing to learn)."""
+
+
+class FixedPolicy(Policy):
+    """`none` (0), `mtp1` (1) or `fixed` (γ) drafts per request, whatever the drafter says."""
+
+    def __init__(self, name: str, length: int | None) -> None:
+        self.name, self.length = name, length
+
+    def lengths(self, survivals, gamma, profile):
+        n = gamma if self.length is None else min(self.length, gamma)
+        return torch.full((survivals.shape[0],), n, dtype=torch.long)
+
+
+class ThresholdPolicy(Policy):
+    """Verify the longest prefix whose survival is at least θ."""
+
+    name, needs_confidence = "threshold", True
+
+    def __init__(self, threshold: float = 0.5) -> None:
+        self.threshold = threshold
+
+    def lengths(self, survivals, gamma, profile):
+        return (survivals >= self.threshold).long().cumprod(dim=1).sum(dim=1)
+
+
+class GoodputPolicy(Policy):
+    """SmartSpec-style: one global EMA acceptance rate α, one k for the whole batch,
+    k = argmax_k R·(1 − α^{k+1})/(1 − α) · SPS(R·(k+1))."""
+
+    name = "goodput"
+
+    def __init__(self, alpha: float = 0.5, decay: float = 0.9) -> None:
+        self.alpha, self.decay = alpha, decay
+
+    def lengths(self, survivals, gamma, profile):
+        R = survivals.shape[0]
+        if R == 0:
+            return torch.zeros(0, dtype=torch.long)
+        a = min(self.alpha, 1 - 1e-9)
+
+        def rate(k: int) -> float:
+            return R * (1 - a ** (k + 1)) / (1 - a) * profile.sps(R * (k + 1))
+
+        k = max(range(gamma + 1), key=rate)
+        return torch.full((R,), k, dtype=torch.long)
+
+    def observe(self, verify_lens, accepted):
+        verified = int(verify_lens.sum())
+        if verified:
+            self.alpha = self.decay * self.alpha + (1 - self.decay) * int(accepted.sum()) / verified
+
+
+class PrefixPolicy(Policy):
+    """DSpark's Algorithm 1 with the early stop (lossless)."""
+
+    name, needs_confidence = "dspark", True
+
+    def lengths(self, survivals, gamma, profile):
+        return prefix_schedule(survivals, profile, early_stop=True)
+
+
+class AsyncPrefixPolicy(Policy):
+    """The asynchronous production variant: K from a global search over the survivals
+    of two rounds earlier (rescaled to the current number of requests), then the top-K
+    current survivals, every request getting at least `min_length` drafts. Until two
+    rounds of history exist it falls back to Algorithm 1 with the early stop."""
+
+    name, needs_confidence = "dspark-async", True
+
+    def __init__(self, min_length: int = 0, lag: int = 2) -> None:
+        self.min_length, self.lag = min_length, lag
+        self.history: deque[torch.Tensor] = deque(maxlen=lag)
+
+    def budget(self, old: torch.Tensor, requests: int, gamma: int, profile: ThroughputProfile) -> int:
+        admitted = int(prefix_schedule(old, profile, early_stop=False).sum())
+        return round(admitted * requests / max(1, old.shape[0]))
+
+    def lengths(self, survivals, gamma, profile):
+        R = survivals.shape[0]
+        if len(self.history) < self.lag:
+            lengths = prefix_schedule(survivals, profile, early_stop=True)
+        else:
+            K = self.budget(self.history[0], R, gamma, profile)
+            m = min(self.min_length, gamma)
+            lengths = torch.full((R,), m, dtype=torch.long)
+            if m < gamma:
+                lengths += prefix_schedule(survivals[:, m:], profile, budget=max(0, K - R * m))
+        self.history.append(survivals.clone())
+        return lengths
+
+
+def make_policy(name: str, threshold: float = 0.5, min_length: int = 0) -> Policy:
+    """A fresh policy by its CLI name (see POLICY_NAMES)."""
+    if name == "none":
+        return FixedPolicy("none", 0)
+    if name == "mtp1":
+        return FixedPolicy("mtp1", 1)
+    if name == "fixed":
+        return FixedPolicy("fixed", None)
+    if name == "threshold":
+        return ThresholdPolicy(threshold)
+    if name == "goodput":
+        return GoodputPolicy()
+    if name == "dspark":
+        return PrefixPolicy()
+    if name == "dspark-async":
+        return AsyncPrefixPolicy(min_length)
+    raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
+
+
+def policy_hooks(
+    policy: Policy, drafter, profile: ThroughputProfile, temperatures: torch.Tensor | None = None
+) -> tuple[Callable, Callable]:
+    """(verify_len_fn, observe_fn) for `speculative_generate`: the policy reads the
+    drafter's confidences of this round (calibrated with `temperatures`)."""
+
+    def verify_len_fn(drafts: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+        R, gamma = drafts.shape
+        conf = getattr(drafter, "last_confidence", None)
+        if conf is None:
+            if policy.needs_confidence:
+                raise ValueError(f"policy {policy.name!r} needs a drafter with a confidence head")
+            conf = torch.ones(R, gamma)
+        return policy.lengths(prefix_survival(conf, temperatures), gamma, profile)
+
+    return verify_len_fn, policy.observe
