@@ -8,6 +8,9 @@
   gamma      tau against the verified block length, and per-round latency with
              and without the sequential head (Fig. 4)
   threshold  static confidence-threshold sweep over fully verified rounds (Fig. 5)
+  calibration  ECE/AUROC/Brier of the prefix survival before/after STS (Fig. 6)
+  appendix-a   the selection-bias counterexample through the real schedulers
+  profile      SPS(B) measured here (cached) and modelled for an H200
 
 The offline-study commands write markdown tables and PNG figures with --out DIR
 (the README's copies live in walkthrough/results/).
@@ -137,7 +140,9 @@ def bench_offline(args: argparse.Namespace) -> dict:
     rows = []
     for temperature in args.temperatures:
         params = SamplingParams(temperature=temperature)
-        for domain, prompts in study.prompts_by_domain(tokenizer, args.prompts_per_domain).items():
+        for domain, prompts in study.prompts_by_domain(
+            tokenizer, args.prompts_per_domain, 0, target.config.max_seq_len
+        ).items():
             generate(target, prompts[:1], 4, params)  # warm-up
             base_tokens = base_time = 0.0
             for i, prompt in enumerate(prompts):  # single stream: one request at a time
@@ -229,7 +234,7 @@ def bench_depth(args: argparse.Namespace) -> dict:
     tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
     target, _ = load_target(args.checkpoint)
     params = SamplingParams(temperature=args.temperature)
-    prompts = study.prompts_by_domain(tokenizer, args.prompts_per_domain)
+    prompts = study.prompts_by_domain(tokenizer, args.prompts_per_domain, 0, target.config.max_seq_len)
     rows = []
     for kind in args.kinds:
         for layers in args.layers:
@@ -261,12 +266,14 @@ def bench_gamma(args: argparse.Namespace) -> dict:
     tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
     target, _ = load_target(args.checkpoint)
     params = SamplingParams(temperature=args.temperature)
-    prompts = study.prompts_by_domain(tokenizer, args.prompts_per_domain)
+    prompts = study.prompts_by_domain(tokenizer, args.prompts_per_domain, 0, target.config.max_seq_len)
     drafters = load_study_drafters(target, args.drafters)
     tau_rows, latency_rows = [], []
     for label, drafter in drafters.items():
         if drafter.name not in ("dflash", "dspark", "dspark-rnn"):
-            raise UsageError(f"{label}: the gamma study compares the parallel drafters (dflash, dspark, dspark-rnn)")
+            raise UsageError(
+                f"{label}: the gamma study compares the parallel drafters (dflash, dspark, dspark-rnn)"
+            )
         if max(args.gammas) > drafter.max_gamma:
             raise UsageError(f"drafter {label} drafts at most {drafter.max_gamma} tokens; lower --gammas")
         for domain, ps in prompts.items():
@@ -304,7 +311,9 @@ def bench_threshold(args: argparse.Namespace) -> dict:
     ((label, drafter),) = load_study_drafters(target, [args.drafter]).items()
     gamma = min(args.gamma, drafter.max_gamma)
     rows = []
-    for domain, ps in study.prompts_by_domain(tokenizer, args.prompts_per_domain).items():
+    for domain, ps in study.prompts_by_domain(
+        tokenizer, args.prompts_per_domain, 0, target.config.max_seq_len
+    ).items():
         rounds = study.measure_tau(target, drafter, ps, params, gamma, args.max_new_tokens, tokenizer.eos_id)
         for row in study.threshold_sweep(rounds, args.thresholds):
             rows.append({"domain": domain, **row})
@@ -320,6 +329,89 @@ def bench_threshold(args: argparse.Namespace) -> dict:
         study.plot_threshold(rows, Path(args.out) / "threshold.png")
         print(f"wrote {Path(args.out) / 'threshold.png'}")
     return {"benchmark": "threshold", "drafter": label, "gamma": gamma, "results": rows}
+
+
+def bench_calibration(args: argparse.Namespace) -> dict:
+    from dspark import calibration
+    from dspark.drafters.registry import default_path, get_drafter
+
+    tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
+    target, _ = load_target(args.checkpoint)
+    path = Path(args.drafter_checkpoint) if args.drafter_checkpoint else default_path(args.drafter)
+    drafter = get_drafter(args.drafter, target, path)
+    if drafter.sts_temperatures is None:
+        raise UsageError(
+            f"{path} is not calibrated yet: run `python -m dspark.train calibrate --drafter {args.drafter}`"
+        )
+    if args.prompts_per_domain > calibration.FIT_PROMPTS[0]:
+        raise UsageError(
+            f"--prompts-per-domain must be <= {calibration.FIT_PROMPTS[0]} (later prompts fit STS)"
+        )
+    params = SamplingParams(args.temperature)
+    gamma = min(args.gamma, drafter.max_gamma)
+    rounds = study.Rounds()
+    for prompts in study.prompts_by_domain(
+        tokenizer, args.prompts_per_domain, 0, target.config.max_seq_len
+    ).values():
+        rounds.extend(
+            study.measure_tau(target, drafter, prompts, params, gamma, args.max_new_tokens, tokenizer.eos_id)
+        )
+    conf, events, mask = calibration.round_arrays(rounds)
+    rows = calibration.position_metrics(conf, events, mask, drafter.sts_temperatures)
+    body = [[r["k"], r["rounds"], r["survival_rate"], f"{100 * r['ece_before']:.1f}%", f"{100 * r['ece_after']:.1f}%",
+             None if r["auroc"] is None else f"{r['auroc']:.3f}", f"{r['brier']:.3f}"] for r in rows]  # fmt: skip
+    table = study.markdown_table(["k", "rounds", "observed survival", "ECE before", "ECE after STS", "AUROC",
+                                  "Brier"], body)  # fmt: skip
+    print(f"calibration of {args.drafter} on held-out rounds (eval prompts 0..{args.prompts_per_domain - 1} per "
+          f"domain, T = {args.temperature:g}, gamma = {gamma}), STS temperatures "
+          f"{' '.join(f'{t:.2f}' for t in drafter.sts_temperatures.tolist())}\n\n" + table)  # fmt: skip
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "calibration.md").write_text(table)
+        figure = Path(args.out) / "reliability.png"
+        calibration.plot_reliability(conf, events, mask, drafter.sts_temperatures, figure,
+                                     f"{args.drafter}: prefix survival, before (raw) and after STS")  # fmt: skip
+        print(f"wrote {figure}")
+    keys = ("k", "ece_before", "ece_after", "auroc", "brier", "rounds", "survival_rate")
+    return {"benchmark": "calibration", "drafter": args.drafter, "rounds": int(conf.shape[0]),
+            "sts_temperatures": drafter.sts_temperatures.tolist(),
+            "positions": [{k: r[k] for k in keys} for r in rows]}  # fmt: skip
+
+
+def bench_appendix_a(args: argparse.Namespace) -> dict:
+    from dspark.counterexample import counterexample
+
+    if args.draws < 3:
+        raise UsageError("--draws must be at least 3")
+    result = counterexample(args.draws, args.seed)
+    print(f"paper Appendix A through the real verify + schedulers, {args.draws} independent rounds\n")
+    print("| scheduler | P(A) | P(B) | mean verify length |\n|---|---:|---:|---:|")
+    print(f"| target | {result['target'][0]:.3f} | {result['target'][1]:.3f} | |")
+    for name in ("retrospective", "early_stop", "async"):
+        pa, pb = result[name]
+        print(f"| {name} | {pa:.3f} | {pb:.3f} | {result[name + '_mean_verify_len']:.2f} |")
+    return {k: result[k] for k in ("target", "retrospective", "early_stop", "async", "draws")}
+
+
+def bench_profile(args: argparse.Namespace) -> dict:
+    from dspark import profiler
+
+    target, _ = load_target(args.checkpoint)
+    cpu = profiler.cpu_profile(target, refresh=args.refresh)
+    profiles = [cpu, profiler.named_profile("h200"), profiler.named_profile("h200-buckets")]
+    points = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)]
+    print("SPS(B): target passes per second at B batch tokens (cpu: measured here and cached; h200: roofline "
+          "model of an 8B bf16 model)\n")  # fmt: skip
+    print("| B | " + " | ".join(p.name for p in profiles) + " |\n|---:|" + "---:|" * len(profiles))
+    for b in points:
+        cells = [f"{p.sps(b):.1f}" if b <= p.max_tokens else "-" for p in profiles]
+        print(f"| {b} | " + " | ".join(cells) + " |")
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        profiler.plot_profiles(profiles, Path(args.out) / "sps_profiles.png", max_tokens=512)
+        print(f"\nwrote {Path(args.out) / 'sps_profiles.png'}")
+    return {"benchmark": "profile", "profiles": [{"name": p.name, "steps_per_second": p.steps_per_second}
+                                                  for p in profiles]}  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -418,6 +510,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1)")
     add_study_options(p, prompts_per_domain=16)
     p.set_defaults(func=bench_threshold)
+
+    p = sub.add_parser(
+        "calibration",
+        help="ECE / AUROC / Brier of the prefix survival before and after STS",
+        description="Decode held-out eval prompts (0..N-1 per domain; STS was fitted on 40..79) with full "
+        "verification and score the prefix survival of every position against 'drafts 1..k accepted': "
+        "ECE before and after Sequential Temperature Scaling, AUROC, Brier. With --out: calibration.md and "
+        "reliability.png (paper Fig. 6 analogue). Run `python -m dspark.train calibrate` first.",
+    )
+    p.add_argument("--drafter", default="dspark", choices=("dflash", "dspark", "dspark-rnn"),
+                   help="drafter name (default: %(default)s)")  # fmt: skip
+    p.add_argument("--drafter-checkpoint", help="drafter weights (default: the shipped one)")
+    p.add_argument("--gamma", type=int, default=7, help="draft tokens per round (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1)")
+    add_study_options(p, prompts_per_domain=40)
+    p.set_defaults(func=bench_calibration)
+
+    p = sub.add_parser(
+        "appendix-a",
+        help="the paper's selection-bias counterexample, measured",
+        description="Paper Appendix A: one request, gamma 2, target (0.7, 0.3), draft (0.5, 0.5), a Markov "
+        "confidence that depends on the first draft, SPS(1..3) = 1, 0.5, 0.45. Prints the first-token law "
+        "under the retrospective scheduler (lossy: about (0.85, 0.15)), Algorithm 1 with the early stop "
+        "and the asynchronous variant (both (0.7, 0.3)).",
+    )
+    p.add_argument("--draws", type=int, default=100_000, help="independent rounds (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    p.set_defaults(func=bench_appendix_a)
+
+    p = sub.add_parser(
+        "profile",
+        help="the SPS(B) throughput profiles the scheduler uses",
+        description="Measure (once, then cached under DSPARK_HOME) how many target passes per second this "
+        "machine does at B batch tokens, and print it next to the H200 roofline models (smooth, and with "
+        "CUDA-graph buckets). With --out: sps_profiles.png.",
+    )
+    p.add_argument("--refresh", action="store_true", help="measure again instead of using the cache")
+    p.add_argument(
+        "--checkpoint", default=str(paths.TARGET_CHECKPOINT), help="target weights (default: shipped)"
+    )
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    p.add_argument("--out", metavar="DIR", help="write sps_profiles.png into DIR")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    p.set_defaults(func=bench_profile)
     return parser
 
 

@@ -275,11 +275,10 @@ def make_policy(name: str, threshold: float = 0.5, min_length: int = 0) -> Polic
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
 
 
-def policy_hooks(
-    policy: Policy, drafter, profile: ThroughputProfile, temperatures: torch.Tensor | None = None
-) -> tuple[Callable, Callable]:
+def policy_hooks(policy: Policy, drafter, profile: ThroughputProfile) -> tuple[Callable, Callable]:
     """(verify_len_fn, observe_fn) for `speculative_generate`: the policy reads the
-    drafter's confidences of this round (calibrated with `temperatures`)."""
+    drafter's confidences of this round, calibrated with its STS temperatures if it has them."""
+    temperatures = getattr(drafter, "sts_temperatures", None)
 
     def verify_len_fn(drafts: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
         R, gamma = drafts.shape

@@ -40,12 +40,15 @@ from dspark.speculative import acceptance_by_position, speculative_generate, tok
 from dspark.tokenizer import Tokenizer
 
 
-def prompts_by_domain(tokenizer: Tokenizer, per_domain: int) -> dict[str, list[list[int]]]:
-    """Held-out chat prompts (token ids) per domain, the same ones for every drafter."""
-    return {
-        d: [tokenizer.chat_prompt(t) for t in texts]
-        for d, texts in eval_prompts_by_domain(per_domain).items()
-    }
+def prompts_by_domain(
+    tokenizer: Tokenizer, per_domain: int, start: int = 0, context: int | None = None
+) -> dict[str, list[list[int]]]:
+    """Held-out chat prompts (token ids) per domain, numbers start .. start+per_domain-1 of
+    each domain's eval prompts: the same ones for every drafter. With `context`, prompts
+    that leave no room to generate in it are left out."""
+    groups = eval_prompts_by_domain(start + per_domain).items()
+    ids = {d: [tokenizer.chat_prompt(t) for t in texts[start:]] for d, texts in groups}
+    return {d: [p for p in ps if context is None or len(p) < context] for d, ps in ids.items()}
 
 
 @dataclass
@@ -62,6 +65,11 @@ class Rounds:
 
     def acceptance_by_position(self, gamma: int) -> list[float | None]:
         return acceptance_by_position(self.verify_lens, self.accepted, gamma)
+
+    def extend(self, other: Rounds) -> None:
+        self.verify_lens += other.verify_lens
+        self.accepted += other.accepted
+        self.confidences += other.confidences
 
 
 def measure_tau(

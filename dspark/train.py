@@ -3,7 +3,8 @@
   data       build the offline corpus, the tokenizer and the token arrays
   target     pre-train the target model (resumable)
   responses  answer training prompts again with the target (drafter data)
-  drafter    train a drafter (mtp | eagle) on those responses
+  drafter    train a drafter (mtp | eagle | dflash | dspark | dspark-rnn) on those responses
+  calibrate  fit the confidence head's Sequential Temperature Scaling on held-out rounds
 
 Outputs go under DSPARK_HOME (default ~/.cache/dspark); `--ship` copies the
 compact result into `dspark/assets/`, which is what gets committed.
@@ -192,6 +193,45 @@ def cmd_drafter(args: argparse.Namespace) -> None:
     print(f"saved {out}; validation expected acceptance per step: {acc}")
 
 
+def cmd_calibrate(args: argparse.Namespace) -> None:
+    from dspark import calibration, study
+    from dspark.checkpoint import load_target
+    from dspark.drafters.registry import default_path, get_drafter
+    from dspark.sampling import SamplingParams
+    from dspark.tokenizer import Tokenizer
+
+    torch.set_num_threads(args.threads)
+    tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
+    target, _ = load_target(args.checkpoint)
+    path = Path(args.drafter_checkpoint) if args.drafter_checkpoint else default_path(args.drafter)
+    drafter = get_drafter(args.drafter, target, path)
+    if not hasattr(drafter, "confidence"):
+        raise UsageError(
+            f"{args.drafter} has no confidence head to calibrate (use dspark, dspark-rnn, dflash)"
+        )
+    gamma = min(args.gamma, drafter.max_gamma)
+    params = SamplingParams(args.temperature)
+    first, last = calibration.FIT_PROMPTS
+    rounds = study.Rounds()
+    for domain, prompts in study.prompts_by_domain(
+        tokenizer, last - first, first, target.config.max_seq_len
+    ).items():
+        rounds.extend(study.measure_tau(target, drafter, prompts, params, gamma, args.max_new_tokens,
+                                        tokenizer.eos_id))  # fmt: skip
+        print(f"{domain}: {sum(map(len, rounds.accepted))} rounds recorded so far")
+    conf, events, mask = calibration.round_arrays(rounds)
+    temps = calibration.fit_sts(conf, events, mask)
+    rows = calibration.position_metrics(conf, events, mask, temps)
+    info = {"rounds": int(conf.shape[0]), "gamma": gamma, "temperature": args.temperature,
+            "prompts": f"eval prompts {first}..{last - 1} of each domain"}  # fmt: skip
+    calibration.save_temperatures(path, temps, info)
+    print("\n| k | T_k | ECE before | ECE after (in-sample) | AUROC |\n|---:|---:|---:|---:|---:|")
+    for t, r in zip(temps.tolist(), rows):
+        auc = "-" if r["auroc"] is None else f"{r['auroc']:.3f}"
+        print(f"| {r['k']} | {t:.3f} | {100 * r['ece_before']:.1f}% | {100 * r['ece_after']:.1f}% | {auc} |")
+    print(f"\nstored the STS temperatures in {calibration.config_path(path)}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m dspark.train",
@@ -350,6 +390,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: %(default)s)"
     )
     p.set_defaults(func=cmd_drafter)
+
+    p = sub.add_parser(
+        "calibrate",
+        help="fit Sequential Temperature Scaling of a drafter's confidence head",
+        description="Decode eval prompts 40..79 of every domain with full verification, record each round's "
+        "confidences and accepted length, fit one temperature per position left to right (each minimising "
+        "the ECE of the prefix survival with the earlier ones fixed) and store them in the drafter "
+        "checkpoint's JSON. `python -m dspark.bench calibration` then reports on prompts 0..39.",
+    )
+    p.add_argument("--drafter", default="dspark", choices=("dflash", "dspark", "dspark-rnn"),
+                   help="drafter name (default: %(default)s)")  # fmt: skip
+    p.add_argument("--drafter-checkpoint", help="drafter weights (default: the shipped one)")
+    p.add_argument("--checkpoint", default=str(paths.TARGET_CHECKPOINT), help="target (default: shipped)")
+    p.add_argument("--gamma", type=int, default=7, help="draft tokens per round (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1)")
+    p.add_argument("--max-new-tokens", type=int, default=96, help="tokens per prompt (default: %(default)s)")
+    p.add_argument(
+        "--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: %(default)s)"
+    )
+    p.set_defaults(func=cmd_calibrate)
     return parser
 
 

@@ -46,6 +46,10 @@ def small_checkpoint(tmp_path_factory, tokenizer) -> Path:
         (bench, ["depth"]),
         (bench, ["gamma"]),
         (bench, ["threshold"]),
+        (bench, ["calibration"]),
+        (bench, ["appendix-a"]),
+        (bench, ["profile"]),
+        (train, ["calibrate"]),
     ],  # fmt: skip
 )
 def test_help(module, argv, capsys):
@@ -218,6 +222,33 @@ def test_bench_study_commands_write_tables_and_figures(small_checkpoint, small_d
     # a missing study checkpoint says how to train it
     assert run_main(bench.main, [*argv[:-2], "--layers", "2"]) == 2
     assert "python -m dspark.train drafter --kind dspark --layers 2" in capsys.readouterr().err
+
+
+def test_calibrate_then_bench_calibration(small_checkpoint, small_drafters, tmp_path, capsys):
+    drafter = tmp_path / "d.safetensors"
+    for suffix in (".safetensors", ".json"):
+        drafter.with_suffix(suffix).write_bytes(small_drafters["dspark"].with_suffix(suffix).read_bytes())
+    common = ["--drafter", "dspark", "--drafter-checkpoint", str(drafter), "--checkpoint", str(small_checkpoint),
+              "--gamma", "3", "--max-new-tokens", "4"]  # fmt: skip
+    argv = ["calibration", *common, "--prompts-per-domain", "2"]
+    assert run_main(bench.main, argv) == 2  # not calibrated yet: says what to run
+    assert "python -m dspark.train calibrate" in capsys.readouterr().err
+    assert run_main(train.main, ["calibrate", *common]) == 0
+    assert "stored the STS temperatures" in capsys.readouterr().out
+    out = tmp_path / "cal.json"
+    assert run_main(bench.main, [*argv, "--json", str(out), "--out", str(tmp_path)]) == 0
+    positions = json.loads(out.read_text())["positions"]
+    assert [p["k"] for p in positions] == [1, 2, 3]
+    assert {"ece_before", "ece_after", "auroc", "brier"} <= set(positions[0])
+    assert (tmp_path / "reliability.png").is_file()
+
+
+def test_bench_appendix_a_json(tmp_path, capsys):
+    out = tmp_path / "a.json"
+    assert run_main(bench.main, ["appendix-a", "--draws", "3000", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert set(record) == {"target", "retrospective", "early_stop", "async", "draws"}
+    assert record["retrospective"][0] > 0.8 and abs(record["early_stop"][0] - 0.7) < 0.05
 
 
 @pytest.mark.skipif(not paths.TARGET_CHECKPOINT.is_file(), reason="no shipped target checkpoint yet")

@@ -43,6 +43,10 @@ class Drafter(nn.Module):
 
     name = "base"
     max_gamma = 0  # longest block this drafter can propose
+    last_confidence: torch.Tensor | None = None  # (R, γ) confidences of the latest propose, if it has a head
+    sts_temperatures: torch.Tensor | None = (
+        None  # (γ,) calibration of those confidences (dspark/calibration.py)
+    )
 
     def reset(self, n_slots: int) -> None:
         """Allocate per-slot state for a cache with `n_slots` slots (forgets everything)."""

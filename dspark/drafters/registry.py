@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from dspark import paths
 from dspark.checkpoint import CheckpointError, read_checkpoint
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
@@ -40,6 +42,8 @@ def load_drafter(path: str | Path, target: Transformer) -> Drafter:
         drafter.load_state_dict(tensors)
     except RuntimeError as exc:
         raise CheckpointError(f"drafter {path} does not fit this target ({str(exc)[:200]})") from None
+    temps = record.get("calibration", {}).get("sts_temperatures")
+    drafter.sts_temperatures = None if temps is None else torch.tensor(temps, dtype=torch.float64)
     return drafter.eval()
 
 

@@ -1,0 +1,161 @@
+"""Sequential Temperature Scaling (STS) of the confidence head, and its metrics.
+
+The scheduler ranks prefix survivals a_k = Π_{i<=k} c_i, so they must be
+calibrated in absolute terms: a_k should be the probability that drafts 1..k
+are all accepted. DESIGN section 4 / paper section 3.2.1:
+
+  * record rounds with FULL verification on held-out prompts: raw confidences
+    c_1..c_γ and the accepted count a; the event at position k is a >= k;
+  * for k = 1..γ in order, grid-search one temperature T_k for the logit of
+    c_k, c̃_k = σ(logit(c_k) / T_k), minimising the ECE of Π_{i<=k} c̃_i against
+    the event, with T_1..T_{k-1} already fixed. Monotone in each c_k, so the
+    ranking inside a position is unchanged.
+
+Metrics per position: ECE (equal-width bins, weighted |mean prediction -
+frequency|), AUROC (Mann-Whitney rank statistic) and Brier score; plus the
+reliability curve behind the diagrams. The temperatures are stored in the
+drafter checkpoint's JSON twin (`calibration.sts_temperatures`) and applied by
+`scheduler.prefix_survival`.
+
+What this file does not do: choose verify lengths (dspark/scheduler.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from dspark.checkpoint import config_path
+from dspark.scheduler import prefix_survival
+from dspark.study import Rounds
+
+FIT_PROMPTS = (40, 80)  # eval prompts [40, 80) per domain fit STS; benchmarks report on [0, 40)
+BINS = 15  # reliability bins
+TEMPERATURE_GRID = torch.logspace(-1.5, 1.5, 241, dtype=torch.float64)  # 0.03 .. 31.6
+
+
+def round_arrays(rounds: Rounds) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(N, γ) confidences, (N, γ) event "prefix 1..k accepted", (N, γ) mask of verified positions."""
+    conf, events, mask = [], [], []
+    for L, A, C in zip(rounds.verify_lens, rounds.accepted, rounds.confidences):
+        for ell, a, c in zip(L, A, C):
+            k = torch.arange(1, len(c) + 1)
+            conf.append(torch.tensor(c, dtype=torch.float64))
+            events.append((k <= a).double())
+            mask.append(k <= ell)
+    if not conf:
+        raise ValueError("no rounds with confidences (does the drafter have a confidence head?)")
+    return torch.stack(conf), torch.stack(events), torch.stack(mask)
+
+
+def ece(pred: torch.Tensor, obs: torch.Tensor, bins: int = BINS) -> float:
+    """Expected calibration error over equal-width bins of the prediction."""
+    if pred.numel() == 0:
+        return float("nan")
+    idx = (pred * bins).long().clamp(0, bins - 1)
+    sum_pred = torch.bincount(idx, pred.double(), minlength=bins)
+    sum_obs = torch.bincount(idx, obs.double(), minlength=bins)
+    return float((sum_pred - sum_obs).abs().sum() / pred.numel())
+
+
+def auroc(score: torch.Tensor, label: torch.Tensor) -> float | None:
+    """Probability that a random positive scores above a random negative (ties count ½)."""
+    pos, neg = int(label.sum()), int((1 - label).sum())
+    if pos == 0 or neg == 0:
+        return None
+    values, inverse, counts = torch.unique(score.double(), return_inverse=True, return_counts=True)
+    below = torch.cumsum(counts, 0) - counts  # scores strictly below each distinct value
+    ranks = (below + (counts + 1) / 2).double()[inverse]  # 1-based ranks, ties averaged
+    return float((ranks[label.bool()].sum() - pos * (pos + 1) / 2) / (pos * neg))
+
+
+def fit_sts(conf: torch.Tensor, events: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(γ,) temperatures, fitted left to right (each with the earlier ones fixed)."""
+    gamma = conf.shape[1]
+    temps = torch.ones(gamma, dtype=torch.float64)
+    logit = torch.logit(conf.double().clamp(1e-12, 1 - 1e-12))
+    prefix = torch.ones(conf.shape[0], dtype=torch.float64)  # Π_{i<k} c̃_i
+    for k in range(gamma):
+        m = mask[:, k]
+        if int(m.sum()) == 0:
+            break
+        errors = [ece(prefix[m] * torch.sigmoid(logit[m, k] / t), events[m, k]) for t in TEMPERATURE_GRID]
+        temps[k] = TEMPERATURE_GRID[min(range(len(errors)), key=errors.__getitem__)]
+        prefix = prefix * torch.sigmoid(logit[:, k] / temps[k])
+    return temps
+
+
+def position_metrics(
+    conf: torch.Tensor, events: torch.Tensor, mask: torch.Tensor, temperatures: torch.Tensor | None
+) -> list[dict]:
+    """Per position k: ECE before (raw) and after (with `temperatures`), AUROC and Brier after."""
+    raw, cal = prefix_survival(conf), prefix_survival(conf, temperatures)
+    rows = []
+    for k in range(conf.shape[1]):
+        m = mask[:, k]
+        y = events[m, k]
+        rows.append({"k": k + 1, "rounds": int(m.sum()), "survival_rate": float(y.mean()) if len(y) else None,
+                     "ece_before": ece(raw[m, k], y), "ece_after": ece(cal[m, k], y),
+                     "auroc": auroc(cal[m, k], y), "brier": float(((cal[m, k] - y) ** 2).mean()) if len(y) else None})  # fmt: skip
+    return rows
+
+
+def reliability(pred: torch.Tensor, obs: torch.Tensor, bins: int = BINS) -> list[tuple[float, float, int]]:
+    """(mean prediction, observed frequency, count) of every non-empty bin."""
+    idx = (pred * bins).long().clamp(0, bins - 1)
+    out = []
+    for b in range(bins):
+        sel = idx == b
+        if bool(sel.any()):
+            out.append((float(pred[sel].mean()), float(obs[sel].double().mean()), int(sel.sum())))
+    return out
+
+
+def save_temperatures(drafter_path: str | Path, temperatures: torch.Tensor, info: dict) -> None:
+    """Store the STS temperatures in the drafter checkpoint's JSON twin."""
+    path = config_path(drafter_path)
+    record = json.loads(path.read_text())
+    record["calibration"] = {"sts_temperatures": [round(float(t), 5) for t in temperatures], **info}
+    path.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def load_temperatures(drafter_path: str | Path) -> torch.Tensor | None:
+    """The stored STS temperatures, or None if the drafter was never calibrated."""
+    path = config_path(drafter_path)
+    if not path.is_file():
+        return None
+    temps = json.loads(path.read_text()).get("calibration", {}).get("sts_temperatures")
+    return None if temps is None else torch.tensor(temps, dtype=torch.float64)
+
+
+def plot_reliability(conf, events, mask, temperatures, path: str | Path, title: str = "") -> None:
+    """Reliability diagrams of the prefix survival per position, before and after STS."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gamma = conf.shape[1]
+    raw, cal = prefix_survival(conf), prefix_survival(conf, temperatures)
+    fig, axes = plt.subplots(1, gamma, figsize=(2.4 * gamma, 2.7), sharey=True)
+    for k, ax in enumerate(axes if gamma > 1 else [axes]):
+        m = mask[:, k]
+        ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
+        for label, s, style in (("raw", raw, "o-"), ("STS", cal, "s-")):
+            pts = reliability(s[m, k], events[m, k])
+            if pts:
+                ax.plot([p for p, _, _ in pts], [o for _, o, _ in pts], style, ms=3,
+                        label=f"{label} ECE {100 * ece(s[m, k], events[m, k]):.1f}%")  # fmt: skip
+        ax.set_title(f"position {k + 1}", fontsize=9)
+        ax.set_xlabel("predicted survival", fontsize=8)
+        ax.legend(fontsize=6, loc="upper left")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+    (axes[0] if gamma > 1 else axes).set_ylabel("observed survival")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,99 @@
+"""Sequential Temperature Scaling and its metrics (hand-worked and synthetic), and the SPS profiles."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dspark import calibration, profiler
+from dspark.calibration import auroc, ece, fit_sts, position_metrics, round_arrays
+from dspark.profiler import RooflineConfig, default_buckets, measure_sps, roofline_profile
+from dspark.study import Rounds
+
+
+def test_ece_hand_worked():
+    pred = torch.tensor([0.1, 0.1, 0.9, 0.9]).double()
+    obs = torch.tensor([0.0, 1.0, 1.0, 1.0]).double()
+    # bin [0.1, 0.2): mean 0.1 vs frequency 0.5, half the mass; bin [0.9, 1): 0.9 vs 1.0, half the mass
+    assert ece(pred, obs, bins=10) == pytest.approx(0.5 * 0.4 + 0.5 * 0.1)
+    assert ece(obs, obs) == 0.0
+
+
+def test_auroc_hand_worked():
+    label = torch.tensor([0.0, 0.0, 1.0, 1.0]).double()
+    assert auroc(torch.tensor([0.1, 0.2, 0.3, 0.4]), label) == 1.0
+    assert auroc(torch.tensor([0.4, 0.3, 0.2, 0.1]), label) == 0.0
+    assert auroc(torch.tensor([0.5, 0.5, 0.5, 0.5]), label) == 0.5
+    assert auroc(torch.tensor([0.1, 0.3, 0.2, 0.4]), label) == 0.75
+    assert auroc(torch.tensor([0.1, 0.2]), torch.tensor([1.0, 1.0])) is None
+
+
+def synthetic_rounds(n: int, gamma: int, true_temps: list[float], seed: int = 0) -> Rounds:
+    """Raw confidences c; the real conditional acceptance is σ(logit(c)/T_k): the head is
+    overconfident where T_k > 1. Full verification, accepted = leading successes."""
+    g = torch.Generator().manual_seed(seed)
+    conf = torch.sigmoid(torch.randn(n, gamma, generator=g) * 2 + 1.5).double()
+    true = torch.sigmoid(torch.logit(conf) / torch.tensor(true_temps).double())
+    success = torch.rand(n, gamma, generator=g).double() < true
+    accepted = success.long().cumprod(1).sum(1)
+    return Rounds([[gamma] for _ in range(n)], [[int(a)] for a in accepted], [[c] for c in conf.tolist()])
+
+
+def test_sts_recovers_the_temperatures_and_calibrates():
+    true = [2.0, 1.5, 3.0, 1.0]
+    conf, events, mask = round_arrays(synthetic_rounds(40_000, 4, true))
+    temps = fit_sts(conf, events, mask)
+    held_out = round_arrays(synthetic_rounds(40_000, 4, true, seed=1))
+    rows = position_metrics(*held_out, temps)
+    for t, t_true, row in zip(temps.tolist(), true, rows):
+        assert t == pytest.approx(t_true, rel=0.25)
+        assert row["ece_after"] < 0.02 < row["ece_before"] or t_true == 1.0
+        assert 0.5 < row["auroc"] <= 1.0 and 0 <= row["brier"] <= 1
+    assert rows[0]["ece_before"] > 0.05  # an overconfident head really was miscalibrated
+
+
+def test_round_arrays_masks_unverified_positions_and_needs_confidences():
+    rounds = Rounds([[3, 1]], [[2, 1]], [[[0.9, 0.8, 0.7], [0.6, 0.5, 0.4]]])
+    conf, events, mask = round_arrays(rounds)
+    assert events.tolist() == [[1, 1, 0], [1, 0, 0]] and mask.tolist() == [[True] * 3, [True, False, False]]
+    with pytest.raises(ValueError, match="confidence head"):
+        round_arrays(Rounds([[1]], [[0]], [[]]))
+
+
+def test_temperatures_live_in_the_checkpoint_json(tmp_path):
+    weights = tmp_path / "d.safetensors"
+    weights.with_suffix(".json").write_text(json.dumps({"config": {}}))
+    assert calibration.load_temperatures(weights) is None
+    calibration.save_temperatures(weights, torch.tensor([1.5, 2.0]), {"rounds": 10})
+    assert calibration.load_temperatures(weights).tolist() == [1.5, 2.0]
+    assert json.loads(weights.with_suffix(".json").read_text())["calibration"]["rounds"] == 10
+
+
+def test_measured_profile_is_monotone_and_cached(tiny_model, tmp_path, monkeypatch):
+    profile = measure_sps(tiny_model, [1, 3, 8], requests=4, context=8, repeats=1)
+    assert profile.max_tokens == 8
+    assert all(a >= b for a, b in zip(profile.steps_per_second, profile.steps_per_second[1:]))
+    monkeypatch.setattr(profiler, "measure_sps", lambda target: profile)
+    path = tmp_path / "cpu.json"
+    first = profiler.cpu_profile(tiny_model, path=path)
+
+    def no_measuring(target):
+        raise AssertionError("the cached profile should be reused")
+
+    monkeypatch.setattr(profiler, "measure_sps", no_measuring)
+    assert profiler.cpu_profile(tiny_model, path=path).steps_per_second == first.steps_per_second
+    with pytest.raises(ValueError):
+        measure_sps(tiny_model, [100], requests=1, context=8)  # does not fit the 64-token context
+
+
+def test_roofline_smooth_vs_bucketed():
+    smooth = roofline_profile(RooflineConfig(max_tokens=512))
+    jagged = roofline_profile(RooflineConfig(max_tokens=512, buckets=default_buckets(512)))
+    capacity = lambda p: [b * p.sps(b) for b in range(1, 513)]  # noqa: E731
+    assert all(a <= b for a, b in zip(capacity(smooth), capacity(smooth)[1:]))  # more tokens, more capacity
+    drops = [b for b, (x, y) in enumerate(zip(capacity(jagged), capacity(jagged)[1:]), start=1) if y < x]
+    assert drops and all(b in default_buckets(512) for b in drops)  # capacity falls right after a bucket
+    # memory-bound at small B: the 8 B model's 16 GB of weights at 4.8 TB/s, plus overhead
+    assert 1 / smooth.sps(1) == pytest.approx(16e9 / 4.8e12 + 2e-4, rel=0.05)
