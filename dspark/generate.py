@@ -11,6 +11,11 @@ speculatively: same output distribution (same text at --temperature 0),
 fewer target passes. Tokens that came from accepted drafts are highlighted
 (on a terminal) or wrapped in «» (when piped); the stats follow the text.
 
+`--policy` decides how many of the γ drafts each round verifies: `fixed` (all),
+`dspark` (Algorithm 1 on the drafter's calibrated confidences and this
+machine's measured SPS profile), `dspark-async`, `threshold`, `goodput`,
+`mtp1` or `none` (see dspark/scheduler.py). Any policy is lossless.
+
 `--json` prints ONE JSON object on stdout. For a single prompt its `text` is a
 string and `new_tokens` an integer; for several prompts (or the demo) both are
 lists with one entry per prompt, and `tokens_per_s` is the batch's total.
@@ -32,7 +37,9 @@ from dspark.cli import UsageError, run_main
 from dspark.data import eval_prompts_by_domain
 from dspark.drafters.registry import DRAFTER_NAMES, get_drafter
 from dspark.generation import check_prompts, generate
+from dspark.profiler import cpu_profile
 from dspark.sampling import SamplingParams
+from dspark.scheduler import POLICY_NAMES, make_policy, policy_hooks
 from dspark.speculative import SpeculativeResult, speculative_generate
 from dspark.tokenizer import Tokenizer
 
@@ -82,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--gamma", type=int, default=7, help="draft tokens per round (not mtp) (default: %(default)s)"
     )
     parser.add_argument("--drafter-checkpoint", help="drafter weights (default: the shipped one)")
+    parser.add_argument("--policy", choices=POLICY_NAMES, default="fixed",
+                        help="verify-length policy (default: %(default)s = verify every draft)")  # fmt: skip
+    parser.add_argument("--threshold", type=float, default=0.5,
+                        help="survival threshold of --policy threshold (default: %(default)s)")  # fmt: skip
     parser.add_argument(
         "--checkpoint",
         default=str(paths.TARGET_CHECKPOINT),
@@ -123,12 +134,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.drafter not in ("none", "mtp") and not 1 <= args.gamma <= drafter.max_gamma:
         raise UsageError(f"--gamma must be in 1..{drafter.max_gamma} for this {args.drafter} drafter")
     generator = torch.Generator().manual_seed(args.seed)
+    verify_fn = observe_fn = None
+    if args.drafter != "none" and args.policy != "fixed":
+        policy = make_policy(args.policy, threshold=args.threshold)
+        if policy.needs_confidence and not hasattr(drafter, "confidence"):
+            raise UsageError(
+                f"--policy {args.policy} needs a drafter with a confidence head (dflash, dspark, dspark-rnn)"
+            )
+        verify_fn, observe_fn = policy_hooks(policy, drafter, cpu_profile(model))
     if args.drafter == "none":
         result = generate(model, prompts, args.max_new_tokens, params, generator, eos_id=tokenizer.eos_id)
     else:
-        result = speculative_generate(
-            model, drafter, prompts, args.max_new_tokens, params, gamma, generator, eos_id=tokenizer.eos_id
-        )
+        result = speculative_generate(model, drafter, prompts, args.max_new_tokens, params, gamma, generator,
+                                      tokenizer.eos_id, verify_fn, observe_fn)  # fmt: skip
     replies = [tokenizer.decode(t) for t in result.tokens]
     speculative = isinstance(result, SpeculativeResult)
 
@@ -149,6 +167,8 @@ def main(argv: list[str] | None = None) -> None:
         if speculative:
             record |= {
                 "gamma": gamma,
+                "policy": args.policy,
+                "mean_verify_len": round(sum(map(sum, result.verify_lens)) / max(1, result.rounds), 4),
                 "tau": round(result.tau, 4),
                 "rounds": result.rounds,
                 "acceptance_by_position": result.acceptance_by_position(gamma),
@@ -162,7 +182,9 @@ def main(argv: list[str] | None = None) -> None:
         print(_style(f"--- reply ({len(tokens)} tokens, stopped by {reason}) ---", 2))
         marked = _mark_drafted(tokenizer, tokens, result.from_draft[i]) if speculative else reply
         print(marked.rstrip() + "\n")
-    how = "plain autoregressive decoding" if not speculative else f"drafter {args.drafter}, gamma {gamma}"
+    how = "plain autoregressive decoding"
+    if speculative:
+        how = f"drafter {args.drafter}, gamma {gamma}, policy {args.policy}"
     print(
         f"{result.new_tokens} new tokens for {len(prompts)} prompt(s), {mode}, "
         f"{result.tokens_per_s:.1f} tokens/s ({how}, batch {len(prompts)})"

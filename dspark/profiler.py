@@ -19,6 +19,7 @@ What this file does not do: choose verify lengths (dspark/scheduler.py).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 import time
@@ -73,21 +74,25 @@ def measure_sps(
     return ThroughputProfile.from_points(batch_tokens, seconds, max(batch_tokens), name)
 
 
-def profile_path() -> Path:
-    return paths.dspark_home() / "profiles" / "cpu.json"
+def profile_path(key: dict) -> Path:
+    """Cache file of one (model config, thread count) combination."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return paths.dspark_home() / "profiles" / f"cpu-{digest}.json"
 
 
 def cpu_profile(target: Transformer, refresh: bool = False, path: Path | None = None) -> ThroughputProfile:
     """The measured CPU profile of this target, measured once and cached (keyed by
     the target's config and the thread count; --refresh measures again)."""
-    path = path or profile_path()
     key = {"config": asdict(target.config), "threads": torch.get_num_threads()}
     key["config"]["tap_layers"] = list(key["config"]["tap_layers"])
+    path = path or profile_path(key)
     if path.is_file() and not refresh:
         record = json.loads(path.read_text())
         if record.get("key") == key:
             return ThroughputProfile(record["steps_per_second"], record["name"])
-    profile = measure_sps(target)
+    context = min(128, target.config.max_seq_len // 2)  # a small model gets a proportionally short context
+    room = target.config.max_seq_len - context
+    profile = measure_sps(target, [b for b in DEFAULT_POINTS if -(-b // 16) <= room], 16, context)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"key": key, "name": profile.name, "steps_per_second": profile.steps_per_second}
     path.write_text(json.dumps(record) + "\n")

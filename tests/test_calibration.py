@@ -75,11 +75,11 @@ def test_measured_profile_is_monotone_and_cached(tiny_model, tmp_path, monkeypat
     profile = measure_sps(tiny_model, [1, 3, 8], requests=4, context=8, repeats=1)
     assert profile.max_tokens == 8
     assert all(a >= b for a, b in zip(profile.steps_per_second, profile.steps_per_second[1:]))
-    monkeypatch.setattr(profiler, "measure_sps", lambda target: profile)
+    monkeypatch.setattr(profiler, "measure_sps", lambda *args: profile)
     path = tmp_path / "cpu.json"
     first = profiler.cpu_profile(tiny_model, path=path)
 
-    def no_measuring(target):
+    def no_measuring(*args):
         raise AssertionError("the cached profile should be reused")
 
     monkeypatch.setattr(profiler, "measure_sps", no_measuring)

@@ -243,6 +243,26 @@ def test_calibrate_then_bench_calibration(small_checkpoint, small_drafters, tmp_
     assert (tmp_path / "reliability.png").is_file()
 
 
+@pytest.mark.parametrize("policy", ["dspark", "dspark-async", "threshold", "goodput", "mtp1", "none"])
+def test_generate_with_a_policy(small_checkpoint, small_drafters, policy, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DSPARK_HOME", str(tmp_path))  # the measured SPS profile is cached there
+    base = ["Hello there", "--max-new-tokens", "12", "--checkpoint", str(small_checkpoint), "--json"]
+    assert run_main(generate.main, base) == 0
+    plain = json.loads(capsys.readouterr().out)
+    argv = [*base, "--drafter", "dspark", "--drafter-checkpoint", str(small_drafters["dspark"]), "--gamma", "3",
+            "--policy", policy]  # fmt: skip
+    assert run_main(generate.main, argv) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["text"] == plain["text"] and record["policy"] == policy
+    assert 0 <= record["mean_verify_len"] <= 3
+    if policy == "none":
+        assert record["mean_verify_len"] == 0
+    assert list(tmp_path.glob("profiles/cpu-*.json"))
+    eagle = ["hi", "--checkpoint", str(small_checkpoint), "--drafter", "eagle", "--drafter-checkpoint",
+             str(small_drafters["eagle"]), "--gamma", "3", "--policy", "dspark"]  # fmt: skip
+    assert run_main(generate.main, eagle) == 2 and "confidence head" in capsys.readouterr().err
+
+
 def test_bench_appendix_a_json(tmp_path, capsys):
     out = tmp_path / "a.json"
     assert run_main(bench.main, ["appendix-a", "--draws", "3000", "--json", str(out)]) == 0
