@@ -8,8 +8,9 @@ are all accepted. DESIGN section 4 / paper section 3.2.1:
     c_1..c_γ and the accepted count a; the event at position k is a >= k;
   * for k = 1..γ in order, grid-search one temperature T_k for the logit of
     c_k, c̃_k = σ(logit(c_k) / T_k), minimising the ECE of Π_{i<=k} c̃_i against
-    the event, with T_1..T_{k-1} already fixed. Monotone in each c_k, so the
-    ranking inside a position is unchanged.
+    the event, with T_1..T_{k-1} already fixed (ties within 0.2 points of ECE go
+    to the temperature closest to 1). Monotone in each c_k, so the ranking
+    inside a position is unchanged.
 
 Metrics per position: ECE (equal-width bins, weighted |mean prediction -
 frequency|), AUROC (Mann-Whitney rank statistic) and Brier score; plus the
@@ -34,6 +35,7 @@ from dspark.study import Rounds
 FIT_PROMPTS = (40, 80)  # eval prompts [40, 80) per domain fit STS; benchmarks report on [0, 40)
 BINS = 15  # reliability bins
 TEMPERATURE_GRID = torch.logspace(-1.5, 1.5, 241, dtype=torch.float64)  # 0.03 .. 31.6
+TOLERANCE = 0.002  # ECE differences below this are noise when choosing a temperature
 
 
 def round_arrays(rounds: Rounds) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -81,8 +83,13 @@ def fit_sts(conf: torch.Tensor, events: torch.Tensor, mask: torch.Tensor) -> tor
         m = mask[:, k]
         if int(m.sum()) == 0:
             break
-        errors = [ece(prefix[m] * torch.sigmoid(logit[m, k] / t), events[m, k]) for t in TEMPERATURE_GRID]
-        temps[k] = TEMPERATURE_GRID[min(range(len(errors)), key=errors.__getitem__)]
+        errors = torch.tensor(
+            [ece(prefix[m] * torch.sigmoid(logit[m, k] / t), events[m, k]) for t in TEMPERATURE_GRID]
+        )
+        # ECE is a noisy, flat objective at late positions: among the temperatures within
+        # TOLERANCE of the best, take the one closest to 1 (the least change to the head)
+        near_best = (errors <= errors.min() + TOLERANCE).nonzero().flatten()
+        temps[k] = TEMPERATURE_GRID[near_best[TEMPERATURE_GRID[near_best].log().abs().argmin()]]
         prefix = prefix * torch.sigmoid(logit[:, k] / temps[k])
     return temps
 

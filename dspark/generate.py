@@ -4,7 +4,8 @@ With no prompt it runs a short demo: one held-out evaluation prompt per domain
 (code, math, chat). Otherwise every positional argument is a prompt; they are
 generated together as one batch.
 
-`--drafter none` decodes plainly; `mtp` (MTP-1, one draft token per round),
+By default the shipped DSpark drafter (parallel backbone + Markov head, γ = 7)
+drafts. `--drafter none` decodes plainly; `mtp` (MTP-1, one draft token per round),
 `eagle` (EAGLE-3 style), `dflash` (parallel) and `dspark` / `dspark-rnn`
 (parallel + sequential head), with `--gamma` draft tokens per round, decode
 speculatively: same output distribution (same text at --temperature 0),
@@ -83,7 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="random seed for sampling (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument(
-        "--drafter", choices=DRAFTER_NAMES, default="none", help="speculative drafter (default: %(default)s)"
+        "--drafter",
+        choices=DRAFTER_NAMES,
+        default="dspark",
+        help="speculative drafter; none = plain decoding (default: %(default)s)",
     )
     parser.add_argument(
         "--gamma", type=int, default=7, help="draft tokens per round (not mtp) (default: %(default)s)"

@@ -62,7 +62,16 @@ def test_help(module, argv, capsys):
 def test_generate_json_one_prompt(small_checkpoint, capsys):
     code = run_main(
         generate.main,
-        ["Hello there", "--max-new-tokens", "5", "--json", "--checkpoint", str(small_checkpoint)],
+        [
+            "Hello there",
+            "--max-new-tokens",
+            "5",
+            "--json",
+            "--checkpoint",
+            str(small_checkpoint),
+            "--drafter",
+            "none",
+        ],
     )
     out = capsys.readouterr().out
     assert code == 0
@@ -72,7 +81,7 @@ def test_generate_json_one_prompt(small_checkpoint, capsys):
 
 def test_generate_demo_json_has_one_entry_per_domain(small_checkpoint, capsys):
     code = run_main(generate.main, ["--max-new-tokens", "3", "--json", "--temperature", "0.8",
-                                    "--top-k", "50", "--top-p", "0.9", "--checkpoint", str(small_checkpoint)])  # fmt: skip
+                                    "--top-k", "50", "--top-p", "0.9", "--checkpoint", str(small_checkpoint), "--drafter", "none"])  # fmt: skip
     record = json.loads(capsys.readouterr().out)
     assert code == 0 and len(record["text"]) == 3 and len(record["new_tokens"]) == 3
 
@@ -87,6 +96,8 @@ def test_generate_same_seed_same_text(small_checkpoint, capsys):
         "--json",
         "--checkpoint",
         str(small_checkpoint),
+        "--drafter",
+        "none",
     ]
     texts = []
     for seed in ("3", "3", "4"):
@@ -120,7 +131,7 @@ def small_drafters(small_checkpoint, tmp_path_factory) -> dict[str, Path]:
 @pytest.mark.parametrize("kind", ["mtp", "eagle", "dspark"])
 def test_generate_with_a_drafter(small_checkpoint, small_drafters, kind, capsys):
     base = ["Hello there", "--max-new-tokens", "12", "--checkpoint", str(small_checkpoint)]
-    assert run_main(generate.main, [*base, "--json"]) == 0
+    assert run_main(generate.main, [*base, "--json", "--drafter", "none"]) == 0
     plain = json.loads(capsys.readouterr().out)
     spec_args = [*base, "--drafter", kind, "--drafter-checkpoint", str(small_drafters[kind]), "--gamma", "3"]
     assert run_main(generate.main, [*spec_args, "--json"]) == 0
@@ -157,6 +168,8 @@ def test_eagle_gamma_out_of_range(small_checkpoint, small_drafters, capsys):
 def test_generate_errors_are_clear(small_checkpoint, argv, message, capsys):
     if "--checkpoint" not in argv:
         argv = [*argv, "--checkpoint", str(small_checkpoint)]
+    if "--drafter" not in argv:
+        argv = [*argv, "--drafter", "none"]
     assert run_main(generate.main, argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and message in err and "Traceback" not in err
@@ -168,6 +181,11 @@ def test_corrupt_checkpoint_is_a_clear_error(small_checkpoint, tmp_path, capsys)
     bad.with_suffix(".json").write_text(small_checkpoint.with_suffix(".json").read_text())
     assert run_main(generate.main, ["hi", "--checkpoint", str(bad)]) == 2
     assert "corrupt" in capsys.readouterr().err
+
+
+def test_default_drafter_on_another_target_says_what_to_do(small_checkpoint, capsys):
+    assert run_main(generate.main, ["hi", "--checkpoint", str(small_checkpoint)]) == 2
+    assert "--drafter none" in capsys.readouterr().err
 
 
 def test_train_target_without_corpus_is_a_clear_error(tmp_path, capsys):
@@ -247,7 +265,7 @@ def test_calibrate_then_bench_calibration(small_checkpoint, small_drafters, tmp_
 def test_generate_with_a_policy(small_checkpoint, small_drafters, policy, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DSPARK_HOME", str(tmp_path))  # the measured SPS profile is cached there
     base = ["Hello there", "--max-new-tokens", "12", "--checkpoint", str(small_checkpoint), "--json"]
-    assert run_main(generate.main, base) == 0
+    assert run_main(generate.main, [*base, "--drafter", "none"]) == 0
     plain = json.loads(capsys.readouterr().out)
     argv = [*base, "--drafter", "dspark", "--drafter-checkpoint", str(small_drafters["dspark"]), "--gamma", "3",
             "--policy", policy]  # fmt: skip

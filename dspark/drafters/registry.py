@@ -41,7 +41,10 @@ def load_drafter(path: str | Path, target: Transformer) -> Drafter:
     try:
         drafter.load_state_dict(tensors)
     except RuntimeError as exc:
-        raise CheckpointError(f"drafter {path} does not fit this target ({str(exc)[:200]})") from None
+        raise CheckpointError(
+            f"drafter {path} does not fit this target ({str(exc)[:200]}); with another target model pass "
+            "--drafter none or a --drafter-checkpoint trained for it"
+        ) from None
     temps = record.get("calibration", {}).get("sts_temperatures")
     drafter.sts_temperatures = None if temps is None else torch.tensor(temps, dtype=torch.float64)
     return drafter.eval()
