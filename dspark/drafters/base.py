@@ -37,6 +37,10 @@ class TargetFeatures:
     def split(self, lens: list[int]) -> list[TargetFeatures]:
         return [TargetFeatures(t, h) for t, h in zip(self.taps.split(lens), self.last_hidden.split(lens))]
 
+    def take(self, n: int) -> TargetFeatures:
+        """The first n positions."""
+        return TargetFeatures(self.taps[:n], self.last_hidden[:n])
+
 
 class Drafter(nn.Module):
     """Base class; subclasses implement `reset`, `propose` and optionally `release`."""
