@@ -11,6 +11,8 @@
   calibration  ECE/AUROC/Brier of the prefix survival before/after STS (Fig. 6)
   appendix-a   the selection-bias counterexample through the real schedulers
   profile      SPS(B) measured here (cached) and modelled for an H200
+  serve        throughput vs tokens/s per user of the real engine, per policy
+  simulate     the same frontier on a GPU profile, replaying recorded rounds
 
 The offline-study commands write markdown tables and PNG figures with --out DIR
 (the README's copies live in walkthrough/results/).
@@ -414,6 +416,67 @@ def bench_profile(args: argparse.Namespace) -> dict:
                                                   for p in profiles]}  # fmt: skip
 
 
+def report_points(points: list[dict], args: argparse.Namespace, title: str, stem: str) -> None:
+    from dspark import pareto
+
+    header = ["policy", "drafter", "C", "throughput tok/s", "tok/s per user", "TPOT ms", "mean ℓ", "τ"]
+    body = [[p["policy"], p["drafter"], p["concurrency"], p["throughput"], p["tps_per_user"], p["tpot_ms"],
+             p["mean_verify_len"], p["tau"]] for p in points]  # fmt: skip
+    table = study.markdown_table(header, body)
+    matched = ""
+    for policy in dict.fromkeys(p["policy"] for p in points):
+        if policy in ("mtp1", "none") or "mtp1" not in args.policies:
+            continue
+        for row in pareto.at_matched_throughput(points, policy):
+            matched += (f"| {policy} | {row['throughput']:.1f} | {row['baseline_tps_per_user']:.2f} | "
+                        f"{row['tps_per_user']:.2f} | {100 * row['gain']:+.0f}% |\n")  # fmt: skip
+    if matched:
+        matched = ("\nat matched throughput (MTP-1's points, the policy's frontier interpolated):\n\n"
+                   "| policy | throughput | MTP-1 tok/s/user | tok/s/user | gain |\n|---|---:|---:|---:|---:|\n"
+                   + matched)  # fmt: skip
+    print(f"{title}\n\n{table}{matched}")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{stem}.md").write_text(table + matched)
+        pareto.plot_frontier(points, out / f"{stem}_frontier.png", title)
+        pareto.plot_load(points, out / f"{stem}_load.png", title)
+        print(f"wrote {out / (stem + '_frontier.png')} and {out / (stem + '_load.png')}")
+
+
+def bench_serve(args: argparse.Namespace) -> dict:
+    from dspark import pareto, profiler
+
+    tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
+    target, _ = load_target(args.checkpoint)
+    profile = profiler.cpu_profile(target)
+    params = SamplingParams(args.temperature)
+    points = pareto.serve_points(target, tokenizer, args.policies, args.concurrency, args.requests,
+                                 args.max_new_tokens, profile, params)  # fmt: skip
+    title = (f"measured on this CPU ({torch.get_num_threads()} threads): {args.requests} requests of up to "
+             f"{args.max_new_tokens} tokens, T = {args.temperature:g}")  # fmt: skip
+    report_points(points, args, title, "serve")
+    return {"benchmark": "serve", "points": points}
+
+
+def bench_simulate(args: argparse.Namespace) -> dict:
+    from dspark import pareto, profiler
+
+    tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
+    target, _ = load_target(args.checkpoint)
+    profile = profiler.named_profile(args.profile, target)
+    params = SamplingParams(args.temperature)
+    traces = {}
+    for name in {pareto.drafter_for(p)[0] for p in args.policies} | {"dspark"}:
+        if name != "none":
+            gamma = pareto.drafter_for("mtp1" if name == "mtp" else "dspark")[1]
+            traces[name] = pareto.record_traces(target, tokenizer, name, gamma, params, refresh=args.refresh)
+    points = pareto.simulate_points(traces, args.policies, args.concurrency, args.requests, profile)
+    title = f"simulated on the {profile.name} profile: traces of the real drafters, T = {args.temperature:g}"
+    report_points(points, args, title, f"simulate_{args.profile}")
+    return {"benchmark": "simulate", "profile": args.profile, "points": points}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m dspark.bench",
@@ -556,6 +619,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="write sps_profiles.png into DIR")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     p.set_defaults(func=bench_profile)
+
+    from dspark.profiler import PROFILE_NAMES
+    from dspark.scheduler import POLICY_NAMES
+
+    def policy_list(text: str) -> list[str]:
+        names = parse_name_list(text)
+        bad = [n for n in names if n not in POLICY_NAMES]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"unknown policy {bad[0]!r}; choose from {', '.join(POLICY_NAMES)}"
+            )
+        return names
+
+    for name, func, help_text, description, concurrency, requests in (
+        ("serve", bench_serve, "throughput vs tokens/s per user of the real engine on this CPU",
+         "Closed-loop serving with the real engine at each concurrency: every policy (none: plain decoding; "
+         "mtp1: the MTP-1 drafter; the others: the DSpark drafter with its confidences and this machine's "
+         "measured SPS profile). With --out: serve.md, serve_frontier.png, serve_load.png.",
+         [1, 2, 4, 8, 16], 48),
+        ("simulate", bench_simulate, "the same frontier simulated on a GPU profile from recorded traces",
+         "Trace-driven simulation: rounds recorded from the real drafters on held-out prompts (cached under "
+         "DSPARK_HOME) replayed through each policy and a GPU SPS profile (h200: roofline, h200-buckets: with "
+         "CUDA-graph padding). With --out: simulate_<profile>.md and the frontier / load PNGs.",
+         [1, 2, 4, 8, 16, 32, 64, 128, 256], 2000),
+    ):  # fmt: skip
+        p = sub.add_parser(name, help=help_text, description=description)
+        p.add_argument("--policy", "--policies", dest="policies", type=policy_list,
+                       default=["none", "mtp1", "fixed", "goodput", "dspark", "dspark-async"],
+                       help="comma-separated policies (default: none,mtp1,fixed,goodput,dspark,dspark-async)")  # fmt: skip
+        p.add_argument("--concurrency", type=parse_int_list, default=concurrency,
+                       help=f"comma-separated concurrencies (default: {','.join(map(str, concurrency))})")  # fmt: skip
+        p.add_argument(
+            "--requests", type=int, default=requests, help="requests per point (default: %(default)s)"
+        )
+        p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1)")
+        p.add_argument(
+            "--checkpoint", default=str(paths.TARGET_CHECKPOINT), help="target weights (default: shipped)"
+        )
+        p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+        p.add_argument("--out", metavar="DIR", help="write the table and the PNG figures into DIR")
+        p.add_argument("--json", metavar="PATH", help="also write the points as JSON to PATH")
+        if name == "serve":
+            p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per request (default: 64)")
+        else:
+            p.add_argument("--profile", choices=[n for n in PROFILE_NAMES], default="h200",
+                           help="SPS profile (default: %(default)s)")  # fmt: skip
+            p.add_argument("--refresh", action="store_true", help="record the drafter traces again")
+        p.set_defaults(func=func)
     return parser
 
 

@@ -1,0 +1,205 @@
+"""The throughput vs tokens/s-per-user benchmark against MTP-1 (paper section 5, Figs. 7-8).
+
+Two ways, the same `points` format
+`{policy, drafter, concurrency, throughput, tps_per_user, tpot_ms, mean_verify_len, tau}`:
+
+  * `serve_points`: the real engine (dspark/engine.py) on this CPU, closed loop
+    at each concurrency C over held-out prompts, with the measured CPU SPS
+    profile feeding the schedulers;
+  * `simulate_points`: the trace-driven simulator (dspark/simulator.py) on a
+    modelled GPU profile, replaying rounds recorded from the real drafters.
+
+Which drafter a policy uses: `none` drafts nothing, `mtp1` uses the MTP-1
+drafter (γ = 1), every other policy the DSpark drafter (γ = 7). Plots: one
+frontier per policy (throughput against tokens/s per user, one point per C),
+and throughput / mean verify length against C. What this file does not do:
+parse arguments (`python -m dspark.bench serve|simulate`).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from dspark import paths, study
+from dspark.drafters.base import Drafter, NoDrafter
+from dspark.drafters.registry import get_drafter
+from dspark.engine import Engine, Request
+from dspark.model import Transformer
+from dspark.sampling import SamplingParams
+from dspark.scheduler import ThroughputProfile, make_policy, policy_hooks
+from dspark.simulator import RequestTrace, simulate, traces_from_records
+from dspark.tokenizer import Tokenizer
+
+
+def drafter_for(policy: str) -> tuple[str, int]:
+    """(drafter name, γ) a policy runs with."""
+    if policy == "none":
+        return "none", 0
+    if policy == "mtp1":
+        return "mtp", 1
+    return "dspark", 7
+
+
+def serve_points(
+    target: Transformer,
+    tokenizer: Tokenizer,
+    policies: list[str],
+    concurrencies: list[int],
+    requests: int,
+    max_new_tokens: int,
+    profile: ThroughputProfile,
+    params: SamplingParams,
+    seed: int = 0,
+) -> list[dict]:
+    """Measured points of the real engine on this machine."""
+    pool = [
+        p for ps in study.prompts_by_domain(tokenizer, 40, 0, target.config.max_seq_len).values() for p in ps
+    ]
+    order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed)).tolist()
+    prompts = [pool[order[i % len(pool)]] for i in range(requests)]
+    drafters: dict[str, Drafter] = {}
+    points = []
+    bar = tqdm(total=len(policies) * len(concurrencies) * requests, desc="serve", unit="req")
+    for policy_name in policies:
+        name, gamma = drafter_for(policy_name)
+        if name not in drafters:
+            drafters[name] = (
+                NoDrafter(target.config.vocab_size) if name == "none" else get_drafter(name, target)
+            )
+        drafter = drafters[name]
+        for C in concurrencies:
+            verify_fn, observe_fn = policy_hooks(make_policy(policy_name), drafter, profile)
+            engine = Engine(target, drafter, params, gamma, C, tokenizer.eos_id, verify_fn, observe_fn)
+            engine.run([Request(prompts[0], 4)] * min(C, 2))  # warm-up
+            result = engine.run([Request(p, max_new_tokens) for p in prompts], torch.Generator().manual_seed(seed),
+                                bar.update)  # fmt: skip
+            tpots = [r.tpot for r in result.records if r.tpot]
+            rounds = [a for r in result.records for a in r.accepted]
+            lens = [ell for r in result.records for ell in r.verify_lens]
+            points.append({
+                "policy": policy_name, "drafter": name, "concurrency": C, "throughput": result.throughput,
+                "tps_per_user": statistics.mean(1 / t for t in tpots), "tpot_ms": 1000 * statistics.mean(tpots),
+                "mean_verify_len": statistics.mean(lens) if lens else 0.0,
+                "tau": statistics.mean(a + 1 for a in rounds) if rounds else 1.0,
+            })  # fmt: skip
+    bar.close()
+    return points
+
+
+def trace_path(drafter: str, temperature: float) -> Path:
+    return paths.dspark_home() / "traces" / f"{drafter}_T{temperature:g}.json"
+
+
+def record_traces(
+    target: Transformer, tokenizer: Tokenizer, drafter_name: str, gamma: int, params: SamplingParams,
+    per_domain: int = 16, max_new_tokens: int = 128, refresh: bool = False,
+) -> tuple[list[RequestTrace], torch.Tensor | None]:  # fmt: skip
+    """Fully verified rounds of a real drafter on held-out prompts (cached under DSPARK_HOME),
+    and its STS temperatures."""
+    drafter = get_drafter(drafter_name, target)
+    path = trace_path(drafter_name, params.temperature)
+    if path.is_file() and not refresh:
+        record = json.loads(path.read_text())
+    else:
+        rounds = study.Rounds()
+        for ps in study.prompts_by_domain(tokenizer, per_domain, 0, target.config.max_seq_len).values():
+            rounds.extend(
+                study.measure_tau(target, drafter, ps, params, gamma, max_new_tokens, tokenizer.eos_id)
+            )
+        record = {"gamma": gamma, "verify_lens": rounds.verify_lens, "accepted": rounds.accepted,
+                  "confidences": rounds.confidences}  # fmt: skip
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record) + "\n")
+    traces = traces_from_records(record["verify_lens"], record["accepted"], record["confidences"], gamma)
+    return traces, getattr(drafter, "sts_temperatures", None)
+
+
+def simulate_points(
+    traces: dict[str, tuple[list[RequestTrace], torch.Tensor | None]],
+    policies: list[str],
+    concurrencies: list[int],
+    requests: int,
+    profile: ThroughputProfile,
+) -> list[dict]:
+    """Simulated points; `traces` maps a drafter name to its traces and STS temperatures."""
+    points = []
+    for policy_name in policies:
+        name, gamma = drafter_for(policy_name)
+        source, temps = traces["dspark" if name == "none" else name]
+        for C in concurrencies:
+            point = simulate(source, make_policy(policy_name), profile, C, gamma or 1, requests, temps)
+            points.append({"policy": policy_name, "drafter": name, "profile": profile.name, **point})
+    return points
+
+
+def at_matched_throughput(points: list[dict], policy: str, baseline: str = "mtp1") -> list[dict]:
+    """For each baseline point, `policy`'s tokens/s per user at the same throughput (linear
+    interpolation along its frontier; points outside its range are skipped)."""
+    mine = sorted((p["throughput"], p["tps_per_user"]) for p in points if p["policy"] == policy)
+    rows = []
+    for b in sorted((p for p in points if p["policy"] == baseline), key=lambda p: p["throughput"]):
+        x = b["throughput"]
+        for (x0, y0), (x1, y1) in zip(mine, mine[1:]):
+            if x0 <= x <= x1 and x1 > x0:
+                y = y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+                rows.append({"throughput": x, "baseline_tps_per_user": b["tps_per_user"], "tps_per_user": y,
+                             "gain": y / b["tps_per_user"] - 1, "baseline_concurrency": b["concurrency"]})  # fmt: skip
+                break
+    return rows
+
+
+def plot_frontier(points: list[dict], path: str | Path, title: str) -> None:
+    """Fig. 7 analogue: throughput against tokens/s per user, one line per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for policy in dict.fromkeys(p["policy"] for p in points):
+        pts = sorted(
+            (p["concurrency"], p["tps_per_user"], p["throughput"]) for p in points if p["policy"] == policy
+        )
+        ax.plot([p[1] for p in pts], [p[2] for p in pts], marker="o", label=policy)
+        for c, x, y in pts:
+            ax.annotate(str(c), (x, y), fontsize=6, xytext=(2, 2), textcoords="offset points")
+    ax.set_xlabel("tokens/s per user (1 / TPOT)")
+    ax.set_ylabel("throughput (output tokens/s)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_load(points: list[dict], path: str | Path, title: str) -> None:
+    """Fig. 8 analogue: throughput and mean verify length against concurrency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for policy in dict.fromkeys(p["policy"] for p in points):
+        pts = sorted(
+            (p["concurrency"], p["throughput"], p["mean_verify_len"]) for p in points if p["policy"] == policy
+        )
+        axes[0].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=policy)
+        axes[1].plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=policy)
+    axes[0].set_ylabel("throughput (output tokens/s)")
+    axes[1].set_ylabel("mean verify length per request")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency C")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
