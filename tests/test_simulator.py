@@ -1,0 +1,61 @@
+"""Trace replay (hand-worked), trace extraction and the matched-throughput comparison."""
+
+from __future__ import annotations
+
+import pytest
+
+from dspark.pareto import at_matched_throughput
+from dspark.scheduler import ThroughputProfile, make_policy
+from dspark.simulator import RequestTrace, simulate, traces_from_records
+
+FLAT = ThroughputProfile([1.0] * 64)  # one step per second whatever the batch
+
+
+def test_replay_hand_worked():
+    trace = RequestTrace(confidences=[[0.9, 0.9], [0.9, 0.9]], accepted=[2, 0], length=5)
+    out = simulate(
+        [trace], make_policy("fixed"), FLAT, concurrency=1, gamma=2, requests=1, draft_overhead=0.0
+    )
+    # prefill gives token 1; step 1 verifies 2, accepts 2 -> +3 (4); step 2 accepts 0 -> +1 (5, done)
+    assert out["steps"] == 2 and out["throughput"] == pytest.approx(5 / 2)
+    assert out["tpot_ms"] == pytest.approx(1000 * 2 / 4) and out["tps_per_user"] == pytest.approx(2.0)
+    assert out["mean_verify_len"] == 2 and out["tau"] == 2
+
+
+def test_replay_min_of_verify_length_and_full_acceptance():
+    trace = RequestTrace(confidences=[[0.9, 0.9, 0.9]], accepted=[3], length=9)
+    mtp = simulate([trace], make_policy("mtp1"), FLAT, 1, 3, 1, draft_overhead=0.0)
+    plain = simulate([trace], make_policy("none"), FLAT, 1, 3, 1, draft_overhead=0.0)
+    assert mtp["steps"] == 4 and mtp["tau"] == 2  # min(1, 3) + 1 per step, cycling through the round
+    assert plain["steps"] == 8 and plain["mean_verify_len"] == 0
+
+
+def test_concurrency_shares_steps():
+    traces = [RequestTrace([[0.5]], [0], 4)]
+    one = simulate(traces, make_policy("none"), FLAT, 1, 1, 4, draft_overhead=0.0)
+    four = simulate(traces, make_policy("none"), FLAT, 4, 1, 4, draft_overhead=0.0)
+    assert one["steps"] == 12 and four["steps"] == 3  # 3 decode steps per request
+    assert four["throughput"] == pytest.approx(4 * one["throughput"])
+    with pytest.raises(ValueError):
+        simulate([], make_policy("none"), FLAT, 1, 1, 1)
+
+
+def test_traces_keep_only_fully_verified_rounds():
+    traces = traces_from_records([[2, 1, 2]], [[1, 1, 2]], [[[0.5, 0.4], [0.6, 0.3], [0.7, 0.2]]], gamma=2)
+    assert traces[0].accepted == [1, 2] and traces[0].confidences == [[0.5, 0.4], [0.7, 0.2]]
+    assert traces[0].length == 2 + 2 + 3  # what the request emitted in the recording
+    no_head = traces_from_records([[1]], [[0]], [[]], gamma=1)
+    assert no_head[0].confidences == [[1.0]]
+
+
+def test_matched_throughput_interpolates_along_the_frontier():
+    points = [
+        {"policy": "mtp1", "concurrency": 1, "throughput": 10.0, "tps_per_user": 10.0},
+        {"policy": "mtp1", "concurrency": 4, "throughput": 30.0, "tps_per_user": 7.0},
+        {"policy": "dspark", "concurrency": 1, "throughput": 15.0, "tps_per_user": 20.0},
+        {"policy": "dspark", "concurrency": 4, "throughput": 45.0, "tps_per_user": 14.0},
+    ]
+    rows = at_matched_throughput(points, "dspark")
+    assert len(rows) == 1  # throughput 10 lies outside DSpark's range
+    assert rows[0]["tps_per_user"] == pytest.approx(20 - 6 * (30 - 15) / 30)
+    assert rows[0]["gain"] == pytest.approx(17 / 7 - 1)
