@@ -452,9 +452,10 @@ def bench_serve(args: argparse.Namespace) -> dict:
     profile = profiler.cpu_profile(target)
     params = SamplingParams(args.temperature)
     points = pareto.serve_points(target, tokenizer, args.policies, args.concurrency, args.requests,
-                                 args.max_new_tokens, profile, params)  # fmt: skip
-    title = (f"measured on this CPU ({torch.get_num_threads()} threads): {args.requests} requests of up to "
-             f"{args.max_new_tokens} tokens, T = {args.temperature:g}")  # fmt: skip
+                                 args.max_new_tokens, profile, params, arrival_rate=args.poisson)  # fmt: skip
+    mode = f"Poisson arrivals at {args.poisson:g}/s" if args.poisson else "closed loop"
+    title = (f"measured on this CPU ({torch.get_num_threads()} threads, {mode}): {args.requests} requests of up "
+             f"to {args.max_new_tokens} tokens, T = {args.temperature:g}")  # fmt: skip
     report_points(points, args, title, "serve")
     return {"benchmark": "serve", "points": points}
 
@@ -662,6 +663,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", metavar="PATH", help="also write the points as JSON to PATH")
         if name == "serve":
             p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per request (default: 64)")
+            p.add_argument("--poisson", type=float, metavar="RATE",
+                           help="requests arrive as a Poisson process at RATE per second (default: closed loop)")  # fmt: skip
         else:
             p.add_argument("--profile", choices=[n for n in PROFILE_NAMES], default="h200",
                            help="SPS profile (default: %(default)s)")  # fmt: skip
@@ -676,6 +679,10 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     if getattr(args, "max_new_tokens", 1) < 1 or getattr(args, "repeats", 1) < 1:
         raise UsageError("--max-new-tokens and --repeats must be at least 1")
+    if getattr(args, "requests", 1) < 1:
+        raise UsageError("--requests must be at least 1")
+    if getattr(args, "poisson", None) is not None and not args.poisson > 0:
+        raise UsageError("--poisson needs a positive arrival rate")
     if not 1 <= getattr(args, "prompts_per_domain", 1) <= EVAL_PER_DOMAIN:
         raise UsageError(f"--prompts-per-domain must be in 1..{EVAL_PER_DOMAIN}")
     result = args.func(args)

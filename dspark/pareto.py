@@ -55,13 +55,19 @@ def serve_points(
     profile: ThroughputProfile,
     params: SamplingParams,
     seed: int = 0,
+    arrival_rate: float | None = None,
 ) -> list[dict]:
-    """Measured points of the real engine on this machine."""
+    """Measured points of the real engine on this machine: closed loop, or with
+    `arrival_rate` requests/s arriving as a Poisson process (C then caps the active ones)."""
     pool = [
         p for ps in study.prompts_by_domain(tokenizer, 40, 0, target.config.max_seq_len).values() for p in ps
     ]
     order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed)).tolist()
     prompts = [pool[order[i % len(pool)]] for i in range(requests)]
+    arrivals = [0.0] * requests
+    if arrival_rate:
+        gaps = torch.empty(requests).exponential_(arrival_rate, generator=torch.Generator().manual_seed(seed))
+        arrivals = torch.cumsum(gaps, 0).tolist()
     drafters: dict[str, Drafter] = {}
     points = []
     bar = tqdm(total=len(policies) * len(concurrencies) * requests, desc="serve", unit="req")
@@ -76,14 +82,15 @@ def serve_points(
             verify_fn, observe_fn = policy_hooks(make_policy(policy_name), drafter, profile)
             engine = Engine(target, drafter, params, gamma, C, tokenizer.eos_id, verify_fn, observe_fn)
             engine.run([Request(prompts[0], 4)] * min(C, 2))  # warm-up
-            result = engine.run([Request(p, max_new_tokens) for p in prompts], torch.Generator().manual_seed(seed),
-                                bar.update)  # fmt: skip
+            result = engine.run([Request(p, max_new_tokens, a) for p, a in zip(prompts, arrivals)],
+                                torch.Generator().manual_seed(seed), bar.update)  # fmt: skip
             tpots = [r.tpot for r in result.records if r.tpot]
             rounds = [a for r in result.records for a in r.accepted]
             lens = [ell for r in result.records for ell in r.verify_lens]
             points.append({
                 "policy": policy_name, "drafter": name, "concurrency": C, "throughput": result.throughput,
                 "tps_per_user": statistics.mean(1 / t for t in tpots), "tpot_ms": 1000 * statistics.mean(tpots),
+                "ttft_ms": 1000 * statistics.mean(r.ttft for r in result.records if not r.error),
                 "mean_verify_len": statistics.mean(lens) if lens else 0.0,
                 "tau": statistics.mean(a + 1 for a in rounds) if rounds else 1.0,
             })  # fmt: skip

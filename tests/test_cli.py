@@ -281,6 +281,32 @@ def test_generate_with_a_policy(small_checkpoint, small_drafters, policy, tmp_pa
     assert run_main(generate.main, eagle) == 2 and "confidence head" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("mode", [[], ["--poisson", "50"]])
+def test_bench_serve_plain_policy(small_checkpoint, tmp_path, monkeypatch, mode, capsys):
+    monkeypatch.setenv("DSPARK_HOME", str(tmp_path))
+    out = tmp_path / "serve.json"
+    argv = ["serve", "--policy", "none", "--concurrency", "1,2", "--requests", "3", "--max-new-tokens", "4",
+            "--checkpoint", str(small_checkpoint), "--out", str(tmp_path), "--json", str(out), *mode]  # fmt: skip
+    assert run_main(bench.main, argv) == 0
+    points = json.loads(out.read_text())["points"]
+    assert [p["concurrency"] for p in points] == [1, 2]
+    keys = {
+        "policy",
+        "drafter",
+        "concurrency",
+        "throughput",
+        "tps_per_user",
+        "tpot_ms",
+        "mean_verify_len",
+        "tau",
+    }
+    assert all(keys <= set(p) and p["throughput"] > 0 for p in points)
+    assert (tmp_path / "serve_frontier.png").is_file()
+    with pytest.raises(SystemExit):
+        bench.main(["serve", "--policy", "fastest"])
+    assert "unknown policy 'fastest'" in capsys.readouterr().err
+
+
 def test_bench_appendix_a_json(tmp_path, capsys):
     out = tmp_path / "a.json"
     assert run_main(bench.main, ["appendix-a", "--draws", "3000", "--json", str(out)]) == 0
