@@ -361,9 +361,10 @@ def bench_calibration(args: argparse.Namespace) -> dict:
     conf, events, mask = calibration.round_arrays(rounds)
     rows = calibration.position_metrics(conf, events, mask, drafter.sts_temperatures)
     body = [[r["k"], r["rounds"], r["survival_rate"], f"{100 * r['ece_before']:.1f}%", f"{100 * r['ece_after']:.1f}%",
-             None if r["auroc"] is None else f"{r['auroc']:.3f}", f"{r['brier']:.3f}"] for r in rows]  # fmt: skip
-    table = study.markdown_table(["k", "rounds", "observed survival", "ECE before", "ECE after STS", "AUROC",
-                                  "Brier"], body)  # fmt: skip
+             f"{100 * r['ece_noise_floor']:.1f}%", None if r["auroc"] is None else f"{r['auroc']:.3f}",
+             f"{r['brier']:.3f}"] for r in rows]  # fmt: skip
+    table = study.markdown_table(["k", "rounds", "observed survival", "ECE before", "ECE after STS",
+                                  "ECE noise floor", "AUROC", "Brier"], body)  # fmt: skip
     print(f"calibration of {args.drafter} on held-out rounds (eval prompts 0..{args.prompts_per_domain - 1} per "
           f"domain, T = {args.temperature:g}, gamma = {gamma}), STS temperatures "
           f"{' '.join(f'{t:.2f}' for t in drafter.sts_temperatures.tolist())}\n\n" + table)  # fmt: skip
@@ -374,7 +375,7 @@ def bench_calibration(args: argparse.Namespace) -> dict:
         calibration.plot_reliability(conf, events, mask, drafter.sts_temperatures, figure,
                                      f"{args.drafter}: prefix survival, before (raw) and after STS")  # fmt: skip
         print(f"wrote {figure}")
-    keys = ("k", "ece_before", "ece_after", "auroc", "brier", "rounds", "survival_rate")
+    keys = ("k", "ece_before", "ece_after", "auroc", "brier", "rounds", "survival_rate", "ece_noise_floor")
     return {"benchmark": "calibration", "drafter": args.drafter, "rounds": int(conf.shape[0]),
             "sts_temperatures": drafter.sts_temperatures.tolist(),
             "positions": [{k: r[k] for k in keys} for r in rows]}  # fmt: skip

@@ -62,6 +62,17 @@ def ece(pred: torch.Tensor, obs: torch.Tensor, bins: int = BINS) -> float:
     return float((sum_pred - sum_obs).abs().sum() / pred.numel())
 
 
+def ece_noise_floor(pred: torch.Tensor, draws: int = 20, seed: int = 0) -> float:
+    """Mean ECE of a *perfectly calibrated* predictor with these predictions: events drawn
+    as Bernoulli(pred). ECE estimates are biased upwards by sampling noise; this is that
+    bias at this sample size, the level below which a measured ECE means nothing."""
+    if pred.numel() == 0:
+        return float("nan")
+    g = torch.Generator().manual_seed(seed)
+    return sum(ece(pred, (torch.rand(pred.shape, generator=g, dtype=torch.float64) < pred).double())
+               for _ in range(draws)) / draws  # fmt: skip
+
+
 def auroc(score: torch.Tensor, label: torch.Tensor) -> float | None:
     """Probability that a random positive scores above a random negative (ties count ½)."""
     pos, neg = int(label.sum()), int((1 - label).sum())
@@ -105,6 +116,7 @@ def position_metrics(
         y = events[m, k]
         rows.append({"k": k + 1, "rounds": int(m.sum()), "survival_rate": float(y.mean()) if len(y) else None,
                      "ece_before": ece(raw[m, k], y), "ece_after": ece(cal[m, k], y),
+                     "ece_noise_floor": ece_noise_floor(cal[m, k]),
                      "auroc": auroc(cal[m, k], y), "brier": float(((cal[m, k] - y) ** 2).mean()) if len(y) else None})  # fmt: skip
     return rows
 

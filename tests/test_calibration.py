@@ -97,3 +97,13 @@ def test_roofline_smooth_vs_bucketed():
     assert drops and all(b in default_buckets(512) for b in drops)  # capacity falls right after a bucket
     # memory-bound at small B: the 8 B model's 16 GB of weights at 4.8 TB/s, plus overhead
     assert 1 / smooth.sps(1) == pytest.approx(16e9 / 4.8e12 + 2e-4, rel=0.05)
+
+
+def test_ece_noise_floor_shrinks_with_more_rounds():
+    g = torch.Generator().manual_seed(3)
+    small, large = torch.rand(300, generator=g).double(), torch.rand(30_000, generator=g).double()
+    floor_small, floor_large = calibration.ece_noise_floor(small), calibration.ece_noise_floor(large)
+    assert floor_small > 2 * floor_large > 0
+    # a calibrated predictor's measured ECE is of the size of the floor, not zero
+    events = (torch.rand(300, generator=g, dtype=torch.float64) < small).double()
+    assert ece(small, events) < 3 * floor_small

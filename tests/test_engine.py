@@ -85,6 +85,10 @@ def test_poisson_arrivals_and_latency_metrics(tiny_model):
     )
     for p, a, rec in zip(ps, arrivals, result.records):
         assert rec.tokens == alone(tiny_model, p, 8)
-        assert rec.submitted == pytest.approx(a, abs=0.01) and rec.first_token >= a and rec.finished >= rec.first_token
+        assert (
+            rec.submitted == pytest.approx(a, abs=0.01)
+            and rec.first_token >= a
+            and rec.finished >= rec.first_token
+        )
         assert rec.ttft >= 0 and rec.tpot is not None and rec.tpot >= 0
     assert result.seconds >= 0.1
