@@ -46,7 +46,8 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / params.temperature
+    if params.temperature != 1.0:
+        logits = logits / params.temperature
     if 0 < params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -70,9 +71,13 @@ def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tens
     cdf = probs.float().cumsum(-1)
     target = uniforms.float().unsqueeze(-1) * cdf[..., -1:]
     idx = torch.searchsorted(cdf.contiguous(), target.contiguous(), right=True).squeeze(-1)
-    # u that rounds to 1.0 would land past the end: cap at the last positive token
-    last_positive = probs.shape[-1] - 1 - (probs > 0).flip(-1).float().argmax(-1)
-    return torch.minimum(idx, last_positive)
+    V = probs.shape[-1]
+    chosen = probs.gather(-1, idx.clamp(max=V - 1).unsqueeze(-1)).squeeze(-1)
+    stray = (idx >= V) | (chosen <= 0)
+    if bool(stray.any()):  # u·total rounded onto/past the end: cap at the last positive token
+        last_positive = V - 1 - (probs > 0).flip(-1).float().argmax(-1)
+        idx = torch.where(stray, torch.minimum(idx, last_positive), idx)
+    return idx
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
