@@ -205,6 +205,12 @@ def _pyplot():
     return plt
 
 
+def _save(fig, path: str | Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+
+
 def plot_position_acceptance(rows: list[dict], path: str | Path, title: str) -> None:
     """Fig. 2 analogue: one panel per domain, one line per drafter (rows of `bench offline`)."""
     plt = _pyplot()
@@ -221,9 +227,7 @@ def plot_position_acceptance(rows: list[dict], path: str | Path, title: str) -> 
     axes[0].set_ylabel("conditional acceptance")
     axes[0].legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_depth(rows: list[dict], path: str | Path) -> None:
@@ -241,9 +245,7 @@ def plot_depth(rows: list[dict], path: str | Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("τ (tokens per round)")
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_gamma(tau_rows: list[dict], latency_rows: list[dict], path: str | Path) -> None:
@@ -272,9 +274,7 @@ def plot_gamma(tau_rows: list[dict], latency_rows: list[dict], path: str | Path)
     ax.set_ylabel("ms per round")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_threshold(rows: list[dict], path: str | Path) -> None:
@@ -299,6 +299,4 @@ def plot_threshold(rows: list[dict], path: str | Path) -> None:
             rate.set_ylabel("acceptance rate")
     axes[0].set_ylabel("draft tokens per step")
     axes[0].legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)

@@ -9,12 +9,11 @@ import pytest
 import torch
 from conftest import TINY
 from stats_helpers import assert_matches
-from test_speculative import GREEDY, MICRO, RAGGED, exact_joint, prompts
+from test_speculative import GREEDY, MICRO, MICRO_LENGTH, MICRO_PROMPT, RAGGED, micro_target_and_law, prompts
 
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from dspark.generation import generate
-from dspark.model import Transformer
 from dspark.parallel_training import block_losses, block_visibility, packed_blocks
 from dspark.sampling import SamplingParams
 from dspark.speculative import speculative_generate
@@ -118,13 +117,8 @@ def test_training_loss_terms_and_gradients(tiny_model):
 
 @pytest.mark.parametrize("kind", ["dflash", "dspark", "dspark-rnn"])
 def test_sampled_output_follows_the_target_exactly(kind):
-    torch.manual_seed(0)
-    target = Transformer(MICRO).eval()
-    with torch.no_grad():
-        target.lm_head.weight.mul_(8.0)
-    params = SamplingParams(temperature=1.0)
-    prompt, length = [1, 3, 0], 3
-    joint = exact_joint(target, prompt, params, length)
+    target, joint = micro_target_and_law()
+    params, prompt, length = SamplingParams(temperature=1.0), MICRO_PROMPT, MICRO_LENGTH
     drafter = make(target, kind, gamma=3, rank=4)
     g = torch.Generator().manual_seed(42)
     counts = torch.zeros(MICRO.vocab_size**length)

@@ -9,10 +9,9 @@ import pytest
 import torch
 from stats_helpers import assert_matches
 from test_parallel_drafter import make
-from test_speculative import MICRO, exact_joint
+from test_speculative import MICRO, MICRO_LENGTH, MICRO_PROMPT, micro_target_and_law
 
 from dspark.counterexample import counterexample
-from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduler import (
     POLICY_NAMES,
@@ -189,13 +188,8 @@ def test_appendix_a_counterexample():
 def test_policy_driven_sampling_is_lossless(policy_name):
     """The Markov confidence head drives the verify lengths; the output must still
     follow the target's law exactly (vocab-5 model, exact enumeration, chi-square)."""
-    torch.manual_seed(0)
-    target = Transformer(MICRO).eval()
-    with torch.no_grad():
-        target.lm_head.weight.mul_(8.0)
-    params = SamplingParams(temperature=1.0)
-    prompt, length = [1, 3, 0], 3
-    joint = exact_joint(target, prompt, params, length)
+    target, joint = micro_target_and_law()
+    params, prompt, length = SamplingParams(temperature=1.0), MICRO_PROMPT, MICRO_LENGTH
     drafter = make(target, "dspark", gamma=3, rank=4)
     with torch.no_grad():  # spread the confidences so that the chosen lengths vary
         torch.nn.init.normal_(drafter.confidence.weight, std=2.0)

@@ -168,6 +168,19 @@ MICRO = ModelConfig(vocab_size=5, dim=16, n_layers=2, n_heads=2, n_kv_heads=1, f
                     tap_layers=(0, 1))  # fmt: skip
 
 
+MICRO_PROMPT, MICRO_LENGTH = [1, 3, 0], 3  # the exactness checks decode 3 tokens after this prompt
+
+
+def micro_target_and_law() -> tuple[Transformer, torch.Tensor]:
+    """The vocab-5 target of the exactness checks (sharpened a little so drafters are
+    sometimes right) and the exact law of its 3 tokens after MICRO_PROMPT at T = 1."""
+    torch.manual_seed(0)
+    target = Transformer(MICRO).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(8.0)
+    return target, exact_joint(target, MICRO_PROMPT, SamplingParams(temperature=1.0), MICRO_LENGTH)
+
+
 def exact_joint(model: Transformer, prompt: list[int], params: SamplingParams, length: int) -> torch.Tensor:
     """P(x1..x_length | prompt) for every sequence, by enumerating all prefixes."""
     V = model.config.vocab_size
@@ -184,13 +197,8 @@ def exact_joint(model: Transformer, prompt: list[int], params: SamplingParams, l
 
 @pytest.mark.parametrize("kind, gamma", [("eagle", 3), ("mtp", 1), ("eagle-copy", 2)])
 def test_sampled_output_follows_the_target_exactly(kind, gamma):
-    torch.manual_seed(0)
-    target = Transformer(MICRO).eval()
-    with torch.no_grad():  # sharpen the target a little so the drafter is sometimes right
-        target.lm_head.weight.mul_(8.0)
-    params = SamplingParams(temperature=1.0)
-    prompt, length = [1, 3, 0], 3
-    joint = exact_joint(target, prompt, params, length)
+    target, joint = micro_target_and_law()
+    params, prompt, length = SamplingParams(temperature=1.0), MICRO_PROMPT, MICRO_LENGTH
     drafter = make_drafter(kind, target, gamma)
     g = torch.Generator().manual_seed(42)
     counts = torch.zeros(MICRO.vocab_size**length)
