@@ -139,12 +139,11 @@ def bench_offline(args: argparse.Namespace) -> dict:
     tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
     target, _ = load_target(args.checkpoint)
     drafters = {name: get_drafter(name, target) for name in args.drafters}
+    by_domain = study.prompts_by_domain(tokenizer, args.prompts_per_domain, 0, target.config.max_seq_len)
     rows = []
     for temperature in args.temperatures:
         params = SamplingParams(temperature=temperature)
-        for domain, prompts in study.prompts_by_domain(
-            tokenizer, args.prompts_per_domain, 0, target.config.max_seq_len
-        ).items():
+        for domain, prompts in by_domain.items():
             generate(target, prompts[:1], 4, params)  # warm-up
             base_tokens = base_time = 0.0
             for i, prompt in enumerate(prompts):  # single stream: one request at a time
@@ -180,17 +179,14 @@ def bench_offline(args: argparse.Namespace) -> dict:
               f"{r['speedup']:.2f}x | {acc} |")  # fmt: skip
     table = offline_table(rows)
     print("\nTable 1 analogue: tau (tokens per round incl. the bonus token)\n\n" + table)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "table1.md").write_text(table)
+
+    def plot(out: Path) -> None:
         for temperature in args.temperatures:
-            path = out / f"position_acceptance_T{temperature:g}.png"
             sub = [r for r in rows if r["temperature"] == temperature]
-            study.plot_position_acceptance(
-                sub, path, f"conditional acceptance by position, T = {temperature:g}"
-            )
-            print(f"wrote {path}")
+            study.plot_position_acceptance(sub, out / f"position_acceptance_T{temperature:g}.png",
+                                           f"conditional acceptance by position, T = {temperature:g}")  # fmt: skip
+
+    write_outputs(args, "table1", table, plot)
     return {"benchmark": "offline", "gamma": args.gamma, "results": rows}
 
 
@@ -210,6 +206,17 @@ def offline_table(rows: list[dict]) -> str:
             line.append(", ".join(f"{sub[d]['speedup']:.2f}x" for d in domains))
         body.append(line)
     return study.markdown_table(header, body)
+
+
+def write_outputs(args: argparse.Namespace, stem: str, table: str, plot) -> None:
+    """With --out DIR: DIR/<stem>.md holds `table`; `plot(DIR)` draws the figure(s) there."""
+    if not args.out:
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.md").write_text(table)
+    plot(out)
+    print(f"wrote {out / stem}.md and its figure(s)")
 
 
 def load_study_drafters(target, specs: list[str]) -> dict:
@@ -256,11 +263,7 @@ def bench_depth(args: argparse.Namespace) -> dict:
                      for d in domains)] for k in args.kinds for n in args.layers]  # fmt: skip
     table = study.markdown_table(["drafter", "layers", *domains], body)
     print(f"drafter depth, gamma = {args.gamma}, T = {args.temperature:g}, tau\n\n" + table)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "depth.md").write_text(table)
-        study.plot_depth(rows, Path(args.out) / "depth.png")
-        print(f"wrote {Path(args.out) / 'depth.png'}")
+    write_outputs(args, "depth", table, lambda out: study.plot_depth(rows, out / "depth.png"))
     return {"benchmark": "depth", "gamma": args.gamma, "temperature": args.temperature, "results": rows}
 
 
@@ -298,11 +301,9 @@ def bench_gamma(args: argparse.Namespace) -> dict:
             body.append([label, gamma, *tau, study.macro(tau), lat["round_ms"], lat["draft_ms"]])
     table = study.markdown_table(header, body)
     print(f"proposal length, T = {args.temperature:g}: tau and per-round latency\n\n" + table)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "gamma.md").write_text(table)
-        study.plot_gamma(tau_rows, latency_rows, Path(args.out) / "gamma.png")
-        print(f"wrote {Path(args.out) / 'gamma.png'}")
+    write_outputs(
+        args, "gamma", table, lambda out: study.plot_gamma(tau_rows, latency_rows, out / "gamma.png")
+    )
     return {"benchmark": "gamma", "temperature": args.temperature, "tau": tau_rows, "latency": latency_rows}
 
 
@@ -325,11 +326,7 @@ def bench_threshold(args: argparse.Namespace) -> dict:
         ["domain", "θ", "accepted drafts / step", "rejected drafts / step", "acceptance rate"], body
     )
     print(f"static survival-threshold sweep, {label}, gamma = {gamma}, T = {args.temperature:g}\n\n" + table)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "threshold.md").write_text(table)
-        study.plot_threshold(rows, Path(args.out) / "threshold.png")
-        print(f"wrote {Path(args.out) / 'threshold.png'}")
+    write_outputs(args, "threshold", table, lambda out: study.plot_threshold(rows, out / "threshold.png"))
     return {"benchmark": "threshold", "drafter": label, "gamma": gamma, "results": rows}
 
 
@@ -368,13 +365,9 @@ def bench_calibration(args: argparse.Namespace) -> dict:
     print(f"calibration of {args.drafter} on held-out rounds (eval prompts 0..{args.prompts_per_domain - 1} per "
           f"domain, T = {args.temperature:g}, gamma = {gamma}), STS temperatures "
           f"{' '.join(f'{t:.2f}' for t in drafter.sts_temperatures.tolist())}\n\n" + table)  # fmt: skip
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "calibration.md").write_text(table)
-        figure = Path(args.out) / "reliability.png"
-        calibration.plot_reliability(conf, events, mask, drafter.sts_temperatures, figure,
-                                     f"{args.drafter}: prefix survival, before (raw) and after STS")  # fmt: skip
-        print(f"wrote {figure}")
+    title = f"{args.drafter}: prefix survival, before (raw) and after STS"
+    write_outputs(args, "calibration", table, lambda out: calibration.plot_reliability(
+        conf, events, mask, drafter.sts_temperatures, out / "reliability.png", title))  # fmt: skip
     keys = ("k", "ece_before", "ece_after", "auroc", "brier", "rounds", "survival_rate", "ece_noise_floor")
     return {"benchmark": "calibration", "drafter": args.drafter, "rounds": int(conf.shape[0]),
             "sts_temperatures": drafter.sts_temperatures.tolist(),
@@ -402,14 +395,14 @@ def bench_profile(args: argparse.Namespace) -> dict:
     target, _ = load_target(args.checkpoint)
     cpu = profiler.cpu_profile(target, refresh=args.refresh)
     profiles = [cpu, profiler.named_profile("h200"), profiler.named_profile("h200-buckets")]
-    points = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)]
+    points = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
     print("SPS(B): target passes per second at B batch tokens (cpu: measured here and cached; h200: roofline "
           "model of an 8B bf16 model)\n")  # fmt: skip
     print("| B | " + " | ".join(p.name for p in profiles) + " |\n|---:|" + "---:|" * len(profiles))
     for b in points:
         cells = [f"{p.sps(b):.1f}" if b <= p.max_tokens else "-" for p in profiles]
         print(f"| {b} | " + " | ".join(cells) + " |")
-    if args.out:
+    if args.out:  # a figure only
         Path(args.out).mkdir(parents=True, exist_ok=True)
         profiler.plot_profiles(profiles, Path(args.out) / "sps_profiles.png", max_tokens=512)
         print(f"\nwrote {Path(args.out) / 'sps_profiles.png'}")
@@ -436,13 +429,12 @@ def report_points(points: list[dict], args: argparse.Namespace, title: str, stem
                    "| policy | throughput | MTP-1 tok/s/user | tok/s/user | gain |\n|---|---:|---:|---:|---:|\n"
                    + matched)  # fmt: skip
     print(f"{title}\n\n{table}{matched}")
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"{stem}.md").write_text(table + matched)
+
+    def plot(out: Path) -> None:
         pareto.plot_frontier(points, out / f"{stem}_frontier.png", title)
         pareto.plot_load(points, out / f"{stem}_load.png", title)
-        print(f"wrote {out / (stem + '_frontier.png')} and {out / (stem + '_load.png')}")
+
+    write_outputs(args, stem, table + matched, plot)
 
 
 def bench_serve(args: argparse.Namespace) -> dict:

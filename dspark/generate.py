@@ -141,10 +141,6 @@ def main(argv: list[str] | None = None) -> None:
     verify_fn = observe_fn = None
     if args.drafter != "none" and args.policy != "fixed":
         policy = make_policy(args.policy, threshold=args.threshold)
-        if policy.needs_confidence and not hasattr(drafter, "confidence"):
-            raise UsageError(
-                f"--policy {args.policy} needs a drafter with a confidence head (dflash, dspark, dspark-rnn)"
-            )
         verify_fn, observe_fn = policy_hooks(policy, drafter, cpu_profile(model))
     if args.drafter == "none":
         result = generate(model, prompts, args.max_new_tokens, params, generator, eos_id=tokenizer.eos_id)

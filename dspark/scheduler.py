@@ -278,15 +278,16 @@ def make_policy(name: str, threshold: float = 0.5, min_length: int = 0) -> Polic
 def policy_hooks(policy: Policy, drafter, profile: ThroughputProfile) -> tuple[Callable, Callable]:
     """(verify_len_fn, observe_fn) for `speculative_generate`: the policy reads the
     drafter's confidences of this round, calibrated with its STS temperatures if it has them."""
+    if policy.needs_confidence and not hasattr(drafter, "confidence"):
+        raise ValueError(
+            f"policy {policy.name!r} needs a drafter with a confidence head (dflash, dspark, dspark-rnn)"
+        )
     temperatures = getattr(drafter, "sts_temperatures", None)
 
     def verify_len_fn(drafts: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
         R, gamma = drafts.shape
-        conf = getattr(drafter, "last_confidence", None)
-        if conf is None:
-            if policy.needs_confidence:
-                raise ValueError(f"policy {policy.name!r} needs a drafter with a confidence head")
-            conf = torch.ones(R, gamma)
+        conf = drafter.last_confidence  # None only for drafters without a head (policies that ignore it)
+        conf = torch.ones(R, gamma) if conf is None else conf
         return policy.lengths(prefix_survival(conf, temperatures), gamma, profile)
 
     return verify_len_fn, policy.observe

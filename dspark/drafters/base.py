@@ -47,10 +47,10 @@ class Drafter(nn.Module):
 
     name = "base"
     max_gamma = 0  # longest block this drafter can propose
-    last_confidence: torch.Tensor | None = None  # (R, γ) confidences of the latest propose, if it has a head
-    sts_temperatures: torch.Tensor | None = (
-        None  # (γ,) calibration of those confidences (dspark/calibration.py)
-    )
+    # (R, γ) confidences of the latest propose, if the drafter has a confidence head
+    last_confidence: torch.Tensor | None = None
+    # (γ,) STS temperatures calibrating those confidences (dspark/calibration.py)
+    sts_temperatures: torch.Tensor | None = None
 
     def reset(self, n_slots: int) -> None:
         """Allocate per-slot state for a cache with `n_slots` slots (forgets everything)."""
