@@ -18,6 +18,9 @@ Greedy decoding needs no special case: at temperature 0 both p and q are
 one-hot, so a draft is accepted exactly when it equals the target's argmax,
 and the residual of a rejection is the target's one-hot argmax.
 
+`verify` dispatches to a Triton kernel for CUDA tensors (dspark/backend.py);
+`verify_reference` is the PyTorch ground truth the kernel is tested against.
+
 This is a pure function: all randomness comes in as uniforms, so the same
 uniforms always give the same answer (and tests can inject them). Indexing:
 `target_probs[:, k]` is the distribution for draft position k+1.
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dspark.backend import use_kernel
 from dspark.sampling import sample_from_probs
 
 
@@ -64,7 +68,30 @@ def verify(
     accept_uniforms: torch.Tensor,
     resample_uniforms: torch.Tensor,
 ) -> VerifyResult:
-    """Batched, ragged speculative verification.
+    """Batched, ragged speculative verification: `verify_reference`, run by the
+    Triton rejection-sampling kernel (kernels/rejection_sampler.py) where
+    `dspark.backend` says so (CUDA tensors, by default). Both check their inputs."""
+    if use_kernel(draft_probs, target_probs):
+        from kernels.rejection_sampler import rejection_sample_triton
+
+        accepted, next_token = rejection_sample_triton(
+            draft_tokens, draft_probs, target_probs, verify_lens, accept_uniforms, resample_uniforms
+        )
+        return VerifyResult(accepted, next_token)
+    return verify_reference(
+        draft_tokens, draft_probs, target_probs, verify_lens, accept_uniforms, resample_uniforms
+    )
+
+
+def verify_reference(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    verify_lens: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    resample_uniforms: torch.Tensor,
+) -> VerifyResult:
+    """Batched, ragged speculative verification in PyTorch (the reference).
 
     draft_tokens (R, γ) int64; draft_probs (R, γ, V) fp32, row k the q the
     k-th draft was sampled from; target_probs (R, γ+1, V) fp32; verify_lens

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+import os
+
+# Triton kernels run on CPU only in the interpreter, which is chosen when a kernel module is
+# imported: set it before anything imports `kernels.*` (tests/test_kernel_*.py).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 import torch
 
 from dspark import paths

@@ -37,13 +37,87 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dspark.backend import use_kernel
 from dspark.drafters.base import Drafter, TargetFeatures
 from dspark.kv_cache import KVCache
 from dspark.model import Block, RaggedIndex, RMSNorm, Transformer, apply_rope, rope_table
-from dspark.sampling import probabilities, sample, sample_from_probs
+from dspark.sampling import SamplingParams, probabilities, sample_from_probs
 from dspark.tokenizer import MASK, SPECIAL_TOKENS
 
 KINDS = {"dflash": "none", "dspark": "markov", "dspark-rnn": "rnn"}  # kind -> sequential head
+
+
+def markov_step(
+    u_k: torch.Tensor,
+    h_k: torch.Tensor,
+    prev: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    conf_weight: torch.Tensor,
+    conf_bias: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One Markov-head step: logits U_k + W2 W1[x_{k-1}] (R, V) and c_k = σ(wᵀ[h_k; W1[x_{k-1}]]) (R,).
+
+    u_k (R, V) backbone logits, h_k (R, dim) backbone hidden, prev (R,) x_{k-1};
+    w1 (V, r), w2 (V, r) (nn.Linear layout), conf_weight (dim + r,), conf_bias (1,)."""
+    e = F.embedding(prev, w1)  # (R, r)
+    conf = torch.sigmoid(F.linear(torch.cat([h_k, e], dim=-1), conf_weight[None], conf_bias)).squeeze(-1)
+    return u_k + F.linear(e, w2), conf
+
+
+def markov_block_reference(
+    base_logits: torch.Tensor,
+    hidden: torch.Tensor,
+    anchors: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    conf_weight: torch.Tensor,
+    conf_bias: torch.Tensor,
+    params: SamplingParams,
+    uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The Markov sequential stage for a whole block, left to right, in PyTorch.
+
+    base_logits (R, γ, V) = U, hidden (R, γ, dim) = h, anchors (R,) = x_0,
+    uniforms (R, γ): draft k is drawn with uniforms[:, k]. Returns tokens
+    (R, γ) int64, their fp32 distributions (R, γ, V) and confidences (R, γ).
+    The reference for kernels/markov_sampler.py."""
+    prev, tokens, probs, confs = anchors, [], [], []
+    for k in range(base_logits.shape[1]):
+        logits, conf = markov_step(base_logits[:, k], hidden[:, k], prev, w1, w2, conf_weight, conf_bias)
+        q = probabilities(logits, params)  # (R, V)
+        prev = sample_from_probs(q, uniforms[:, k])
+        tokens.append(prev)
+        probs.append(q)
+        confs.append(conf)
+    if not tokens:
+        R, V = base_logits.shape[0], base_logits.shape[-1]
+        return anchors.new_zeros(R, 0), base_logits.new_zeros(R, 0, V).float(), base_logits.new_zeros(R, 0)
+    return torch.stack(tokens, 1), torch.stack(probs, 1), torch.stack(confs, 1)
+
+
+def markov_block_sample(
+    base_logits: torch.Tensor,
+    hidden: torch.Tensor,
+    anchors: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    conf_weight: torch.Tensor,
+    conf_bias: torch.Tensor,
+    params: SamplingParams,
+    uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`markov_block_reference`, run by the Triton kernel where `dspark.backend` says so.
+    The kernel does temperature (incl. greedy) but not top-k/top-p: those stay in PyTorch."""
+    if params.top_k == 0 and params.top_p == 1.0 and use_kernel(base_logits):
+        from kernels.markov_sampler import markov_block_sample_triton
+
+        return markov_block_sample_triton(
+            base_logits, hidden, anchors, w1, w2, conf_weight, conf_bias, params.temperature, uniforms
+        )
+    return markov_block_reference(
+        base_logits, hidden, anchors, w1, w2, conf_weight, conf_bias, params, uniforms
+    )
 
 
 @dataclass
@@ -147,16 +221,20 @@ class ParallelDrafter(Drafter):
     # ---- the sequential stage ---------------------------------------------------------------
     def sequential_logits(self, u_k, h_k, prev, state):
         """One left-to-right step: (logits (R, V), confidence (R,), new state)."""
-        e = self.w1(prev) if self.config.rank else h_k.new_zeros(h_k.shape[0], 0)  # (R, r)
         if self.config.head == "markov":
-            u_k = u_k + self.w2(e)
-        elif self.config.head == "rnn":
+            return (*markov_step(u_k, h_k, prev, *self.markov_weights()), state)
+        e = self.w1(prev) if self.config.rank else h_k.new_zeros(h_k.shape[0], 0)  # (R, r)
+        if self.config.head == "rnn":
             gate, cand, out = self.rnn(torch.cat([state, e, h_k], dim=-1)).chunk(3, dim=-1)
             g = torch.sigmoid(gate)
             state = g * state + (1 - g) * torch.tanh(cand)
             u_k = u_k + self.w2(torch.tanh(out))
         conf = torch.sigmoid(self.confidence(torch.cat([h_k, e], dim=-1))).squeeze(-1)
         return u_k, conf, state
+
+    def markov_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(W1 (V, r), W2 (V, r) as nn.Linear stores it, confidence w (dim + r,), its bias (1,))."""
+        return self.w1.weight, self.w2.weight, self.confidence.weight[0], self.confidence.bias
 
     # ---- inference ------------------------------------------------------------------------------
     def reset(self, n_slots: int) -> None:
@@ -206,13 +284,18 @@ class ParallelDrafter(Drafter):
             # uniforms in the order the left-to-right loop draws them: rank-0 DSpark == DFlash, token for token
             uniforms = torch.rand(gamma, slots.shape[0], generator=generator).T
             return sample_from_probs(q, uniforms), q
-        # sample left to right through the sequential head
+        uniforms = torch.rand(gamma, slots.shape[0], generator=generator).T.contiguous()  # (R, γ)
+        if self.config.head == "markov":  # the whole block in one call (a Triton kernel on CUDA)
+            tokens, probs, conf = markov_block_sample(u, h, anchors, *self.markov_weights(), params, uniforms)
+            self.last_confidence = conf
+            return tokens, probs
+        # the RNN head: left to right in PyTorch
         prev, state = anchors, h.new_zeros(slots.shape[0], self.config.rank)
         tokens, probs, confs = [], [], []
         for k in range(gamma):
             logits, conf, state = self.sequential_logits(u[:, k], h[:, k], prev, state)
             q = probabilities(logits, params)
-            prev = sample(q, generator)
+            prev = sample_from_probs(q, uniforms[:, k])
             tokens.append(prev)
             probs.append(q)
             confs.append(conf)
