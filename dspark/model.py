@@ -16,8 +16,10 @@ Both can also return the residual stream after the configured "tap" layers;
 drafters read these as context features (DESIGN.md section 2).
 
 What this file does not do: sampling, generation loops, drafting. The ragged
-attention here pads each block to the longest one *inside the attention op
-only*; projections and feed-forwards run on the flat token vector.
+attention reference (`ragged_attention_reference`) pads each block to the
+longest one *inside the attention op only*; projections and feed-forwards run
+on the flat token vector. `ragged_attention` dispatches to the Triton kernel
+in `kernels/ragged_attention.py` instead when `dspark.backend` says so.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dspark import backend
 from dspark.config import ModelConfig
 from dspark.kv_cache import KVCache
 
@@ -103,19 +106,45 @@ class Attention(nn.Module):
         q, k, v = self._qkv(x, cos, sin)  # (N, H, hd), (N, Hkv, hd), (N, Hkv, hd)
         cache.keys[layer][rb.token_slot, :, rb.positions] = k.to(cache.keys.dtype)
         cache.values[layer][rb.token_slot, :, rb.positions] = v.to(cache.values.dtype)
-        keys = rb.take_slots(cache.keys[layer])  # (S, Hkv, L, hd)
-        values = rb.take_slots(cache.values[layer])
-        q_pad = q.new_zeros(rb.n_slots, rb.block_max, self.n_heads, self.head_dim)
-        q_pad[rb.slot_index, rb.offsets] = q
-        out = F.scaled_dot_product_attention(
-            q_pad.transpose(1, 2),  # (S, H, Tb, hd)
-            keys.to(q.dtype),
-            values.to(q.dtype),
-            attn_mask=rb.mask,  # (S, 1, Tb, L)
-            enable_gqa=True,
-        )
-        out = out.transpose(1, 2)[rb.slot_index, rb.offsets]  # (N, H, hd)
+        out = ragged_attention(q, cache.keys[layer], cache.values[layer], rb)  # (N, H, hd)
         return self.wo(out.reshape(x.shape[0], -1))
+
+
+def ragged_attention_reference(
+    q: torch.Tensor, layer_keys: torch.Tensor, layer_values: torch.Tensor, rb: RaggedIndex
+) -> torch.Tensor:
+    """Variable-length verify attention (paper §5.3), the PyTorch reference.
+
+    q: (N, H, hd) flat queries of all blocks; layer_keys/values: one layer of
+    the cache, (n_slots_total, Hkv, T_max, hd), the blocks' own keys already
+    written. Token i of a block sees its slot's cache before the block and the
+    block up to itself. Pads every block to the longest, runs SDPA with
+    `rb.mask` and unpads. Returns (N, H, hd) in q's dtype."""
+    keys = rb.take_slots(layer_keys)  # (S, Hkv, L, hd)
+    values = rb.take_slots(layer_values)
+    q_pad = q.new_zeros(rb.n_slots, rb.block_max, q.shape[1], q.shape[2])  # (S, Tb, H, hd)
+    q_pad[rb.slot_index, rb.offsets] = q
+    out = F.scaled_dot_product_attention(
+        q_pad.transpose(1, 2),  # (S, H, Tb, hd)
+        keys.to(q.dtype),
+        values.to(q.dtype),
+        attn_mask=rb.mask,  # (S, 1, Tb, L)
+        enable_gqa=True,
+    )
+    return out.transpose(1, 2)[rb.slot_index, rb.offsets]  # (N, H, hd)
+
+
+def ragged_attention(
+    q: torch.Tensor, layer_keys: torch.Tensor, layer_values: torch.Tensor, rb: RaggedIndex
+) -> torch.Tensor:
+    """`ragged_attention_reference`, or the Triton kernel when `dspark.backend` picks it."""
+    if backend.use_kernel(q, layer_keys, layer_values):
+        from kernels.ragged_attention import ragged_verify_attention
+
+        return ragged_verify_attention(
+            q, layer_keys, layer_values, rb.slots, rb.starts, rb.cu_seqlens, rb.slot_index
+        )
+    return ragged_attention_reference(q, layer_keys, layer_values, rb)
 
 
 class FeedForward(nn.Module):
@@ -144,15 +173,21 @@ class RaggedIndex:
     Built before the cache lengths advance: `positions` are where the new
     tokens go.
 
-    slots (S,) cache slots; block_lens (S,); tokens are flat, slot-major."""
+    slots (S,) cache slots; block_lens (S,); tokens are flat, slot-major.
+    Request r (0..S-1) owns flat tokens cu_seqlens[r]..cu_seqlens[r+1]-1;
+    `slot_index` (N,) is the request id of every token. `slots`, `starts`,
+    `cu_seqlens` and `slot_index` are what the attention kernel reads."""
 
     def __init__(self, slots: torch.Tensor, block_lens: torch.Tensor, cache: KVCache) -> None:
         device = slots.device
         self.n_slots = slots.shape[0]
         self.block_max = int(block_lens.max())
-        starts = cache.lengths[slots]  # (S,) positions already in the cache
+        self.slots = slots  # (S,)
+        self.starts = starts = cache.lengths[slots]  # (S,) positions already in the cache
         self.slot_index = torch.repeat_interleave(torch.arange(self.n_slots, device=device), block_lens)
-        first = torch.cumsum(block_lens, 0) - block_lens  # (S,) flat index of each block start
+        ends = torch.cumsum(block_lens, 0)
+        self.cu_seqlens = torch.cat([ends.new_zeros(1), ends])  # (S+1,) flat offset of each block
+        first = self.cu_seqlens[:-1]  # (S,) flat index of each block start
         self.offsets = torch.arange(self.slot_index.shape[0], device=device) - first[self.slot_index]
         self.positions = starts[self.slot_index] + self.offsets  # (N,) absolute positions
         self.token_slot = slots[self.slot_index]  # (N,) cache slot of every token
@@ -163,13 +198,12 @@ class RaggedIndex:
         first_slot = int(slots[0])
         contiguous = bool((slots == torch.arange(first_slot, first_slot + self.n_slots, device=device)).all())
         self._slot_range = (first_slot, first_slot + self.n_slots) if contiguous else None
-        self._slots = slots
 
     def take_slots(self, layer_cache: torch.Tensor) -> torch.Tensor:
         """(n_slots_total, Hkv, T, hd) -> (S, Hkv, L, hd); a view when slots are contiguous."""
         if self._slot_range is not None:
             return layer_cache[self._slot_range[0] : self._slot_range[1], :, : self.kv_len]
-        return layer_cache[self._slots, :, : self.kv_len]
+        return layer_cache[self.slots, :, : self.kv_len]
 
 
 def run_blocks_cached(
