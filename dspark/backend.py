@@ -69,11 +69,13 @@ def use_kernel(*tensors: torch.Tensor) -> bool:
     on_gpu = all(t.is_cuda for t in tensors)
     if _mode == "auto" and not on_gpu:
         return False
-    import kernels  # imports Triton; never raises, prints one line if Triton is missing
+    import kernels
 
-    if not kernels.AVAILABLE:
+    if not kernels.available():  # imports Triton; never raises, prints one line if it is missing
         if _mode == "triton":
-            raise RuntimeError(f"kernel mode 'triton' was forced but Triton is unusable: {kernels.REASON}")
+            raise RuntimeError(
+                f"kernel mode 'triton' was forced but Triton is unusable: {kernels.unavailable_reason()}"
+            )
         return False
     if not on_gpu and not kernels.interpreting():
         raise RuntimeError(

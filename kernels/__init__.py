@@ -17,9 +17,9 @@ On CPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set
 before the kernel modules are imported; fp32 only): correct, and slow; that is
 how the tests check them against the references on a machine without a GPU.
 
-Importing this package never fails: where Triton is missing (macOS, or a
-broken install) `AVAILABLE` is False, one line says so, and dspark keeps
-using the references.
+Importing this package never fails and does not import Triton; `available()`
+does, once: where Triton is missing (macOS, or a broken install) it returns
+False, one line says so, and dspark keeps using the references.
 """
 
 from __future__ import annotations
@@ -27,13 +27,30 @@ from __future__ import annotations
 import os
 import sys
 
-try:
-    import triton  # noqa: F401
+_status: tuple[bool, str] | None = None  # (usable, why not), filled by the first `available()`
 
-    AVAILABLE, REASON = True, ""
-except Exception as exc:  # ImportError on macOS/Windows, or a broken install
-    AVAILABLE, REASON = False, f"{type(exc).__name__}: {exc}"
-    print(f"dspark: Triton unavailable ({REASON}); using the PyTorch references", file=sys.stderr)
+
+def available() -> bool:
+    """Can Triton be imported? Tried once; on failure one line goes to stderr.
+
+    Importing Triton is deferred to this call because Triton decides at import
+    time whether it interprets (TRITON_INTERPRET=1): callers set that first."""
+    global _status
+    if _status is None:
+        try:
+            import triton  # noqa: F401
+
+            _status = (True, "")
+        except Exception as exc:  # ImportError on macOS/Windows, or a broken install
+            _status = (False, f"{type(exc).__name__}: {exc}")
+            print(f"dspark: Triton unavailable ({_status[1]}); using the PyTorch references", file=sys.stderr)
+    return _status[0]
+
+
+def unavailable_reason() -> str:
+    """Why `available()` is False ("" when it is True)."""
+    available()
+    return _status[1]
 
 
 def interpreting() -> bool:
