@@ -31,12 +31,17 @@ def ragged_case(n_slots_total, n_heads, n_kv_heads, slots, starts, block_lens, s
     return q, cache.keys[0], cache.values[0], rb
 
 
-def run_kernel(q, keys, values, rb, block_n=8):
+def run_kernel(q, keys, values, rb, block_n=8, block_m=16):
     return ragged_verify_attention(
-        q, keys, values, rb.slots, rb.starts, rb.cu_seqlens, rb.slot_index, block_n=block_n
+        q, keys, values, rb.slots, rb.starts, rb.cu_seqlens, rb.slot_index, block_n=block_n, block_m=block_m
     )
 
 
+# (block_m, block_n): tiles >= 16 multiply with tl.dot; smaller ones with broadcast-multiply-sum.
+TILES = [(16, 16), (2, 8)]  # (2, 8): blocks of 3..5 tokens span two or three query tiles
+
+
+@pytest.mark.parametrize("block_m,block_n", TILES)
 @pytest.mark.parametrize("n_heads,n_kv_heads", [(2, 2), (4, 1)])  # GQA ratios 1 and 4
 @pytest.mark.parametrize(
     "slots,starts,block_lens",
@@ -47,17 +52,31 @@ def run_kernel(q, keys, values, rb, block_n=8):
         ([6, 1, 9, 0, 4, 11, 2, 7, 10], [0, 9, 23, 1, 16, 0, 30, 7, 5], [3, 1, 5, 2, 1, 4, 1, 2, 3]),
     ],
 )
-def test_kernel_matches_reference(n_heads, n_kv_heads, slots, starts, block_lens):
+def test_kernel_matches_reference(n_heads, n_kv_heads, slots, starts, block_lens, block_m, block_n):
     q, keys, values, rb = ragged_case(12, n_heads, n_kv_heads, slots, starts, block_lens)
     expected = ragged_attention_reference(q, keys, values, rb)
-    torch.testing.assert_close(run_kernel(q, keys, values, rb), expected, atol=1e-5, rtol=1e-5)
+    out = run_kernel(q, keys, values, rb, block_n, block_m)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_tile_length_does_not_matter():
     q, keys, values, rb = ragged_case(4, 2, 1, [2, 0], [19, 4], [3, 2], seed=1)
     expected = ragged_attention_reference(q, keys, values, rb)
-    for block_n in (1, 4, 32):  # a tile per key, several ragged tiles, one tile larger than the context
-        torch.testing.assert_close(run_kernel(q, keys, values, rb, block_n), expected, atol=1e-5, rtol=1e-5)
+    # block_n: a tile per key, several ragged tiles, one tile larger than the context;
+    # block_m: one query tile per block, a program per query, tiles of 2 (the last one ragged)
+    for block_m, block_n in ((16, 1), (16, 4), (16, 32), (1, 4), (2, 32)):
+        out = run_kernel(q, keys, values, rb, block_n, block_m)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("block_m", [8, 16, 64])
+def test_blocks_longer_than_a_query_tile(block_m):
+    """A 37-token prefill (block_m 16: query tiles of 16, 16 and a masked 5), a 20-token block after
+    3 cached tokens, and a 1-token decode whose programs for the later query tiles have nothing to do."""
+    q, keys, values, rb = ragged_case(5, 4, 2, [3, 0, 4], [0, 3, 30], [37, 20, 1], seed=2)
+    expected = ragged_attention_reference(q, keys, values, rb)
+    out = run_kernel(q, keys, values, rb, 16, block_m)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_hand_worked_case():
@@ -115,3 +134,8 @@ def test_wrapper_rejects_bad_inputs():
         ragged_verify_attention(q.transpose(0, 1).contiguous().transpose(0, 1), keys, values, *index)
     with pytest.raises(ValueError, match="cu_seqlens must have shape"):
         ragged_verify_attention(q, keys, values, rb.slots, rb.starts, rb.cu_seqlens[1:], rb.slot_index)
+    # request_ids is not read by the kernel (its grid is per request) but still checked
+    with pytest.raises(ValueError, match="request_ids must have shape"):
+        ragged_verify_attention(q, keys, values, rb.slots, rb.starts, rb.cu_seqlens, rb.slot_index[1:])
+    with pytest.raises(ValueError, match="block_m must be a power of two"):
+        ragged_verify_attention(q, keys, values, *index, block_m=12)
