@@ -25,6 +25,9 @@ Baselines with the same interface: no speculation, MTP-1, fixed γ, a static
 survival threshold, and a SmartSpec-style goodput rule (one EMA acceptance
 rate, one length for the whole batch).
 
+On a GPU, `scheduled_lengths` (used by `PrefixPolicy`) runs survivals, the path and the early
+stop as one Triton kernel (`kernels/prefix_scheduler.py`); this file stays its reference.
+
 What this file does not do: measure SPS (dspark/profiler.py) or calibrate the
 confidences (dspark/calibration.py).
 """
@@ -33,9 +36,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from dspark import backend
 
 POLICY_NAMES = ("none", "mtp1", "fixed", "threshold", "goodput", "dspark", "dspark-async")
 
@@ -46,6 +51,7 @@ class ThroughputProfile:
 
     steps_per_second: list[float]  # entry B-1 is SPS(B)
     name: str = ""  # where it came from ("cpu-measured", "h200-roofline", ...)
+    _tables: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # device -> table()
 
     def __post_init__(self) -> None:
         if not self.steps_per_second or any(not s > 0 for s in self.steps_per_second):
@@ -62,6 +68,13 @@ class ThroughputProfile:
         if batch_tokens <= self.max_tokens:
             return self.steps_per_second[batch_tokens - 1]
         return self.steps_per_second[-1] * self.max_tokens / batch_tokens
+
+    def table(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """The (M,) fp32 SPS table on `device`, for the device scheduler (made once per device)."""
+        device = torch.device(device)
+        if device not in self._tables:
+            self._tables[device] = torch.tensor(self.steps_per_second, dtype=torch.float32, device=device)
+        return self._tables[device]
 
     @classmethod
     def from_points(
@@ -144,6 +157,27 @@ def prefix_schedule(
     return lengths
 
 
+def scheduled_lengths(
+    confidences: torch.Tensor,
+    temperatures: torch.Tensor | None,
+    profile: ThroughputProfile,
+    early_stop: bool = True,
+    budget: int | None = None,
+) -> torch.Tensor:
+    """(R, γ) confidences -> (R,) verify lengths: Algorithm 1 on the calibrated survivals.
+    The Triton kernel where `backend.use_kernel` says so and the batch fits its one tile
+    (lengths stay on the device), else `prefix_schedule(prefix_survival(...))`."""
+    if backend.use_kernel(confidences):
+        from kernels import prefix_scheduler  # imports Triton: only when a kernel may run
+
+        if prefix_scheduler.fits(*confidences.shape):
+            conf = confidences.float().contiguous()  # (R, γ)
+            temps = None if temperatures is None else temperatures.to(conf.device, torch.float32).contiguous()
+            table = profile.table(conf.device)  # (M,)
+            return prefix_scheduler.prefix_schedule_triton(conf, temps, table, early_stop, budget)
+    return prefix_schedule(prefix_survival(confidences, temperatures), profile, early_stop, budget)
+
+
 def expected_rate(survivals: torch.Tensor, lengths: torch.Tensor, profile: ThroughputProfile) -> float:
     """Θ(ℓ) = (Σ_r 1 + Σ_{j<=ℓ_r} a_{r,j}) · SPS(Σ_r 1 + ℓ_r) for any verify lengths."""
     R, gamma = survivals.shape
@@ -162,6 +196,17 @@ class Policy:
 
     def lengths(self, survivals: torch.Tensor, gamma: int, profile: ThroughputProfile) -> torch.Tensor:
         raise NotImplementedError
+
+    def lengths_from_confidence(
+        self,
+        confidences: torch.Tensor,
+        temperatures: torch.Tensor | None,
+        gamma: int,
+        profile: ThroughputProfile,
+    ) -> torch.Tensor:
+        """`lengths` from the raw (R, γ) confidences and STS temperatures (None: uncalibrated).
+        Policies that can schedule on the device override this."""
+        return self.lengths(prefix_survival(confidences, temperatures), gamma, profile)
 
     def observe(self, verify_lens: torch.Tensor, accepted: torch.Tensor) -> None:
         """Called after verification (default: nothing to learn)."""
@@ -224,6 +269,9 @@ class PrefixPolicy(Policy):
 
     def lengths(self, survivals, gamma, profile):
         return prefix_schedule(survivals, profile, early_stop=True)
+
+    def lengths_from_confidence(self, confidences, temperatures, gamma, profile):
+        return scheduled_lengths(confidences, temperatures, profile, early_stop=True)
 
 
 class AsyncPrefixPolicy(Policy):
@@ -288,6 +336,6 @@ def policy_hooks(policy: Policy, drafter, profile: ThroughputProfile) -> tuple[C
         R, gamma = drafts.shape
         conf = drafter.last_confidence  # None only for drafters without a head (policies that ignore it)
         conf = torch.ones(R, gamma) if conf is None else conf
-        return policy.lengths(prefix_survival(conf, temperatures), gamma, profile)
+        return policy.lengths_from_confidence(conf, temperatures, gamma, profile)
 
     return verify_len_fn, policy.observe

@@ -183,7 +183,12 @@ def test_rejection_kernel_hand_worked():
     q = torch.tensor([[[0.1, 0.8, 0.1]]])
     p = torch.tensor([[[0.6, 0.2, 0.2], [0.0, 0.0, 1.0]]])
     drafts, lens = torch.tensor([[1]]), torch.tensor([1])
-    for u_accept, u_resample, want in [(0.2, 0.1, (1, 2)), (0.3, 0.1, (0, 0)), (0.3, 0.8, (0, 0)), (0.3, 0.9, (0, 2))]:
+    for u_accept, u_resample, want in [
+        (0.2, 0.1, (1, 2)),
+        (0.3, 0.1, (0, 0)),
+        (0.3, 0.8, (0, 0)),
+        (0.3, 0.9, (0, 2)),
+    ]:
         accepted, token = rejection_sample_triton(
             drafts, q, p, lens, torch.tensor([[u_accept]]), torch.tensor([u_resample])
         )
@@ -191,9 +196,9 @@ def test_rejection_kernel_hand_worked():
 
 
 def test_rejection_kernel_output_follows_the_target_law():
-    """Statistical losslessness of the kernel alone: 3,000 requests in one launch, γ = 2,
+    """Statistical losslessness of the kernel alone: 2,000 requests in one launch, γ = 2,
     verify length 1; the first emitted token must follow p_0 whatever q was."""
-    R, V = 3000, 5
+    R, V = 2000, 5
     g = torch.Generator().manual_seed(3)
     q = torch.tensor([0.5, 0.3, 0.1, 0.1, 0.0])
     p = torch.tensor([0.1, 0.2, 0.3, 0.0, 0.4])

@@ -18,6 +18,8 @@ def test_there_are_notebooks():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_executes(path):
+    if path.name == "08_kernels.ipynb":
+        pytest.importorskip("triton")  # the kernels walkthrough needs Triton (absent on macOS)
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(
         nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(WALKTHROUGH)}}

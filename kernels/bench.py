@@ -1,0 +1,220 @@
+"""`python -m kernels.bench`: each Triton kernel against its PyTorch reference on a CUDA GPU.
+
+For every hot path and a few batch sizes, at the shipped model's shapes
+(V = 4096, dim 256, rank 64, 8 query / 2 kv heads of 32, γ = 7, 256 tokens
+of context), it times the kernel and the reference on the same inputs
+(CUDA events, median over --repeats after warm-up) and checks they agree
+(same tokens / accepted counts / lengths, largest |Δ| of the floats).
+
+The reference column is what dspark runs without the kernel: PyTorch ops on
+the GPU for the samplers and the attention, and for the scheduler the host
+round trip (copy the confidences to the CPU, Algorithm 1 in Python, copy the
+lengths back) that the device kernel exists to avoid.
+
+Without a CUDA GPU it exits with a message. `--interpret` runs the same
+comparisons on the CPU under Triton's interpreter at tiny sizes: a smoke test
+of this script and of agreement, whose timings say nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+GPU_SIZES = [1, 16, 64]  # requests per batch
+INTERPRETER_SIZES = [1, 3]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m kernels.bench",
+        description="Time each Triton kernel (Markov sampler, rejection sampler, ragged verify attention, "
+        "prefix scheduler) against its PyTorch reference on a CUDA GPU, and check that they agree.",
+    )
+    parser.add_argument(
+        "--requests",
+        type=str,
+        default=None,
+        help="comma-separated batch sizes (default 1,16,64 on a GPU, 1,3 with --interpret)",
+    )
+    parser.add_argument("--gamma", type=int, default=7, help="draft block size γ (default 7)")
+    parser.add_argument("--repeats", type=int, default=50, help="timed calls per measurement (default 50)")
+    parser.add_argument("--json", type=str, default=None, help="also write the rows to this JSON file")
+    parser.add_argument(
+        "--interpret",
+        action="store_true",
+        help="run on the CPU under TRITON_INTERPRET=1 at tiny sizes (agreement only, not speed)",
+    )
+    return parser.parse_args(argv)  # fmt: skip
+
+
+def timed(fn: Callable[[], object], repeats: int, cuda: bool) -> float:
+    """Median milliseconds per call after two warm-up calls."""
+    for _ in range(2):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            samples.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
+
+
+def cases(R: int, gamma: int, small: bool, device: str):
+    """(name, kernel_fn, reference_fn, agreement_fn) for each hot path at batch R."""
+    from dspark.drafters.parallel import markov_block_reference
+    from dspark.kv_cache import KVCache
+    from dspark.model import RaggedIndex, ragged_attention_reference
+    from dspark.profiler import named_profile
+    from dspark.sampling import SamplingParams
+    from dspark.scheduler import prefix_schedule, prefix_survival
+    from dspark.verify import verify_reference
+    from kernels.markov_sampler import markov_block_sample_triton
+    from kernels.prefix_scheduler import prefix_schedule_triton
+    from kernels.ragged_attention import ragged_verify_attention
+    from kernels.rejection_sampler import rejection_sample_triton
+
+    V, D, r, H, Hkv, hd, ctx = (97, 16, 4, 4, 2, 8, 12) if small else (4096, 256, 64, 8, 2, 32, 256)
+    g = torch.Generator().manual_seed(R)
+
+    def rand(*shape):
+        return torch.rand(*shape, generator=g).to(device)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g).to(device)
+
+    # Markov-head block sampler
+    m_args = (randn(R, gamma, V) * 3, randn(R, gamma, D), torch.randint(V, (R,), generator=g).to(device),
+              randn(V, r), randn(V, r) * 0.1, randn(D + r), randn(1))  # fmt: skip
+    m_uniforms = rand(R, gamma)
+    yield (
+        "markov sampler",
+        lambda: markov_block_sample_triton(*m_args, 1.0, m_uniforms),
+        lambda: markov_block_reference(*m_args, SamplingParams(1.0), m_uniforms),
+        lambda k, ref: (
+            f"tokens {'equal' if torch.equal(k[0], ref[0]) else 'DIFFER'}, "
+            f"max |Δq| {max_diff(k[1], ref[1]):.1e}"
+        ),
+    )
+
+    # rejection sampler
+    draft_probs = torch.softmax(randn(R, gamma, V) * 2, -1)
+    target_probs = torch.softmax(randn(R, gamma + 1, V) * 2, -1)
+    drafts = torch.multinomial(draft_probs.reshape(-1, V), 1).reshape(R, gamma)
+    v_args = (drafts, draft_probs, target_probs, torch.arange(R, device=device) % (gamma + 1),
+              rand(R, gamma), rand(R))  # fmt: skip
+    yield (
+        "rejection sampler",
+        lambda: rejection_sample_triton(*v_args),
+        lambda: verify_reference(*v_args),
+        lambda k, ref: (
+            "accepted + next token "
+            + ("equal" if torch.equal(k[0], ref.accepted) and torch.equal(k[1], ref.next_token) else "DIFFER")
+        ),
+    )
+
+    # ragged verify attention: R requests, ctx tokens cached each, a block of γ + 1 to verify
+    cache = KVCache(1, R, Hkv, ctx + gamma + 1, hd, torch.float32, device)
+    cache.keys[0].copy_(randn(*cache.keys[0].shape))
+    cache.values[0].copy_(randn(*cache.values[0].shape))
+    cache.lengths[:] = ctx
+    slots = torch.arange(R, device=device)
+    rb = RaggedIndex(slots, torch.full((R,), gamma + 1, device=device), cache)
+    q = randn(R * (gamma + 1), H, hd)
+    a_args = (q, cache.keys[0], cache.values[0])
+    yield (
+        "ragged attention",
+        lambda: ragged_verify_attention(*a_args, rb.slots, rb.starts, rb.cu_seqlens, rb.slot_index),
+        lambda: ragged_attention_reference(*a_args, rb),
+        lambda k, ref: f"max |Δ| {max_diff(k, ref):.1e}",
+    )
+
+    # prefix scheduler: the device kernel vs the host round trip
+    profile = named_profile("h200")
+    conf = rand(R, gamma)
+    temps = 0.5 + rand(gamma)
+    table = profile.table(device)
+    yield (
+        "prefix scheduler",
+        lambda: prefix_schedule_triton(conf, temps, table),
+        lambda: prefix_schedule(prefix_survival(conf.cpu(), temps.cpu()), profile).to(device),
+        lambda k, ref: "lengths " + ("equal" if torch.equal(k.cpu(), ref.cpu()) else "DIFFER"),
+    )
+
+
+def fail(message: str, code: int) -> int:
+    print(f"kernels.bench: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.gamma < 1 or args.repeats < 1:
+        return fail("--gamma and --repeats must be >= 1", 2)
+    try:
+        sizes = [int(s) for s in args.requests.split(",")] if args.requests else []
+    except ValueError:
+        return fail(f"--requests must be comma-separated integers, got {args.requests!r}", 2)
+    if any(s < 1 for s in sizes):
+        return fail("every --requests value must be >= 1", 2)
+    if args.interpret:
+        os.environ["TRITON_INTERPRET"] = "1"  # before Triton and the kernel modules are imported
+    import kernels
+
+    if not kernels.available():
+        return fail(f"Triton is not usable here ({kernels.unavailable_reason()}); nothing to time.", 1)
+    cuda = torch.cuda.is_available() and not args.interpret
+    if not cuda and not args.interpret:
+        return fail(
+            "no CUDA GPU here (torch.cuda.is_available() is False). The kernels' speed can only be measured "
+            "on a GPU; on a CPU they run in Triton's interpreter, which checks correctness (python -m pytest "
+            "tests/test_kernel_*.py) but not speed. Add --interpret to run this script's agreement checks "
+            "on the CPU anyway.",
+            1,
+        )
+    sizes = sizes or (GPU_SIZES if cuda else INTERPRETER_SIZES)
+    device = "cuda" if cuda else "cpu"
+    repeats = args.repeats if cuda else 1
+    header = "interpreter on CPU: timings are NOT speed" if not cuda else torch.cuda.get_device_name()
+    print(f"# kernels vs references ({header}; γ = {args.gamma}, median of {repeats})\n")
+    print("| kernel | requests | reference ms | kernel ms | speed-up | agreement |")
+    print("|---|---:|---:|---:|---:|---|")
+    rows = []
+    with torch.no_grad():
+        for R in sizes:
+            for name, kernel_fn, reference_fn, agree in cases(R, args.gamma, not cuda, device):
+                agreement = agree(kernel_fn(), reference_fn())
+                ref_ms, kernel_ms = timed(reference_fn, repeats, cuda), timed(kernel_fn, repeats, cuda)
+                row = dict(kernel=name, requests=R, reference_ms=ref_ms, kernel_ms=kernel_ms,
+                           speedup=ref_ms / kernel_ms, agreement=agreement)  # fmt: skip
+                rows.append(row)
+                print(
+                    f"| {name} | {R} | {ref_ms:.3f} | {kernel_ms:.3f} | {ref_ms / kernel_ms:.2f}× | {agreement} |"
+                )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": header, "gamma": args.gamma, "rows": rows}, f, indent=1)
+    return 0 if all("DIFFER" not in row["agreement"] for row in rows) else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
