@@ -37,6 +37,8 @@ def available() -> bool:
     time whether it interprets (TRITON_INTERPRET=1): callers set that first."""
     global _status
     if _status is None:
+        # keep Triton 3.9's default (fused multiply-add on) explicitly, which also silences its warning
+        os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
         try:
             import triton  # noqa: F401
 

@@ -14,6 +14,9 @@ lengths back) that the device kernel exists to avoid.
 Without a CUDA GPU it exits with a message. `--interpret` runs the same
 comparisons on the CPU under Triton's interpreter at tiny sizes: a smoke test
 of this script and of agreement, whose timings say nothing about speed.
+`--compile-only` needs no GPU either: it compiles every kernel at the shipped
+shapes for a CUDA architecture (default sm_90, the H200) down to a cubin, which
+catches what the interpreter tolerates and the GPU compiler does not.
 """
 
 from __future__ import annotations
@@ -52,7 +55,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="run on the CPU under TRITON_INTERPRET=1 at tiny sizes (agreement only, not speed)",
     )
-    return parser.parse_args(argv)  # fmt: skip
+    parser.add_argument(
+        "--compile-only",
+        action="store_true",
+        help="no GPU needed: compile every kernel for --arch down to a cubin and report",
+    )
+    parser.add_argument(
+        "--arch", type=int, default=90, help="CUDA compute capability for --compile-only (90)"
+    )
+    return parser.parse_args(argv)
 
 
 def timed(fn: Callable[[], object], repeats: int, cuda: bool) -> float:
@@ -161,6 +172,70 @@ def cases(R: int, gamma: int, small: bool, device: str):
     )
 
 
+# ---- compile without a GPU ------------------------------------------------------------------------
+POINTER_TYPES = {  # argument name -> pointee type; every other *_ptr is fp32
+    "anchors_ptr": "i64", "tokens_ptr": "i64", "draft_tokens_ptr": "i64", "verify_lens_ptr": "i64",
+    "accepted_ptr": "i64", "next_token_ptr": "i64", "out_ptr": "fp32", "slots_ptr": "i64",
+    "starts_ptr": "i64", "cu_seqlens_ptr": "i64",
+}  # fmt: skip
+FLOAT_SCALARS = {"temperature", "sm_scale"}
+
+
+def compile_variants() -> list[tuple[str, object, dict]]:
+    """(label, kernel, constexprs) at the shipped model's shapes (V 4096, dim 256, r 64, hd 32, γ 7)."""
+    from kernels.markov_sampler import markov_block_kernel
+    from kernels.prefix_scheduler import _prefix_schedule_kernel
+    from kernels.ragged_attention import _ragged_attention_kernel
+    from kernels.rejection_sampler import rejection_kernel
+
+    attention = dict(GROUP=4, HEAD_DIM=32, BLOCK_N=64, BLOCK_D=32)
+    return [
+        ("markov sampler, T > 0", markov_block_kernel, dict(GREEDY=False, BLOCK_V=4096, BLOCK_D=256, BLOCK_R=64)),
+        ("markov sampler, greedy", markov_block_kernel, dict(GREEDY=True, BLOCK_V=4096, BLOCK_D=256, BLOCK_R=64)),
+        ("rejection sampler", rejection_kernel, dict(BLOCK_V=4096)),
+        ("ragged attention, tl.dot", _ragged_attention_kernel, dict(attention, BLOCK_M=16, USE_DOT=True)),
+        ("ragged attention, no dot", _ragged_attention_kernel, dict(attention, BLOCK_M=8, USE_DOT=False)),
+        *[
+            (f"prefix scheduler, mode {mode}, 64x8", _prefix_schedule_kernel,
+             dict(MODE=mode, USE_STS=True, BLOCK_R=64, BLOCK_G=8))
+            for mode in (0, 1, 2)
+        ],
+        ("prefix scheduler, 512x8", _prefix_schedule_kernel, dict(MODE=0, USE_STS=True, BLOCK_R=512, BLOCK_G=8)),
+    ]  # fmt: skip
+
+
+def compile_all(arch: int) -> list[dict]:
+    """Compile every variant for CUDA compute capability `arch`; one row per variant."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    rows = []
+    for label, kernel, constexprs in compile_variants():
+        signature = {}
+        for param in kernel.params:
+            name = param.name
+            if param.is_constexpr:
+                signature[name] = "constexpr"
+            elif name.endswith("_ptr"):
+                signature[name] = "*" + POINTER_TYPES.get(name, "fp32")
+            else:
+                signature[name] = "fp32" if name in FLOAT_SCALARS else "i32"
+        start = time.perf_counter()
+        try:
+            compiled = triton.compile(
+                ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                target=GPUTarget("cuda", arch, 32),
+            )
+            result = (
+                f"ok: {len(compiled.asm['cubin']) / 1024:.0f} KiB cubin, {compiled.metadata.shared} B shared"
+            )
+        except Exception as exc:  # report every kernel, then fail
+            result = f"FAILED: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        rows.append(dict(kernel=label, seconds=time.perf_counter() - start, result=result))
+    return rows
+
+
 def fail(message: str, code: int) -> int:
     print(f"kernels.bench: {message}", file=sys.stderr)
     return code
@@ -176,12 +251,27 @@ def main(argv: list[str] | None = None) -> int:
         return fail(f"--requests must be comma-separated integers, got {args.requests!r}", 2)
     if any(s < 1 for s in sizes):
         return fail("every --requests value must be >= 1", 2)
+    if args.interpret and args.compile_only:
+        return fail("--interpret and --compile-only exclude each other", 2)
     if args.interpret:
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton and the kernel modules are imported
+    if args.compile_only and os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return fail("--compile-only needs the real compiler: unset TRITON_INTERPRET", 2)
     import kernels
 
     if not kernels.available():
         return fail(f"Triton is not usable here ({kernels.unavailable_reason()}); nothing to time.", 1)
+    if args.compile_only:
+        print(f"# every kernel compiled for sm_{args.arch} (no GPU needed; nothing runs)\n")
+        print("| kernel variant | compile s | result |")
+        print("|---|---:|---|")
+        rows = compile_all(args.arch)
+        for row in rows:
+            print(f"| {row['kernel']} | {row['seconds']:.1f} | {row['result']} |")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"arch": args.arch, "rows": rows}, f, indent=1)
+        return 0 if all(row["result"].startswith("ok") for row in rows) else 3
     cuda = torch.cuda.is_available() and not args.interpret
     if not cuda and not args.interpret:
         return fail(
