@@ -17,6 +17,12 @@ fewer target passes. Tokens that came from accepted drafts are highlighted
 machine's measured SPS profile), `dspark-async`, `threshold`, `goodput`,
 `mtp1` or `none` (see dspark/scheduler.py). Any policy is lossless.
 
+`--kernels` picks who runs the four hot paths (Markov head, rejection
+sampler, verify attention, prefix scheduler): `auto` (Triton kernels for CUDA
+tensors; this command runs on the CPU, so the PyTorch references),
+`reference`, or `triton`: every hot path on its Triton kernel, here in
+Triton's CPU interpreter (slow; the text is the same, which is the point).
+
 `--json` prints ONE JSON object on stdout. For a single prompt its `text` is a
 string and `new_tokens` an integer; for several prompts (or the demo) both are
 lists with one entry per prompt, and `tokens_per_s` is the batch's total.
@@ -28,11 +34,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import torch
 
 from dspark import paths
+from dspark.backend import KERNEL_MODES, kernels_as
 from dspark.checkpoint import load_target
 from dspark.cli import UsageError, run_main
 from dspark.data import eval_prompts_by_domain
@@ -106,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--tokenizer", default=str(paths.TOKENIZER_PATH), help="tokenizer.json (default: shipped)"
     )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    parser.add_argument("--kernels", choices=KERNEL_MODES, default="auto",
+                        help="Triton kernels or PyTorch references for the hot paths; triton runs them in "
+                        "Triton's interpreter on a CPU (default: %(default)s)")  # fmt: skip
     return parser
 
 
@@ -118,6 +129,13 @@ def main(argv: list[str] | None = None) -> None:
         raise UsageError("a prompt is empty; give some text or no prompt at all for the demo")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.kernels == "triton":
+        if not torch.cuda.is_available():  # this command's tensors live on the CPU: interpret the kernels
+            os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported
+        import kernels
+
+        if not kernels.available():
+            raise UsageError(f"--kernels triton: Triton is not usable here ({kernels.unavailable_reason()})")
     tokenizer = Tokenizer.load(args.tokenizer)
     model, _ = load_target(args.checkpoint)
     if model.config.vocab_size != tokenizer.vocab_size:
@@ -142,11 +160,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.drafter != "none" and args.policy != "fixed":
         policy = make_policy(args.policy, threshold=args.threshold)
         verify_fn, observe_fn = policy_hooks(policy, drafter, cpu_profile(model))
-    if args.drafter == "none":
-        result = generate(model, prompts, args.max_new_tokens, params, generator, eos_id=tokenizer.eos_id)
-    else:
-        result = speculative_generate(model, drafter, prompts, args.max_new_tokens, params, gamma, generator,
-                                      tokenizer.eos_id, verify_fn, observe_fn)  # fmt: skip
+    with kernels_as(args.kernels):
+        if args.drafter == "none":
+            result = generate(model, prompts, args.max_new_tokens, params, generator, eos_id=tokenizer.eos_id)
+        else:
+            result = speculative_generate(model, drafter, prompts, args.max_new_tokens, params, gamma, generator,
+                                          tokenizer.eos_id, verify_fn, observe_fn)  # fmt: skip
     replies = [tokenizer.decode(t) for t in result.tokens]
     speculative = isinstance(result, SpeculativeResult)
 
@@ -161,6 +180,7 @@ def main(argv: list[str] | None = None) -> None:
             "drafter": args.drafter,
             "temperature": args.temperature,
             "seed": args.seed,
+            "kernels": args.kernels,
             "prefill_s": round(result.prefill_seconds, 4),
             "decode_s": round(result.decode_seconds, 4),
         }

@@ -327,3 +327,22 @@ def test_readme_command_on_the_shipped_model():
     bad = subprocess.run([sys.executable, "-m", "dspark.generate", "", "--json"],
                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)  # fmt: skip
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and bad.stdout == ""
+
+
+def test_generate_on_the_triton_kernels_gives_the_same_text(small_checkpoint, small_drafters, tmp_path, monkeypatch,
+                                                             capsys):  # fmt: skip
+    pytest.importorskip("triton")
+    monkeypatch.setenv("DSPARK_HOME", str(tmp_path))  # the measured SPS profile is cached there
+    argv = ["Hello there", "--max-new-tokens", "10", "--checkpoint", str(small_checkpoint), "--json", "--drafter",
+            "dspark", "--drafter-checkpoint", str(small_drafters["dspark"]), "--gamma", "3", "--policy", "dspark",
+            "--temperature", "1", "--seed", "3"]  # fmt: skip
+    texts = {}
+    for mode in ("reference", "triton"):
+        assert run_main(generate.main, [*argv, "--kernels", mode]) == 0
+        record = json.loads(capsys.readouterr().out)
+        assert record["kernels"] == mode
+        texts[mode] = record["text"]
+    assert texts["triton"] == texts["reference"]  # same uniforms, same tokens
+    from dspark.backend import kernel_mode
+
+    assert kernel_mode() == "auto"  # the CLI's choice does not leak
