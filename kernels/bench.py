@@ -123,7 +123,7 @@ def cases(R: int, gamma: int, small: bool, device: str):
         lambda: markov_block_reference(*m_args, SamplingParams(1.0), m_uniforms),
         lambda k, ref: (
             f"tokens {'equal' if torch.equal(k[0], ref[0]) else 'DIFFER'}, "
-            f"max |Δq| {max_diff(k[1], ref[1]):.1e}"
+            f"max abs Δq {max_diff(k[1], ref[1]):.1e}"
         ),
     )
 
@@ -156,7 +156,7 @@ def cases(R: int, gamma: int, small: bool, device: str):
         "ragged attention",
         lambda: ragged_verify_attention(*a_args, rb.slots, rb.starts, rb.cu_seqlens, rb.slot_index),
         lambda: ragged_attention_reference(*a_args, rb),
-        lambda k, ref: f"max |Δ| {max_diff(k, ref):.1e}",
+        lambda k, ref: f"max abs Δ {max_diff(k, ref):.1e}",
     )
 
     # prefix scheduler: the device kernel vs the host round trip

@@ -22,7 +22,9 @@ another order). Greedy ties go to the lowest token id, as in `torch.argmax`.
 What this kernel does not do: top-k/top-p (the dispatcher keeps those in
 PyTorch), the RNN head, or vocabularies above MAX_VOCAB (one program holds a
 whole vocabulary row in registers; a larger vocabulary would need a chunked
-two-pass softmax).
+two-pass softmax). It reads W2 one rank column at a time through its strides:
+with nn.Linear's (V, r) layout those loads are strided; a (r, V)-contiguous
+copy, `w2.t().contiguous().t()`, would make them coalesced (untuned: no GPU yet).
 """
 
 from __future__ import annotations

@@ -69,6 +69,16 @@ def test_markov_kernel_matches_reference(R, gamma, V, D, r, temperature, seed):
     assert_same_block(*run_both(markov_inputs(R, gamma, V, D, r, seed), temperature))
 
 
+def test_markov_kernel_reads_w2_through_its_strides():
+    inputs = markov_inputs(3, 4, 97, 8, 5, seed=2)
+    kernel, reference = run_both(inputs, 1.0)
+    transposed = markov_block_sample_triton(
+        **{**inputs, "w2": inputs["w2"].t().contiguous().t()}, temperature=1.0
+    )
+    assert_same_block(transposed, reference)
+    assert_same_block(kernel, reference)
+
+
 def test_markov_kernel_hand_worked_chain():
     # W2 W1[x] puts +10 on token x+1 (mod V): greedy drafts count up from the anchor;
     # w = 0, b = 0 make every confidence σ(0) = 1/2.
