@@ -130,8 +130,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.kernels == "triton":
-        if not torch.cuda.is_available():  # this command's tensors live on the CPU: interpret the kernels
-            os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported
+        os.environ.setdefault(
+            "TRITON_INTERPRET", "1"
+        )  # this command's tensors live on the CPU; before Triton
         import kernels
 
         if not kernels.available():

@@ -22,6 +22,10 @@ Sequential stage (paper section 3.1, eq. for p_k): left to right,
     s_k = σ(g) s_{k-1} + (1 - σ(g)) tanh(c);  B = tanh(o) W2;
   * rank r = 0: no sequential term -- the DFlash baseline, same code path.
 
+`markov_block_sample` runs the Markov stage of a whole block in one call: the
+PyTorch loop `markov_block_reference`, or on CUDA tensors the Triton kernel in
+kernels/markov_sampler.py (same tokens for the same uniforms).
+
 Confidence head: c_k = σ(wᵀ [h_k ; W1[x_{k-1}]]), an estimate of
 P(token k survives | tokens < k survived); the scheduler issue consumes it
 (`last_confidence` after each `propose`).
@@ -278,13 +282,13 @@ class ParallelDrafter(Drafter):
             raise RuntimeError("call reset(n_slots) before propose")
         self.append_context(slots, features, committed_lens)
         h, u = self.draft_block(slots, anchors, gamma)
+        # uniforms[:, k] draws draft k of every request; drawn position-major, the order a left-to-right
+        # loop would draw them, so every head consumes the generator alike (rank-0 DSpark == DFlash)
+        uniforms = torch.rand(gamma, slots.shape[0], generator=generator).T.contiguous()  # (R, γ)
         if self.config.rank == 0:  # DFlash: no dependence between positions, sample the block at once
             q = probabilities(u, params)  # (R, γ, V)
             self.last_confidence = torch.sigmoid(self.confidence(h)).squeeze(-1)  # (R, γ)
-            # uniforms in the order the left-to-right loop draws them: rank-0 DSpark == DFlash, token for token
-            uniforms = torch.rand(gamma, slots.shape[0], generator=generator).T
             return sample_from_probs(q, uniforms), q
-        uniforms = torch.rand(gamma, slots.shape[0], generator=generator).T.contiguous()  # (R, γ)
         if self.config.head == "markov":  # the whole block in one call (a Triton kernel on CUDA)
             tokens, probs, conf = markov_block_sample(u, h, anchors, *self.markov_weights(), params, uniforms)
             self.last_confidence = conf
