@@ -142,8 +142,9 @@ def ragged_attention(
         from kernels.ragged_attention import ragged_verify_attention
 
         return ragged_verify_attention(
-            q, layer_keys, layer_values, rb.slots, rb.starts, rb.cu_seqlens, rb.slot_index
-        )
+            q, layer_keys, layer_values, rb.slots, rb.starts, rb.cu_seqlens, rb.slot_index,
+            max_block_len=rb.block_max,  # already on the host: no sync per layer
+        )  # fmt: skip
     return ragged_attention_reference(q, layer_keys, layer_values, rb)
 
 

@@ -161,6 +161,7 @@ def ragged_verify_attention(
     *,
     block_n: int = 64,
     block_m: int = 16,
+    max_block_len: int | None = None,
 ) -> torch.Tensor:
     """Attention of flat ragged queries against their requests' cache slots.
 
@@ -171,6 +172,8 @@ def ragged_verify_attention(
     <= T_max and that the block's keys are in the cache. Returns out (N, H, hd)
     in q's dtype. `block_n` and `block_m` (powers of two) are the key and query
     tile lengths; when both are >= 16 the tiles are multiplied with tl.dot.
+    `max_block_len`, the longest block, sizes the grid; pass it when it is
+    known on the host (`RaggedIndex.block_max`), else it is read from cu_seqlens.
 
     The grid is per request (cu_seqlens says where each block is), so the
     kernel never reads `request_ids`; it stays in the signature (dspark.model
@@ -208,9 +211,8 @@ def ragged_verify_attention(
     out = torch.empty_like(q)  # (N, H, hd)
     if N == 0:
         return out
-    # The grid needs the longest block: one device→host sync per forward (the
-    # engine already knows this number; passing it in would save the sync).
-    max_block_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    if max_block_len is None:  # read from the device: one device→host sync
+        max_block_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
     grid = (S, H, triton.cdiv(max_block_len, block_m))
     _ragged_attention_kernel[grid](
         q, layer_keys, layer_values, out,
