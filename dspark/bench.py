@@ -32,13 +32,14 @@ from pathlib import Path
 
 import torch
 
-from dspark import paths, study
+from dspark import paths
 from dspark.checkpoint import load_target
 from dspark.cli import UsageError, run_main
-from dspark.data import EVAL_PER_DOMAIN, eval_prompts_by_domain
+from dspark.data.corpus import EVAL_PER_DOMAIN, eval_prompts_by_domain
+from dspark.data.tokenizer import Tokenizer
 from dspark.generation import generate
 from dspark.sampling import SamplingParams
-from dspark.tokenizer import Tokenizer
+from dspark.study import offline
 
 
 def parse_int_list(text: str) -> list[int]:
@@ -134,12 +135,12 @@ def bench_ar(args: argparse.Namespace) -> dict:
 
 def bench_offline(args: argparse.Namespace) -> dict:
     from dspark.drafters.registry import get_drafter
-    from dspark.speculative import acceptance_by_position, speculative_generate, tokens_per_round
+    from dspark.serving.speculative import acceptance_by_position, speculative_generate, tokens_per_round
 
     tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
     target, _ = load_target(args.checkpoint)
     drafters = {name: get_drafter(name, target) for name in args.drafters}
-    by_domain = study.prompts_by_domain(tokenizer, args.prompts_per_domain, 0, target.config.max_seq_len)
+    by_domain = offline.prompts_by_domain(tokenizer, args.prompts_per_domain, 0, target.config.max_seq_len)
     rows = []
     for temperature in args.temperatures:
         params = SamplingParams(temperature=temperature)
@@ -183,7 +184,7 @@ def bench_offline(args: argparse.Namespace) -> dict:
     def plot(out: Path) -> None:
         for temperature in args.temperatures:
             sub = [r for r in rows if r["temperature"] == temperature]
-            study.plot_position_acceptance(sub, out / f"position_acceptance_T{temperature:g}.png",
+            offline.plot_position_acceptance(sub, out / f"position_acceptance_T{temperature:g}.png",
                                            f"conditional acceptance by position, T = {temperature:g}")  # fmt: skip
 
     write_outputs(args, "table1", table, plot)
@@ -202,10 +203,10 @@ def offline_table(rows: list[dict]) -> str:
         line: list = [name]
         for t in temps:
             sub = {r["domain"]: r for r in rows if r["drafter"] == name and r["temperature"] == t}
-            line += [sub[d]["tau"] for d in domains] + [study.macro([sub[d]["tau"] for d in domains])]
+            line += [sub[d]["tau"] for d in domains] + [offline.macro([sub[d]["tau"] for d in domains])]
             line.append(", ".join(f"{sub[d]['speedup']:.2f}x" for d in domains))
         body.append(line)
-    return study.markdown_table(header, body)
+    return offline.markdown_table(header, body)
 
 
 def write_outputs(args: argparse.Namespace, stem: str, table: str, plot) -> None:
@@ -243,7 +244,7 @@ def bench_depth(args: argparse.Namespace) -> dict:
     tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
     target, _ = load_target(args.checkpoint)
     params = SamplingParams(temperature=args.temperature)
-    prompts = study.prompts_by_domain(tokenizer, args.prompts_per_domain, 0, target.config.max_seq_len)
+    prompts = offline.prompts_by_domain(tokenizer, args.prompts_per_domain, 0, target.config.max_seq_len)
     rows = []
     for kind in args.kinds:
         for layers in args.layers:
@@ -253,17 +254,17 @@ def bench_depth(args: argparse.Namespace) -> dict:
                                  f"--layers {layers} --steps 800 --out {path}`")  # fmt: skip
             drafter = load_drafter(path, target)
             for domain, ps in prompts.items():
-                rounds = study.measure_tau(target, drafter, ps, params, args.gamma, args.max_new_tokens,
+                rounds = offline.measure_tau(target, drafter, ps, params, args.gamma, args.max_new_tokens,
                                            tokenizer.eos_id)  # fmt: skip
                 rows.append({"kind": kind, "layers": layers, "domain": domain, "tau": rounds.tau})
             tau = [r["tau"] for r in rows[-len(prompts) :]]
-            rows.append({"kind": kind, "layers": layers, "domain": "macro", "tau": study.macro(tau)})
+            rows.append({"kind": kind, "layers": layers, "domain": "macro", "tau": offline.macro(tau)})
     domains = [*prompts, "macro"]
     body = [[k, n, *(next(r["tau"] for r in rows if (r["kind"], r["layers"], r["domain"]) == (k, n, d))
                      for d in domains)] for k in args.kinds for n in args.layers]  # fmt: skip
-    table = study.markdown_table(["drafter", "layers", *domains], body)
+    table = offline.markdown_table(["drafter", "layers", *domains], body)
     print(f"drafter depth, gamma = {args.gamma}, T = {args.temperature:g}, tau\n\n" + table)
-    write_outputs(args, "depth", table, lambda out: study.plot_depth(rows, out / "depth.png"))
+    write_outputs(args, "depth", table, lambda out: offline.plot_depth(rows, out / "depth.png"))
     return {"benchmark": "depth", "gamma": args.gamma, "temperature": args.temperature, "results": rows}
 
 
@@ -271,7 +272,7 @@ def bench_gamma(args: argparse.Namespace) -> dict:
     tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
     target, _ = load_target(args.checkpoint)
     params = SamplingParams(temperature=args.temperature)
-    prompts = study.prompts_by_domain(tokenizer, args.prompts_per_domain, 0, target.config.max_seq_len)
+    prompts = offline.prompts_by_domain(tokenizer, args.prompts_per_domain, 0, target.config.max_seq_len)
     drafters = load_study_drafters(target, args.drafters)
     tau_rows, latency_rows = [], []
     for label, drafter in drafters.items():
@@ -283,12 +284,12 @@ def bench_gamma(args: argparse.Namespace) -> dict:
             raise UsageError(f"drafter {label} drafts at most {drafter.max_gamma} tokens; lower --gammas")
         for domain, ps in prompts.items():
             for gamma in args.gammas:  # the drafter proposes its full block; only the first γ are verified
-                rounds = study.measure_tau(target, drafter, ps, params, drafter.max_gamma, args.max_new_tokens,
+                rounds = offline.measure_tau(target, drafter, ps, params, drafter.max_gamma, args.max_new_tokens,
                                            tokenizer.eos_id, verify_len=gamma)  # fmt: skip
                 tau_rows.append({"kind": label, "domain": domain, "gamma": gamma, "tau": rounds.tau})
         batch = [p for ps in prompts.values() for p in ps][: args.latency_batch]
         for gamma in args.gammas:
-            row = study.round_latency(target, drafter, batch, gamma, params, args.repeats)
+            row = offline.round_latency(target, drafter, batch, gamma, params, args.repeats)
             latency_rows.append({"kind": label, **row})
     domains = list(prompts)
     header = ["drafter", "γ", *domains, "macro", f"round ms (batch {args.latency_batch})", "draft ms"]
@@ -298,11 +299,11 @@ def bench_gamma(args: argparse.Namespace) -> dict:
             tau = [next(r["tau"] for r in tau_rows if (r["kind"], r["domain"], r["gamma"]) == (label, d, gamma))
                    for d in domains]  # fmt: skip
             lat = next(r for r in latency_rows if (r["kind"], r["gamma"]) == (label, gamma))
-            body.append([label, gamma, *tau, study.macro(tau), lat["round_ms"], lat["draft_ms"]])
-    table = study.markdown_table(header, body)
+            body.append([label, gamma, *tau, offline.macro(tau), lat["round_ms"], lat["draft_ms"]])
+    table = offline.markdown_table(header, body)
     print(f"proposal length, T = {args.temperature:g}: tau and per-round latency\n\n" + table)
     write_outputs(
-        args, "gamma", table, lambda out: study.plot_gamma(tau_rows, latency_rows, out / "gamma.png")
+        args, "gamma", table, lambda out: offline.plot_gamma(tau_rows, latency_rows, out / "gamma.png")
     )
     return {"benchmark": "gamma", "temperature": args.temperature, "tau": tau_rows, "latency": latency_rows}
 
@@ -314,25 +315,27 @@ def bench_threshold(args: argparse.Namespace) -> dict:
     ((label, drafter),) = load_study_drafters(target, [args.drafter]).items()
     gamma = min(args.gamma, drafter.max_gamma)
     rows = []
-    for domain, ps in study.prompts_by_domain(
+    for domain, ps in offline.prompts_by_domain(
         tokenizer, args.prompts_per_domain, 0, target.config.max_seq_len
     ).items():
-        rounds = study.measure_tau(target, drafter, ps, params, gamma, args.max_new_tokens, tokenizer.eos_id)
-        for row in study.threshold_sweep(rounds, args.thresholds):
+        rounds = offline.measure_tau(
+            target, drafter, ps, params, gamma, args.max_new_tokens, tokenizer.eos_id
+        )
+        for row in offline.threshold_sweep(rounds, args.thresholds):
             rows.append({"domain": domain, **row})
     body = [[r["domain"], r["threshold"], r["accepted_per_step"], r["rejected_per_step"],
              None if r["acceptance_rate"] is None else f"{100 * r['acceptance_rate']:.1f}%"] for r in rows]  # fmt: skip
-    table = study.markdown_table(
+    table = offline.markdown_table(
         ["domain", "θ", "accepted drafts / step", "rejected drafts / step", "acceptance rate"], body
     )
     print(f"static survival-threshold sweep, {label}, gamma = {gamma}, T = {args.temperature:g}\n\n" + table)
-    write_outputs(args, "threshold", table, lambda out: study.plot_threshold(rows, out / "threshold.png"))
+    write_outputs(args, "threshold", table, lambda out: offline.plot_threshold(rows, out / "threshold.png"))
     return {"benchmark": "threshold", "drafter": label, "gamma": gamma, "results": rows}
 
 
 def bench_calibration(args: argparse.Namespace) -> dict:
-    from dspark import calibration
     from dspark.drafters.registry import default_path, get_drafter
+    from dspark.scheduling import calibration
 
     tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
     target, _ = load_target(args.checkpoint)
@@ -348,19 +351,21 @@ def bench_calibration(args: argparse.Namespace) -> dict:
         )
     params = SamplingParams(args.temperature)
     gamma = min(args.gamma, drafter.max_gamma)
-    rounds = study.Rounds()
-    for prompts in study.prompts_by_domain(
+    rounds = offline.Rounds()
+    for prompts in offline.prompts_by_domain(
         tokenizer, args.prompts_per_domain, 0, target.config.max_seq_len
     ).values():
         rounds.extend(
-            study.measure_tau(target, drafter, prompts, params, gamma, args.max_new_tokens, tokenizer.eos_id)
+            offline.measure_tau(
+                target, drafter, prompts, params, gamma, args.max_new_tokens, tokenizer.eos_id
+            )
         )
     conf, events, mask = calibration.round_arrays(rounds)
     rows = calibration.position_metrics(conf, events, mask, drafter.sts_temperatures)
     body = [[r["k"], r["rounds"], r["survival_rate"], f"{100 * r['ece_before']:.1f}%", f"{100 * r['ece_after']:.1f}%",
              f"{100 * r['ece_noise_floor']:.1f}%", None if r["auroc"] is None else f"{r['auroc']:.3f}",
              f"{r['brier']:.3f}"] for r in rows]  # fmt: skip
-    table = study.markdown_table(["k", "rounds", "observed survival", "ECE before", "ECE after STS",
+    table = offline.markdown_table(["k", "rounds", "observed survival", "ECE before", "ECE after STS",
                                   "ECE noise floor", "AUROC", "Brier"], body)  # fmt: skip
     print(f"calibration of {args.drafter} on held-out rounds (eval prompts 0..{args.prompts_per_domain - 1} per "
           f"domain, T = {args.temperature:g}, gamma = {gamma}), STS temperatures "
@@ -375,7 +380,7 @@ def bench_calibration(args: argparse.Namespace) -> dict:
 
 
 def bench_appendix_a(args: argparse.Namespace) -> dict:
-    from dspark.counterexample import counterexample
+    from dspark.study.counterexample import counterexample
 
     if args.draws < 3:
         raise UsageError("--draws must be at least 3")
@@ -390,7 +395,7 @@ def bench_appendix_a(args: argparse.Namespace) -> dict:
 
 
 def bench_profile(args: argparse.Namespace) -> dict:
-    from dspark import profiler
+    from dspark.scheduling import profiler
 
     target, _ = load_target(args.checkpoint)
     cpu = profiler.cpu_profile(target, refresh=args.refresh)
@@ -411,12 +416,12 @@ def bench_profile(args: argparse.Namespace) -> dict:
 
 
 def report_points(points: list[dict], args: argparse.Namespace, title: str, stem: str) -> None:
-    from dspark import pareto
+    from dspark.study import pareto
 
     header = ["policy", "drafter", "C", "throughput tok/s", "tok/s per user", "TPOT ms", "mean ℓ", "τ"]
     body = [[p["policy"], p["drafter"], p["concurrency"], p["throughput"], p["tps_per_user"], p["tpot_ms"],
              p["mean_verify_len"], p["tau"]] for p in points]  # fmt: skip
-    table = study.markdown_table(header, body)
+    table = offline.markdown_table(header, body)
     matched = ""
     for policy in dict.fromkeys(p["policy"] for p in points):
         if policy in ("mtp1", "none") or "mtp1" not in args.policies:
@@ -438,7 +443,8 @@ def report_points(points: list[dict], args: argparse.Namespace, title: str, stem
 
 
 def bench_serve(args: argparse.Namespace) -> dict:
-    from dspark import pareto, profiler
+    from dspark.scheduling import profiler
+    from dspark.study import pareto
 
     tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
     target, _ = load_target(args.checkpoint)
@@ -454,7 +460,8 @@ def bench_serve(args: argparse.Namespace) -> dict:
 
 
 def bench_simulate(args: argparse.Namespace) -> dict:
-    from dspark import pareto, profiler
+    from dspark.scheduling import profiler
+    from dspark.study import pareto
 
     tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
     target, _ = load_target(args.checkpoint)
@@ -614,8 +621,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     p.set_defaults(func=bench_profile)
 
-    from dspark.profiler import PROFILE_NAMES
-    from dspark.scheduler import POLICY_NAMES
+    from dspark.scheduling.profiler import PROFILE_NAMES
+    from dspark.scheduling.scheduler import POLICY_NAMES
 
     def policy_list(text: str) -> list[str]:
         names = parse_name_list(text)

@@ -15,7 +15,7 @@ fewer target passes. Tokens that came from accepted drafts are highlighted
 `--policy` decides how many of the γ drafts each round verifies: `fixed` (all),
 `dspark` (Algorithm 1 on the drafter's calibrated confidences and this
 machine's measured SPS profile), `dspark-async`, `threshold`, `goodput`,
-`mtp1` or `none` (see dspark/scheduler.py). Any policy is lossless.
+`mtp1` or `none` (see dspark/scheduling/scheduler.py). Any policy is lossless.
 
 `--kernels` picks who runs the four hot paths (Markov head, rejection
 sampler, verify attention, prefix scheduler): `auto` (Triton kernels for CUDA
@@ -43,14 +43,14 @@ from dspark import paths
 from dspark.backend import KERNEL_MODES, kernels_as
 from dspark.checkpoint import load_target
 from dspark.cli import UsageError, run_main
-from dspark.data import eval_prompts_by_domain
+from dspark.data.corpus import eval_prompts_by_domain
+from dspark.data.tokenizer import Tokenizer
 from dspark.drafters.registry import DRAFTER_NAMES, get_drafter
 from dspark.generation import check_prompts, generate
-from dspark.profiler import cpu_profile
 from dspark.sampling import SamplingParams
-from dspark.scheduler import POLICY_NAMES, make_policy, policy_hooks
-from dspark.speculative import SpeculativeResult, speculative_generate
-from dspark.tokenizer import Tokenizer
+from dspark.scheduling.profiler import cpu_profile
+from dspark.scheduling.scheduler import POLICY_NAMES, make_policy, policy_hooks
+from dspark.serving.speculative import SpeculativeResult, speculative_generate
 
 
 def _style(text: str, sgr: int) -> str:

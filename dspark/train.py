@@ -25,7 +25,7 @@ from dspark import paths
 from dspark.checkpoint import save_checkpoint
 from dspark.cli import UsageError, run_main
 from dspark.config import ModelConfig
-from dspark.data import (
+from dspark.data.corpus import (
     DOMAINS,
     MATH_PROBLEMS,
     build_samples,
@@ -34,8 +34,8 @@ from dspark.data import (
     eval_prompts,
     write_jsonl,
 )
-from dspark.target_training import TrainConfig, train_target
-from dspark.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer
+from dspark.data.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer
+from dspark.training.target import TrainConfig, train_target
 
 
 def cmd_data(args: argparse.Namespace) -> None:
@@ -130,7 +130,7 @@ def cmd_target(args: argparse.Namespace) -> None:
 
 def cmd_responses(args: argparse.Namespace) -> None:
     from dspark.checkpoint import load_target
-    from dspark.responses import regenerate
+    from dspark.training.responses import regenerate
 
     corpus = Path(args.data) / "corpus.jsonl"
     if not corpus.is_file():
@@ -155,12 +155,12 @@ def cmd_responses(args: argparse.Namespace) -> None:
 
 def cmd_drafter(args: argparse.Namespace) -> None:
     from dspark.checkpoint import load_target
-    from dspark.drafter_training import DrafterTrainConfig, train_drafter
     from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
     from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
     from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
     from dspark.drafters.registry import default_path
-    from dspark.responses import load_responses
+    from dspark.training.drafters import DrafterTrainConfig, train_drafter
+    from dspark.training.responses import load_responses
 
     torch.set_num_threads(args.threads)
     target, target_meta = load_target(args.checkpoint)
@@ -194,11 +194,12 @@ def cmd_drafter(args: argparse.Namespace) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
-    from dspark import calibration, study
     from dspark.checkpoint import load_target
+    from dspark.data.tokenizer import Tokenizer
     from dspark.drafters.registry import default_path, get_drafter
     from dspark.sampling import SamplingParams
-    from dspark.tokenizer import Tokenizer
+    from dspark.scheduling import calibration
+    from dspark.study import offline
 
     torch.set_num_threads(args.threads)
     tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
@@ -212,11 +213,11 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     gamma = min(args.gamma, drafter.max_gamma)
     params = SamplingParams(args.temperature)
     first, last = calibration.FIT_PROMPTS
-    rounds = study.Rounds()
-    for domain, prompts in study.prompts_by_domain(
+    rounds = offline.Rounds()
+    for domain, prompts in offline.prompts_by_domain(
         tokenizer, last - first, first, target.config.max_seq_len
     ).items():
-        rounds.extend(study.measure_tau(target, drafter, prompts, params, gamma, args.max_new_tokens,
+        rounds.extend(offline.measure_tau(target, drafter, prompts, params, gamma, args.max_new_tokens,
                                         tokenizer.eos_id))  # fmt: skip
         print(f"{domain}: {sum(map(len, rounds.accepted))} rounds recorded so far")
     conf, events, mask = calibration.round_arrays(rounds)

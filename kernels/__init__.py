@@ -5,7 +5,6 @@
   ragged_attention.py   variable-length verify attention against the KV cache (paper §5.3)
   prefix_scheduler.py   survivals → Algorithm 1 → verify lengths, on the device (paper §3.2.2)
   inverse_cdf.py        the token-drawing device function the two samplers share
-  bench.py              `python -m kernels.bench`: kernel vs reference timings on a CUDA GPU
 
 Every kernel file reads top to bottom: what it computes → which function in
 `dspark/` is its reference → the kernel with each argument explained → a

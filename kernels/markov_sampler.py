@@ -14,8 +14,7 @@ The steps depend on each other only through x_{k-1}, a single integer, so a
 program keeps it in a register and runs the γ steps back to back: one launch
 for the batch instead of γ × (lookup, matmul, softmax, sample) PyTorch calls.
 
-Reference: `dspark.drafters.parallel.markov_block_reference` (imported below
-as `reference`). Given the same uniforms the tokens are the same; the
+Reference: `dspark.drafters.parallel.markov_block_reference`. Given the same uniforms the tokens are the same; the
 probabilities and confidences agree to float32 round-off (sums are added in
 another order). Greedy ties go to the lowest token id, as in `torch.argmax`.
 
@@ -33,7 +32,6 @@ import torch
 import triton
 import triton.language as tl
 
-from dspark.drafters.parallel import markov_block_reference as reference  # noqa: F401
 from kernels.inverse_cdf import draw_token
 
 MAX_VOCAB = 16384  # largest vocabulary one program handles (a whole row lives in registers)

@@ -18,8 +18,8 @@ produced on the device with no host round-trip in between (the host version
 walks the path in a Python loop).
 
 The reference is `prefix_schedule(prefix_survival(confidences, temperatures), ...)`
-in `dspark/scheduler.py`, which this file imports for the comparison and never
-re-implements. The kernel's arithmetic is fp32 while the reference works in
+in `dspark/scheduling/scheduler.py`; the tests compare the two (this file imports nothing of
+dspark: kernels/ is a leaf). The kernel's arithmetic is fp32 while the reference works in
 float64, so they agree exactly except at near-ties: two survivals, or two
 consecutive Θ, closer than fp32 can resolve may compare differently (for
 instance a calibrated sure draft, σ(logit(1 - 1e-12) / T), is exactly 1 in
@@ -27,7 +27,7 @@ fp32 for T <= ~1.6, and a 1e-12 gain does not change an fp32 τ).
 
 What it does not do: the asynchronous variant's two-rounds-old budget search
 (`AsyncPrefixPolicy` computes K; this kernel then only applies it), and tiles
-larger than MAX_TILE elements (`dspark.scheduler.scheduled_lengths` falls back
+larger than MAX_TILE elements (`dspark.scheduling.scheduler.scheduled_lengths` falls back
 to the reference there).
 """
 
@@ -36,8 +36,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from dspark.scheduler import prefix_schedule, prefix_survival  # noqa: F401  (the reference, tested against)
 
 MAX_TILE = 4096  # next_pow2(R) · next_pow2(γ): everything is sorted inside one program
 MODE_EARLY_STOP, MODE_RETROSPECTIVE, MODE_BUDGET = 0, 1, 2
@@ -158,7 +156,7 @@ def prefix_schedule_triton(
     if not fits(R, gamma):
         raise ValueError(
             f"R = {R}, γ = {gamma} exceed the one-tile kernel (next_pow2(R)·next_pow2(γ) <= {MAX_TILE}); "
-            "use dspark.scheduler.prefix_schedule"
+            "use dspark.scheduling.scheduler.prefix_schedule"
         )
     if budget is not None:
         mode = MODE_BUDGET

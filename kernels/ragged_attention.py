@@ -14,8 +14,7 @@ with slot = slots[r] and K, V the kv head h // (H // Hkv) (grouped-query
 attention, as `enable_gqa` in SDPA): everything in the cache before the block,
 plus the block causally up to the token itself.
 
-The reference is `dspark.model.ragged_attention_reference` (imported below as
-`reference`): it pads every block to the longest one and runs SDPA with a
+The reference is `dspark.model.ragged_attention_reference`: it pads every block to the longest one and runs SDPA with a
 mask. This kernel needs no padding of q and no mask tensor. It uses the
 FlashAttention "varlen" layout: one program per (request, query head, query
 tile). Program (r, h, m) takes the queries m·BLOCK_M .. m·BLOCK_M + BLOCK_M - 1
@@ -41,8 +40,6 @@ import math
 import torch
 import triton
 import triton.language as tl
-
-from dspark.model import ragged_attention_reference as reference  # noqa: F401  (the ground truth)
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INDEX_DTYPES = (torch.int32, torch.int64)

@@ -12,7 +12,7 @@ the first ℓ_r drafts (0 <= ℓ_r <= γ, a different ℓ per request). Then:
 and the request emits its a accepted drafts plus `next`. The output
 distribution is exactly the target's, whatever ℓ_r was.
 
-Reference: `dspark.verify.verify_reference` (imported below as `reference`).
+Reference: `dspark.verify.verify_reference`.
 With the same uniforms the accepted counts are identical (the test reads the
 same two floats and compares them the same way) and the residual/bonus token
 is identical unless a uniform lands within float round-off of a CDF boundary.
@@ -27,7 +27,6 @@ import torch
 import triton
 import triton.language as tl
 
-from dspark.verify import verify_reference as reference  # noqa: F401
 from kernels.inverse_cdf import draw_token
 
 MAX_VOCAB = 16384  # largest vocabulary one program handles (a whole row lives in registers)

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from dspark import calibration, profiler
-from dspark.calibration import auroc, ece, fit_sts, position_metrics, round_arrays
-from dspark.profiler import RooflineConfig, default_buckets, measure_sps, roofline_profile
-from dspark.study import Rounds
+from dspark.scheduling import calibration, profiler
+from dspark.scheduling.calibration import auroc, ece, fit_sts, position_metrics, round_arrays
+from dspark.scheduling.profiler import RooflineConfig, default_buckets, measure_sps, roofline_profile
+from dspark.study.offline import Rounds
 
 
 def test_ece_hand_worked():

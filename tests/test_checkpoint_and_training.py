@@ -11,9 +11,9 @@ import torch
 from conftest import TINY
 
 from dspark.checkpoint import CheckpointError, load_target, save_checkpoint
-from dspark.data import DOMAINS
+from dspark.data.corpus import DOMAINS
 from dspark.model import Transformer
-from dspark.target_training import TrainConfig, domain_counts, lr_at, train_target
+from dspark.training.target import TrainConfig, domain_counts, lr_at, train_target
 
 
 def test_fp16_round_trip_keeps_ties(tmp_path, tiny_model):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark.drafter_training import DrafterTrainConfig, train_drafter, unrolled_log_probs
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.registry import load_drafter
+from dspark.training.drafters import DrafterTrainConfig, train_drafter, unrolled_log_probs
 
 
 @pytest.mark.parametrize("kind, unroll, layers", [("mtp", 1, 1), ("eagle", 4, 1), ("eagle", 3, 2)])

@@ -9,10 +9,10 @@ from test_parallel_drafter import make
 from test_speculative import GREEDY, prompts
 
 from dspark.drafters.base import NoDrafter
-from dspark.engine import Engine, Request
 from dspark.generation import generate
 from dspark.sampling import SamplingParams
-from dspark.scheduler import POLICY_NAMES, ThroughputProfile, make_policy, policy_hooks
+from dspark.scheduling.scheduler import POLICY_NAMES, ThroughputProfile, make_policy, policy_hooks
+from dspark.serving.engine import Engine, Request
 
 PROFILE = ThroughputProfile([1 / (1.0 + 0.05 * B) for B in range(1, 257)])
 LENGTHS = [3, 17, 1, 9, 45, 60, 5, 30, 12, 2]  # 45 and 60 hit the 64-token context

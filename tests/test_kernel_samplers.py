@@ -21,7 +21,7 @@ from test_speculative import GREEDY, prompts  # noqa: E402
 from dspark.backend import kernels_as  # noqa: E402
 from dspark.drafters.parallel import markov_block_reference  # noqa: E402
 from dspark.sampling import SamplingParams  # noqa: E402
-from dspark.speculative import speculative_generate  # noqa: E402
+from dspark.serving.speculative import speculative_generate  # noqa: E402
 from dspark.verify import verify, verify_reference  # noqa: E402
 from kernels.markov_sampler import markov_block_sample_triton  # noqa: E402
 from kernels.rejection_sampler import rejection_sample_triton  # noqa: E402

@@ -14,9 +14,9 @@ from test_speculative import GREEDY, MICRO, MICRO_LENGTH, MICRO_PROMPT, RAGGED, 
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from dspark.generation import generate
-from dspark.parallel_training import block_losses, block_visibility, packed_blocks
 from dspark.sampling import SamplingParams
-from dspark.speculative import speculative_generate
+from dspark.serving.speculative import speculative_generate
+from dspark.training.packed_blocks import block_losses, block_visibility, packed_blocks
 
 
 def make(target, kind, gamma=4, rank=8, seed=0):

@@ -11,9 +11,8 @@ from stats_helpers import assert_matches
 from test_parallel_drafter import make
 from test_speculative import MICRO, MICRO_LENGTH, MICRO_PROMPT, micro_target_and_law
 
-from dspark.counterexample import counterexample
 from dspark.sampling import SamplingParams
-from dspark.scheduler import (
+from dspark.scheduling.scheduler import (
     POLICY_NAMES,
     AsyncPrefixPolicy,
     GoodputPolicy,
@@ -25,7 +24,8 @@ from dspark.scheduler import (
     prefix_schedule,
     prefix_survival,
 )
-from dspark.speculative import speculative_generate
+from dspark.serving.speculative import speculative_generate
+from dspark.study.counterexample import counterexample
 
 
 def linear_profile(fixed: float, per_token: float, max_tokens: int = 64) -> ThroughputProfile:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dspark.pareto import at_matched_throughput
-from dspark.scheduler import ThroughputProfile, make_policy
-from dspark.simulator import RequestTrace, simulate, traces_from_records
+from dspark.scheduling.scheduler import ThroughputProfile, make_policy
+from dspark.study.pareto import at_matched_throughput
+from dspark.study.simulator import RequestTrace, simulate, traces_from_records
 
 FLAT = ThroughputProfile([1.0] * 64)  # one step per second whatever the batch
 

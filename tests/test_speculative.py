@@ -16,7 +16,7 @@ from dspark.drafters.base import Drafter, NoDrafter
 from dspark.generation import generate
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams, probabilities
-from dspark.speculative import speculative_generate
+from dspark.serving.speculative import speculative_generate
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -218,7 +218,7 @@ def test_sampled_output_follows_the_target_exactly(kind, gamma):
 def test_shipped_drafters_are_greedy_identical(name, gamma, tokenizer):
     from dspark import paths
     from dspark.checkpoint import load_target
-    from dspark.data import load_eval_prompts
+    from dspark.data.corpus import load_eval_prompts
     from dspark.drafters.registry import default_path, get_drafter
 
     if not (paths.TARGET_CHECKPOINT.is_file() and default_path(name).is_file()):

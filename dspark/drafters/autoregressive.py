@@ -19,7 +19,7 @@ Per request the drafter caches one entry per committed position. Entries built
 from its own drafts are rolled back at the next call, so only entries made
 from real target features survive.
 
-What this file does not do: training (dspark/drafter_training.py, later) or
+What this file does not do: training (dspark/training/drafters.py, later) or
 verification.
 """
 

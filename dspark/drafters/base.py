@@ -49,7 +49,7 @@ class Drafter(nn.Module):
     max_gamma = 0  # longest block this drafter can propose
     # (R, γ) confidences of the latest propose, if the drafter has a confidence head
     last_confidence: torch.Tensor | None = None
-    # (γ,) STS temperatures calibrating those confidences (dspark/calibration.py)
+    # (γ,) STS temperatures calibrating those confidences (dspark/scheduling/calibration.py)
     sts_temperatures: torch.Tensor | None = None
 
     def reset(self, n_slots: int) -> None:

@@ -30,7 +30,7 @@ Confidence head: c_k = σ(wᵀ [h_k ; W1[x_{k-1}]]), an estimate of
 P(token k survives | tokens < k survived); the scheduler issue consumes it
 (`last_confidence` after each `propose`).
 
-What this file does not do: training (dspark/parallel_training.py) or calibration.
+What this file does not do: training (dspark/training/packed_blocks.py) or calibration.
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark.backend import use_kernel
+from dspark.data.tokenizer import MASK, SPECIAL_TOKENS
 from dspark.drafters.base import Drafter, TargetFeatures
 from dspark.kv_cache import KVCache
 from dspark.model import Block, RaggedIndex, RMSNorm, Transformer, apply_rope, rope_table
 from dspark.sampling import SamplingParams, probabilities, sample_from_probs
-from dspark.tokenizer import MASK, SPECIAL_TOKENS
 
 KINDS = {"dflash": "none", "dspark": "markov", "dspark-rnn": "rnn"}  # kind -> sequential head
 

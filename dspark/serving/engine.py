@@ -10,7 +10,7 @@ active, each in its own KV-cache slot; every step it
      target pass whose last logits give each request its first token;
   2. lets the drafter propose γ tokens after every active request's anchor
      (it first appends the context that was committed since its last call);
-  3. asks the verify-length function (a scheduler policy, dspark/scheduler.py)
+  3. asks the verify-length function (a scheduler policy, dspark/scheduling/scheduler.py)
      for ℓ_r per request, capped by the context left;
   4. runs ONE ragged target pass over every request's anchor + ℓ_r drafts --
      flattened tokens with request ids, no padding -- and `verify`s them;
@@ -21,7 +21,7 @@ active, each in its own KV-cache slot; every step it
 With a `NoDrafter` (γ = 0) it is plain continuous-batching decoding. Per
 request it records the time to first token, the end-to-end time and every
 round's verify length, accepted count and confidences; the result has the
-global throughput. `speculative_generate` (dspark/speculative.py) is this
+global throughput. `speculative_generate` (dspark/serving/speculative.py) is this
 engine with every prompt admitted at once.
 
 What this file does not do: choose verify lengths (policies) or simulate a GPU

@@ -32,12 +32,12 @@ from pathlib import Path
 
 import torch
 
-from dspark.data import eval_prompts_by_domain
+from dspark.data.corpus import eval_prompts_by_domain
+from dspark.data.tokenizer import Tokenizer
 from dspark.drafters.base import Drafter, TargetFeatures
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams, probabilities, sample
-from dspark.speculative import acceptance_by_position, speculative_generate, tokens_per_round
-from dspark.tokenizer import Tokenizer
+from dspark.serving.speculative import acceptance_by_position, speculative_generate, tokens_per_round
 
 
 def prompts_by_domain(

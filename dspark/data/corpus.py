@@ -7,7 +7,7 @@ downloading anything:
     (test packages skipped), files in sorted order, bodies de-duplicated. The
     prompt is the signature plus docstring, the response is the body.
   * math: seeded grade-school word problems with step-by-step solutions
-    (`dspark.math_problems`).
+    (`dspark.data.math_problems`).
   * chat: English prose from the standard library's docstrings and pydoc's
     topic texts, shaped into user questions and assistant answers.
 
@@ -37,9 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dspark.math_problems import generate_problems
+from dspark.data.math_problems import generate_problems
+from dspark.data.tokenizer import Tokenizer
 from dspark.paths import EVAL_PROMPTS_PATH
-from dspark.tokenizer import Tokenizer
 
 DOMAINS = ("code", "math", "chat")
 MATH_PROBLEMS = 15000  # generated math problems in the default corpus

@@ -14,7 +14,7 @@ carries B batch tokens (DESIGN section 5). The scheduler only ever looks it up.
     larger of the two plus a fixed launch overhead, optionally padded up to
     CUDA-graph bucket sizes, which makes SPS a jagged staircase.
 
-What this file does not do: choose verify lengths (dspark/scheduler.py).
+What this file does not do: choose verify lengths (dspark/scheduling/scheduler.py).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 
 from dspark import paths
 from dspark.model import Transformer
-from dspark.scheduler import ThroughputProfile
+from dspark.scheduling.scheduler import ThroughputProfile
 
 DEFAULT_POINTS = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]  # batch tokens measured on the CPU
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dspark.data import DOMAINS
+from dspark.data.corpus import DOMAINS
+from dspark.data.tokenizer import Tokenizer
 from dspark.generation import generate
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
-from dspark.tokenizer import Tokenizer
 
 
 def pick_prompts(

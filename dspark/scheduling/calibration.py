@@ -18,7 +18,7 @@ reliability curve behind the diagrams. The temperatures are stored in the
 drafter checkpoint's JSON twin (`calibration.sts_temperatures`) and applied by
 `scheduler.prefix_survival`.
 
-What this file does not do: choose verify lengths (dspark/scheduler.py).
+What this file does not do: choose verify lengths (dspark/scheduling/scheduler.py).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 
 from dspark.checkpoint import config_path
-from dspark.scheduler import prefix_survival
-from dspark.study import Rounds
+from dspark.scheduling.scheduler import prefix_survival
+from dspark.study.offline import Rounds
 
 FIT_PROMPTS = (40, 80)  # eval prompts [40, 80) per domain fit STS; benchmarks report on [0, 40)
 BINS = 15  # reliability bins

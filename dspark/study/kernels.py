@@ -1,4 +1,4 @@
-"""`python -m kernels.bench`: each Triton kernel against its PyTorch reference on a CUDA GPU.
+"""`python -m dspark.study.kernels`: each Triton kernel against its PyTorch reference on a CUDA GPU.
 
 For every hot path and a few batch sizes, at the shipped model's shapes
 (V = 4096, dim 256, rank 64, 8 query / 2 kv heads of 32, γ = 7, 256 tokens
@@ -37,7 +37,7 @@ INTERPRETER_SIZES = [1, 3]
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m kernels.bench",
+        prog="python -m dspark.study.kernels",
         description="Time each Triton kernel (Markov sampler, rejection sampler, ragged verify attention, "
         "prefix scheduler) against its PyTorch reference on a CUDA GPU, and check that they agree.",
     )
@@ -95,9 +95,9 @@ def cases(R: int, gamma: int, small: bool, device: str):
     from dspark.drafters.parallel import markov_block_reference
     from dspark.kv_cache import KVCache
     from dspark.model import RaggedIndex, ragged_attention_reference
-    from dspark.profiler import named_profile
     from dspark.sampling import SamplingParams
-    from dspark.scheduler import prefix_schedule, prefix_survival
+    from dspark.scheduling.profiler import named_profile
+    from dspark.scheduling.scheduler import prefix_schedule, prefix_survival
     from dspark.verify import verify_reference
     from kernels.markov_sampler import markov_block_sample_triton
     from kernels.prefix_scheduler import prefix_schedule_triton
@@ -237,7 +237,7 @@ def compile_all(arch: int) -> list[dict]:
 
 
 def fail(message: str, code: int) -> int:
-    print(f"kernels.bench: {message}", file=sys.stderr)
+    print(f"dspark.study.kernels: {message}", file=sys.stderr)
     return code
 
 

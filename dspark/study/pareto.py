@@ -3,10 +3,10 @@
 Two ways, the same `points` format
 `{policy, drafter, concurrency, throughput, tps_per_user, tpot_ms, mean_verify_len, tau}`:
 
-  * `serve_points`: the real engine (dspark/engine.py) on this CPU, closed loop
+  * `serve_points`: the real engine (dspark/serving/engine.py) on this CPU, closed loop
     at each concurrency C over held-out prompts, with the measured CPU SPS
     profile feeding the schedulers;
-  * `simulate_points`: the trace-driven simulator (dspark/simulator.py) on a
+  * `simulate_points`: the trace-driven simulator (dspark/study/simulator.py) on a
     modelled GPU profile, replaying rounds recorded from the real drafters.
 
 Which drafter a policy uses: `none` drafts nothing, `mtp1` uses the MTP-1
@@ -25,15 +25,16 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dspark import paths, study
+from dspark import paths
+from dspark.data.tokenizer import Tokenizer
 from dspark.drafters.base import Drafter, NoDrafter
 from dspark.drafters.registry import get_drafter
-from dspark.engine import Engine, Request
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
-from dspark.scheduler import ThroughputProfile, make_policy, policy_hooks
-from dspark.simulator import RequestTrace, simulate, traces_from_records
-from dspark.tokenizer import Tokenizer
+from dspark.scheduling.scheduler import ThroughputProfile, make_policy, policy_hooks
+from dspark.serving.engine import Engine, Request
+from dspark.study import offline
+from dspark.study.simulator import RequestTrace, simulate, traces_from_records
 
 
 def drafter_for(policy: str) -> tuple[str, int]:
@@ -60,7 +61,9 @@ def serve_points(
     """Measured points of the real engine on this machine: closed loop, or with
     `arrival_rate` requests/s arriving as a Poisson process (C then caps the active ones)."""
     pool = [
-        p for ps in study.prompts_by_domain(tokenizer, 40, 0, target.config.max_seq_len).values() for p in ps
+        p
+        for ps in offline.prompts_by_domain(tokenizer, 40, 0, target.config.max_seq_len).values()
+        for p in ps
     ]
     order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed)).tolist()
     prompts = [pool[order[i % len(pool)]] for i in range(requests)]
@@ -113,10 +116,10 @@ def record_traces(
     if path.is_file() and not refresh:
         record = json.loads(path.read_text())
     else:
-        rounds = study.Rounds()
-        for ps in study.prompts_by_domain(tokenizer, per_domain, 0, target.config.max_seq_len).values():
+        rounds = offline.Rounds()
+        for ps in offline.prompts_by_domain(tokenizer, per_domain, 0, target.config.max_seq_len).values():
             rounds.extend(
-                study.measure_tau(target, drafter, ps, params, gamma, max_new_tokens, tokenizer.eos_id)
+                offline.measure_tau(target, drafter, ps, params, gamma, max_new_tokens, tokenizer.eos_id)
             )
         record = {"gamma": gamma, "verify_lens": rounds.verify_lens, "accepted": rounds.accepted,
                   "confidences": rounds.confidences}  # fmt: skip

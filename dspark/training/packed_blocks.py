@@ -14,7 +14,7 @@ For a batch of target-regenerated sequences (DESIGN.md section 3; paper 3.3):
      with cross-entropy only, its original recipe.
 
 What this file does not do: the optimizer loop (shared with the other drafters
-in dspark/drafter_training.py).
+in dspark/training/drafters.py).
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ checkpoint is rewritten at every validation, so an interrupted run leaves its
 latest weights behind.
 
 The optimizer loop (`train_drafter`) is shared with the DSpark/DFlash drafters,
-whose three-term block loss lives in dspark/parallel_training.py. What this
-file does not do: regenerate responses (`dspark.responses`).
+whose three-term block loss lives in dspark/training/packed_blocks.py. What this
+file does not do: regenerate responses (`dspark.training.responses`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from dspark.drafters.autoregressive import AutoregressiveDrafter
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter
 from dspark.model import Transformer
-from dspark.parallel_training import block_losses
+from dspark.training.packed_blocks import block_losses
 
 
 @dataclass

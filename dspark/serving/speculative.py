@@ -1,6 +1,6 @@
 """Speculative generation for a batch of prompts, and the statistics of its rounds.
 
-`speculative_generate` runs the serving engine (dspark/engine.py) with every
+`speculative_generate` runs the serving engine (dspark/serving/engine.py) with every
 prompt admitted at once; each round: the drafter proposes γ tokens after each
 request's anchor, a verify-length function picks ℓ_r (default: all γ, capped
 by the context), ONE ragged target pass scores every request's anchor + ℓ_r
@@ -15,7 +15,7 @@ tests check it); at T > 0 it follows the target's distribution exactly.
 `tokens_per_round` (τ) and `acceptance_by_position` (DESIGN section 7) are the
 round statistics every benchmark reports.
 
-What this file does not do: choose verify lengths (dspark/scheduler.py) or
+What this file does not do: choose verify lengths (dspark/scheduling/scheduler.py) or
 admit requests over time (the engine does, when used directly).
 """
 
@@ -85,14 +85,14 @@ def speculative_generate(
     observe_fn: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> SpeculativeResult:
     """Generate for every prompt with `drafter` proposing `gamma` tokens per round:
-    the serving engine (dspark/engine.py) with every prompt admitted at once.
+    the serving engine (dspark/serving/engine.py) with every prompt admitted at once.
 
     `verify_len_fn(draft_tokens (R, γ), draft_probs (R, γ, V)) -> (R,)` picks how
     many drafts each request verifies (default: all γ); it must depend on
     nothing but what the drafter produced, or losslessness is lost.
     `observe_fn(verify_lens (R,), accepted (R,))` hears every round's outcome
-    (policies that learn from history, dspark/scheduler.py)."""
-    from dspark.engine import Engine, Request
+    (policies that learn from history, dspark/scheduling/scheduler.py)."""
+    from dspark.serving.engine import Engine, Request
 
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
