@@ -1,34 +1,10 @@
-"""Small statistics helpers for the losslessness tests (no SciPy needed)."""
+"""Chi-square assertion for the losslessness tests; the statistics live in dspark/study/stats.py."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-
-def chi_square_critical(df: int, z: float = 4.0) -> float:
-    """Upper quantile of chi-square(df) at the normal z-score z (Wilson-Hilferty);
-    z = 4 is a false-alarm rate of about 3e-5 per check."""
-    k = 2.0 / (9.0 * df)
-    return df * (1.0 - k + z * math.sqrt(k)) ** 3
-
-
-def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
-    """Pearson statistic of observed counts against probabilities; cells with an
-    expected count below 5 are pooled into one. Returns (statistic, degrees of freedom).
-    Any count in a zero-probability cell makes the statistic infinite."""
-    counts, probs = counts.double().flatten(), probs.double().flatten()
-    n = counts.sum()
-    if bool((counts[probs == 0] > 0).any()):
-        return math.inf, 1
-    expected = probs * n
-    big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big].sum().view(1)])
-    exp = torch.cat([expected[big], expected[~big].sum().view(1)])
-    keep = exp > 0
-    stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
-    return stat, max(1, int(keep.sum()) - 1)
+from dspark.study.stats import chi_square, chi_square_critical
 
 
 def assert_matches(counts: torch.Tensor, probs: torch.Tensor, z: float = 4.0) -> None:

@@ -1,0 +1,310 @@
+"""The package's layering, read from the source with `ast` (every import, also those inside functions).
+
+* kernels/ is a leaf: its files import only the standard library, torch, triton and `kernels.*`.
+* A dspark module imports only dspark modules of its own layer or a lower one (LAYERS, lowest first);
+  `kernels` may be imported from anywhere in dspark.
+* No import cycle among dspark modules.
+
+The checker is a few small functions over an import graph so that `test_checker_reports_violations`
+can run it on a synthetic tree and see it fail.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Lowest first. "pkg.*" is the subpackage: its __init__.py and every module in it.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("paths and backend", ("dspark.paths", "dspark.backend")),
+    ("data", ("dspark.data.*",)),
+    (
+        "target and plain decoding",
+        (
+            "dspark.config",
+            "dspark.model",
+            "dspark.kv_cache",
+            "dspark.checkpoint",
+            "dspark.sampling",
+            "dspark.generation",
+        ),
+    ),
+    ("drafters", ("dspark.drafters.*",)),
+    ("verify", ("dspark.verify",)),
+    ("scheduling", ("dspark.scheduling.*",)),
+    ("serving", ("dspark.serving.*",)),
+    ("training", ("dspark.training.*",)),
+    ("study", ("dspark.study.*",)),
+    ("commands", ("dspark.cli", "dspark.generate", "dspark.train", "dspark.bench", "dspark")),
+)
+
+KERNEL_ALLOWED = {"torch", "triton", "kernels", "__future__"} | set(sys.stdlib_module_names)
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str  # dotted module name of the importing file
+    target: str  # dotted name of the imported module (a submodule where `from pkg import sub`)
+    path: Path  # the importing file, relative to the scanned root
+    line: int
+
+
+def find_modules(root: Path, packages: tuple[str, ...] = ("dspark", "kernels")) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file under the given top-level packages."""
+    modules = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join(parts)] = path
+    return modules
+
+
+def imports_in(module: str, path: Path, root: Path, modules: dict[str, Path]) -> list[Import]:
+    """Every import statement of one file, anywhere in it, with relative imports resolved."""
+    is_package = path.name == "__init__.py"
+    package = module if is_package else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}" if base else alias.name
+                targets.append(sub if sub in modules else base)  # `from pkg import submodule`
+        rel = path.relative_to(root)
+        found += [Import(module, t, rel, node.lineno) for t in dict.fromkeys(targets)]
+    return found
+
+
+def collect(root: Path) -> tuple[dict[str, Path], list[Import]]:
+    modules = find_modules(root)
+    return modules, [imp for m, p in modules.items() for imp in imports_in(m, p, root, modules)]
+
+
+def layer_of(module: str, layers=LAYERS) -> int | None:
+    for index, (_, patterns) in enumerate(layers):
+        for pattern in patterns:
+            if pattern.endswith(".*"):
+                package = pattern[:-2]
+                if module == package or module.startswith(package + "."):
+                    return index
+            elif module == pattern:
+                return index
+    return None
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def kernel_violations(imports: list[Import]) -> list[str]:
+    return [
+        f"{imp.path}:{imp.line}: {imp.importer} imports {imp.target}: kernels/ is a leaf "
+        f"(only the standard library, torch, triton and kernels.*), it must not import "
+        f"{'dspark' if _top(imp.target) == 'dspark' else 'third-party packages'}"
+        for imp in imports
+        if _top(imp.importer) == "kernels" and _top(imp.target) not in KERNEL_ALLOWED
+    ]
+
+
+def unassigned_modules(modules: dict[str, Path], root: Path, layers=LAYERS) -> list[str]:
+    return [
+        f"{path.relative_to(root)}: module {m} has no layer: add it to LAYERS in tests/test_architecture.py"
+        for m, path in modules.items()
+        if _top(m) == "dspark" and layer_of(m, layers) is None
+    ]
+
+
+def layer_violations(imports: list[Import], modules: dict[str, Path], layers=LAYERS) -> list[str]:
+    problems = []
+    for imp in imports:
+        if _top(imp.importer) != "dspark" or _top(imp.target) != "dspark":
+            continue
+        if imp.target not in modules:
+            problems.append(
+                f"{imp.path}:{imp.line}: {imp.importer} imports {imp.target}, not a module in the tree"
+            )
+            continue
+        low, high = layer_of(imp.importer, layers), layer_of(imp.target, layers)
+        if low is not None and high is not None and high > low:
+            problems.append(
+                f"{imp.path}:{imp.line}: {imp.importer} (layer {low}, {layers[low][0]}) imports "
+                f"{imp.target} (layer {high}, {layers[high][0]}): a module may import only its own or lower layers"
+            )
+    return problems
+
+
+def import_cycles(imports: list[Import]) -> list[list[Import]]:
+    """One cycle (as its import edges) per strongly connected component of the dspark import graph."""
+    edges: dict[str, dict[str, Import]] = {}
+    for imp in imports:
+        if _top(imp.importer) == "dspark" and _top(imp.target) == "dspark":
+            edges.setdefault(imp.importer, {}).setdefault(imp.target, imp)
+            edges.setdefault(imp.target, {})
+    # Tarjan's strongly connected components, iterative
+    index, low, on_stack, stack, components = {}, {}, set(), [], []
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    components.append(component)
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(edges[child]))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    cycles = []
+    for component in components:
+        members = set(component)
+        first = min(component)
+        if len(component) == 1 and first not in edges[first]:
+            continue
+        # shortest path first -> ... -> first inside the component (breadth first)
+        parent: dict[str, str] = {}
+        frontier = [first]
+        while first not in parent:
+            next_frontier = []
+            for node in frontier:
+                for child in sorted(edges[node]):
+                    if child in members and child not in parent:
+                        parent[child] = node
+                        next_frontier.append(child)
+            frontier = next_frontier
+        path, node = [first], parent[first]
+        while node != first:
+            path.append(node)
+            node = parent[node]
+        path.append(first)
+        path.reverse()
+        cycles.append([edges[a][b] for a, b in zip(path, path[1:])])
+    return cycles
+
+
+def describe_cycle(cycle: list[Import]) -> str:
+    chain = " -> ".join([cycle[0].importer] + [imp.target for imp in cycle])
+    where = "; ".join(f"{imp.path}:{imp.line} ({imp.importer} imports {imp.target})" for imp in cycle)
+    return f"import cycle {chain}: {where}"
+
+
+def problems(root: Path, layers=LAYERS) -> list[str]:
+    modules, imports = collect(root)
+    return (
+        kernel_violations(imports)
+        + unassigned_modules(modules, root, layers)
+        + layer_violations(imports, modules, layers)
+        + [describe_cycle(c) for c in import_cycles(imports)]
+    )
+
+
+def test_the_scan_sees_the_package():
+    modules, imports = collect(ROOT)
+    assert {"dspark", "dspark.model", "dspark.drafters.base", "kernels", "kernels.markov_sampler"} <= set(
+        modules
+    )
+    assert any(i.importer == "dspark.model" and i.target == "dspark.config" for i in imports)
+    assert any(
+        i.importer == "dspark.model" and i.target == "dspark.backend" for i in imports
+    )  # from dspark import x
+
+
+def test_kernels_are_a_leaf():
+    _, imports = collect(ROOT)
+    assert not kernel_violations(imports), "\n".join(kernel_violations(imports))
+
+
+def test_every_dspark_module_has_a_layer():
+    modules, _ = collect(ROOT)
+    assert not unassigned_modules(modules, ROOT), "\n".join(unassigned_modules(modules, ROOT))
+
+
+def test_imports_go_down_the_layers():
+    modules, imports = collect(ROOT)
+    found = layer_violations(imports, modules)
+    assert not found, "\n".join(found)
+
+
+def test_no_import_cycles():
+    _, imports = collect(ROOT)
+    found = [describe_cycle(c) for c in import_cycles(imports)]
+    assert not found, "\n".join(found)
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def test_checker_reports_violations(tmp_path):
+    layers = (("low", ("dspark.low", "dspark.pkg.*")), ("high", ("dspark.high", "dspark")))
+    _write(
+        tmp_path,
+        {
+            "dspark/__init__.py": "",
+            "dspark/low.py": "import os\n\n\ndef f():\n    from dspark import high  # upward\n",
+            "dspark/high.py": "from dspark.pkg import a\nfrom . import low\n",
+            "dspark/pkg/__init__.py": "",
+            "dspark/pkg/a.py": "from .b import x\n",
+            "dspark/pkg/b.py": "from dspark.pkg import a\nx = 1\n",
+            "dspark/orphan.py": "",
+            "kernels/__init__.py": "import math\n",
+            "kernels/k.py": "import torch\nfrom kernels import math_ok\nfrom dspark.low import f\n",
+            "kernels/math_ok.py": "import triton\n",
+        },
+    )
+    modules, imports = collect(tmp_path)
+    assert {i.target for i in imports if i.importer == "dspark.pkg.a"} == {"dspark.pkg.b"}  # relative import
+    assert {i.target for i in imports if i.importer == "dspark.high"} == {"dspark.pkg.a", "dspark.low"}
+
+    kernel = kernel_violations(imports)
+    assert len(kernel) == 1 and kernel[0].startswith("kernels/k.py:3: kernels.k imports dspark.low")
+
+    assert unassigned_modules(modules, tmp_path, layers) == [
+        "dspark/orphan.py: module dspark.orphan has no layer: add it to LAYERS in tests/test_architecture.py"
+    ]
+
+    upward = layer_violations(imports, modules, layers)
+    assert len(upward) == 1
+    assert upward[0].startswith(
+        "dspark/low.py:5: dspark.low (layer 0, low) imports dspark.high (layer 1, high)"
+    )
+
+    cycles = [describe_cycle(c) for c in import_cycles(imports)]
+    assert len(cycles) == 2, cycles  # a <-> b (module level) and low -> high -> low (in a function)
+    assert "dspark.pkg.a -> dspark.pkg.b -> dspark.pkg.a" in cycles[0] + cycles[1]
+    assert any("dspark.high -> dspark.low -> dspark.high" in c and "dspark/low.py:5" in c for c in cycles)
+
+    assert len(problems(tmp_path, layers)) == 5
