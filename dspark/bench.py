@@ -135,7 +135,8 @@ def bench_ar(args: argparse.Namespace) -> dict:
 
 def bench_offline(args: argparse.Namespace) -> dict:
     from dspark.drafters.registry import get_drafter
-    from dspark.serving.speculative import acceptance_by_position, speculative_generate, tokens_per_round
+    from dspark.serving.rounds import RoundStats
+    from dspark.serving.speculative import speculative_generate
 
     tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
     target, _ = load_target(args.checkpoint)
@@ -158,17 +159,16 @@ def bench_offline(args: argparse.Namespace) -> dict:
             for name, drafter in drafters.items():
                 gamma = min(args.gamma, drafter.max_gamma)
                 n_tokens = seconds = 0.0
-                lens, accs = [], []
+                stats = RoundStats()
                 for i, prompt in enumerate(prompts):
                     r = speculative_generate(target, drafter, [prompt], args.max_new_tokens, params, gamma,
                                              torch.Generator().manual_seed(i), tokenizer.eos_id)  # fmt: skip
                     n_tokens += r.new_tokens
                     seconds += r.prefill_seconds + r.decode_seconds
-                    lens += r.verify_lens
-                    accs += r.accepted
+                    stats.extend(r.stats)
                 tps = n_tokens / seconds
                 rows.append({"drafter": name, "domain": domain, "temperature": temperature, "gamma": gamma,
-                             "tau": tokens_per_round(accs), "cond_acceptance": acceptance_by_position(lens, accs, gamma),
+                             "tau": stats.tau, "cond_acceptance": stats.acceptance_by_position(gamma),
                              "tokens_per_s": tps, "speedup": tps / base_tps})  # fmt: skip
     print(f"offline speculative decoding, gamma = {args.gamma}, {args.prompts_per_domain} held-out prompts per "
           f"domain, batch 1, {torch.get_num_threads()} CPU threads\n")  # fmt: skip
@@ -334,14 +334,16 @@ def bench_threshold(args: argparse.Namespace) -> dict:
 
 
 def bench_calibration(args: argparse.Namespace) -> dict:
-    from dspark.drafters.registry import default_path, get_drafter
+    from dspark.drafters.registry import default_path, get_drafter, load_calibration
     from dspark.scheduling import calibration
+    from dspark.serving.rounds import RoundStats
 
     tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
     target, _ = load_target(args.checkpoint)
     path = Path(args.drafter_checkpoint) if args.drafter_checkpoint else default_path(args.drafter)
     drafter = get_drafter(args.drafter, target, path)
-    if drafter.sts_temperatures is None:
+    temperatures = load_calibration(path)
+    if temperatures is None:
         raise UsageError(
             f"{path} is not calibrated yet: run `python -m dspark.train calibrate --drafter {args.drafter}`"
         )
@@ -351,7 +353,7 @@ def bench_calibration(args: argparse.Namespace) -> dict:
         )
     params = SamplingParams(args.temperature)
     gamma = min(args.gamma, drafter.max_gamma)
-    rounds = offline.Rounds()
+    rounds = RoundStats()
     for prompts in offline.prompts_by_domain(
         tokenizer, args.prompts_per_domain, 0, target.config.max_seq_len
     ).values():
@@ -360,8 +362,8 @@ def bench_calibration(args: argparse.Namespace) -> dict:
                 target, drafter, prompts, params, gamma, args.max_new_tokens, tokenizer.eos_id
             )
         )
-    conf, events, mask = calibration.round_arrays(rounds)
-    rows = calibration.position_metrics(conf, events, mask, drafter.sts_temperatures)
+    conf, events, mask = rounds.calibration_arrays()
+    rows = calibration.position_metrics(conf, events, mask, temperatures)
     body = [[r["k"], r["rounds"], r["survival_rate"], f"{100 * r['ece_before']:.1f}%", f"{100 * r['ece_after']:.1f}%",
              f"{100 * r['ece_noise_floor']:.1f}%", None if r["auroc"] is None else f"{r['auroc']:.3f}",
              f"{r['brier']:.3f}"] for r in rows]  # fmt: skip
@@ -369,13 +371,13 @@ def bench_calibration(args: argparse.Namespace) -> dict:
                                   "ECE noise floor", "AUROC", "Brier"], body)  # fmt: skip
     print(f"calibration of {args.drafter} on held-out rounds (eval prompts 0..{args.prompts_per_domain - 1} per "
           f"domain, T = {args.temperature:g}, gamma = {gamma}), STS temperatures "
-          f"{' '.join(f'{t:.2f}' for t in drafter.sts_temperatures.tolist())}\n\n" + table)  # fmt: skip
+          f"{' '.join(f'{t:.2f}' for t in temperatures.tolist())}\n\n" + table)  # fmt: skip
     title = f"{args.drafter}: prefix survival, before (raw) and after STS"
     write_outputs(args, "calibration", table, lambda out: calibration.plot_reliability(
-        conf, events, mask, drafter.sts_temperatures, out / "reliability.png", title))  # fmt: skip
+        conf, events, mask, temperatures, out / "reliability.png", title))  # fmt: skip
     keys = ("k", "ece_before", "ece_after", "auroc", "brier", "rounds", "survival_rate", "ece_noise_floor")
     return {"benchmark": "calibration", "drafter": args.drafter, "rounds": int(conf.shape[0]),
-            "sts_temperatures": drafter.sts_temperatures.tolist(),
+            "sts_temperatures": temperatures.tolist(),
             "positions": [{k: r[k] for k in keys} for r in rows]}  # fmt: skip
 
 

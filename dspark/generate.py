@@ -45,11 +45,11 @@ from dspark.checkpoint import load_target
 from dspark.cli import UsageError, run_main
 from dspark.data.corpus import eval_prompts_by_domain
 from dspark.data.tokenizer import Tokenizer
-from dspark.drafters.registry import DRAFTER_NAMES, get_drafter
+from dspark.drafters.registry import DRAFTER_NAMES, get_calibration, get_drafter
 from dspark.generation import check_prompts, generate
 from dspark.sampling import SamplingParams
 from dspark.scheduling.profiler import cpu_profile
-from dspark.scheduling.scheduler import POLICY_NAMES, make_policy, policy_hooks
+from dspark.scheduling.scheduler import POLICY_NAMES, VerifyScheduler, make_policy
 from dspark.serving.speculative import SpeculativeResult, speculative_generate
 
 
@@ -160,7 +160,9 @@ def main(argv: list[str] | None = None) -> None:
     verify_fn = observe_fn = None
     if args.drafter != "none" and args.policy != "fixed":
         policy = make_policy(args.policy, threshold=args.threshold)
-        verify_fn, observe_fn = policy_hooks(policy, drafter, cpu_profile(model))
+        temperatures = get_calibration(args.drafter, args.drafter_checkpoint)  # STS, stored with the drafter
+        scheduler = VerifyScheduler.for_drafter(policy, drafter, cpu_profile(model), temperatures)
+        verify_fn, observe_fn = scheduler, scheduler.observe
     with kernels_as(args.kernels):
         if args.drafter == "none":
             result = generate(model, prompts, args.max_new_tokens, params, generator, eos_id=tokenizer.eos_id)
@@ -186,13 +188,14 @@ def main(argv: list[str] | None = None) -> None:
             "decode_s": round(result.decode_seconds, 4),
         }
         if speculative:
+            stats = result.stats
             record |= {
                 "gamma": gamma,
                 "policy": args.policy,
-                "mean_verify_len": round(sum(map(sum, result.verify_lens)) / max(1, result.rounds), 4),
-                "tau": round(result.tau, 4),
-                "rounds": result.rounds,
-                "acceptance_by_position": result.acceptance_by_position(gamma),
+                "mean_verify_len": round(stats.mean_verify_len, 4),
+                "tau": round(stats.tau, 4),
+                "rounds": stats.rounds,
+                "acceptance_by_position": stats.acceptance_by_position(gamma),
             }
         print(json.dumps(record, ensure_ascii=False))
         return
@@ -211,9 +214,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{result.tokens_per_s:.1f} tokens/s ({how}, batch {len(prompts)})"
     )
     if speculative:
-        rates = " ".join("-" if r is None else f"{r:.2f}" for r in result.acceptance_by_position(gamma))
+        stats = result.stats
+        rates = " ".join("-" if r is None else f"{r:.2f}" for r in stats.acceptance_by_position(gamma))
         print(
-            f"tau {result.tau:.2f} tokens per round over {result.rounds} request-rounds; "
+            f"tau {stats.tau:.2f} tokens per round over {stats.rounds} request-rounds; "
             f"acceptance by position: {rates}"
         )
 

@@ -199,6 +199,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     from dspark.drafters.registry import default_path, get_drafter
     from dspark.sampling import SamplingParams
     from dspark.scheduling import calibration
+    from dspark.serving.rounds import RoundStats
     from dspark.study import offline
 
     torch.set_num_threads(args.threads)
@@ -206,21 +207,21 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     target, _ = load_target(args.checkpoint)
     path = Path(args.drafter_checkpoint) if args.drafter_checkpoint else default_path(args.drafter)
     drafter = get_drafter(args.drafter, target, path)
-    if not hasattr(drafter, "confidence"):
+    if not drafter.has_confidence:
         raise UsageError(
-            f"{args.drafter} has no confidence head to calibrate (use dspark, dspark-rnn, dflash)"
+            f"{args.drafter} has no trained confidence head to calibrate (use dspark, dspark-rnn)"
         )
     gamma = min(args.gamma, drafter.max_gamma)
     params = SamplingParams(args.temperature)
     first, last = calibration.FIT_PROMPTS
-    rounds = offline.Rounds()
+    rounds = RoundStats()
     for domain, prompts in offline.prompts_by_domain(
         tokenizer, last - first, first, target.config.max_seq_len
     ).items():
         rounds.extend(offline.measure_tau(target, drafter, prompts, params, gamma, args.max_new_tokens,
                                         tokenizer.eos_id))  # fmt: skip
         print(f"{domain}: {sum(map(len, rounds.accepted))} rounds recorded so far")
-    conf, events, mask = calibration.round_arrays(rounds)
+    conf, events, mask = rounds.calibration_arrays()
     temps = calibration.fit_sts(conf, events, mask)
     rows = calibration.position_metrics(conf, events, mask, temps)
     info = {"rounds": int(conf.shape[0]), "gamma": gamma, "temperature": args.temperature,

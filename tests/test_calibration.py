@@ -7,10 +7,11 @@ import json
 import pytest
 import torch
 
+from dspark.drafters.registry import load_calibration
 from dspark.scheduling import calibration, profiler
-from dspark.scheduling.calibration import auroc, ece, fit_sts, position_metrics, round_arrays
+from dspark.scheduling.calibration import auroc, ece, fit_sts, position_metrics
 from dspark.scheduling.profiler import RooflineConfig, default_buckets, measure_sps, roofline_profile
-from dspark.study.offline import Rounds
+from dspark.serving.rounds import RoundStats
 
 
 def test_ece_hand_worked():
@@ -30,7 +31,7 @@ def test_auroc_hand_worked():
     assert auroc(torch.tensor([0.1, 0.2]), torch.tensor([1.0, 1.0])) is None
 
 
-def synthetic_rounds(n: int, gamma: int, true_temps: list[float], seed: int = 0) -> Rounds:
+def synthetic_rounds(n: int, gamma: int, true_temps: list[float], seed: int = 0) -> RoundStats:
     """Raw confidences c; the real conditional acceptance is σ(logit(c)/T_k): the head is
     overconfident where T_k > 1. Full verification, accepted = leading successes."""
     g = torch.Generator().manual_seed(seed)
@@ -38,14 +39,14 @@ def synthetic_rounds(n: int, gamma: int, true_temps: list[float], seed: int = 0)
     true = torch.sigmoid(torch.logit(conf) / torch.tensor(true_temps).double())
     success = torch.rand(n, gamma, generator=g).double() < true
     accepted = success.long().cumprod(1).sum(1)
-    return Rounds([[gamma] for _ in range(n)], [[int(a)] for a in accepted], [[c] for c in conf.tolist()])
+    return RoundStats([[gamma] for _ in range(n)], [[int(a)] for a in accepted], [[c] for c in conf.tolist()])
 
 
 def test_sts_recovers_the_temperatures_and_calibrates():
     true = [2.0, 1.5, 3.0, 1.0]
-    conf, events, mask = round_arrays(synthetic_rounds(40_000, 4, true))
+    conf, events, mask = synthetic_rounds(40_000, 4, true).calibration_arrays()
     temps = fit_sts(conf, events, mask)
-    held_out = round_arrays(synthetic_rounds(40_000, 4, true, seed=1))
+    held_out = synthetic_rounds(40_000, 4, true, seed=1).calibration_arrays()
     rows = position_metrics(*held_out, temps)
     for t, t_true, row in zip(temps.tolist(), true, rows):
         assert t == pytest.approx(t_true, rel=0.25)
@@ -55,19 +56,19 @@ def test_sts_recovers_the_temperatures_and_calibrates():
 
 
 def test_round_arrays_masks_unverified_positions_and_needs_confidences():
-    rounds = Rounds([[3, 1]], [[2, 1]], [[[0.9, 0.8, 0.7], [0.6, 0.5, 0.4]]])
-    conf, events, mask = round_arrays(rounds)
+    rounds = RoundStats([[3, 1]], [[2, 1]], [[[0.9, 0.8, 0.7], [0.6, 0.5, 0.4]]])
+    conf, events, mask = rounds.calibration_arrays()
     assert events.tolist() == [[1, 1, 0], [1, 0, 0]] and mask.tolist() == [[True] * 3, [True, False, False]]
     with pytest.raises(ValueError, match="confidence head"):
-        round_arrays(Rounds([[1]], [[0]], [[]]))
+        RoundStats([[1]], [[0]], [[]]).calibration_arrays()
 
 
 def test_temperatures_live_in_the_checkpoint_json(tmp_path):
     weights = tmp_path / "d.safetensors"
     weights.with_suffix(".json").write_text(json.dumps({"config": {}}))
-    assert calibration.load_temperatures(weights) is None
+    assert load_calibration(weights) is None
     calibration.save_temperatures(weights, torch.tensor([1.5, 2.0]), {"rounds": 10})
-    assert calibration.load_temperatures(weights).tolist() == [1.5, 2.0]
+    assert load_calibration(weights).tolist() == [1.5, 2.0]
     assert json.loads(weights.with_suffix(".json").read_text())["calibration"]["rounds"] == 10
 
 

@@ -11,7 +11,7 @@ from test_speculative import GREEDY, prompts
 from dspark.drafters.base import NoDrafter
 from dspark.generation import generate
 from dspark.sampling import SamplingParams
-from dspark.scheduling.scheduler import POLICY_NAMES, ThroughputProfile, make_policy, policy_hooks
+from dspark.scheduling.scheduler import POLICY_NAMES, ThroughputProfile, VerifyScheduler, make_policy
 from dspark.serving.engine import Engine, Request
 
 PROFILE = ThroughputProfile([1 / (1.0 + 0.05 * B) for B in range(1, 257)])
@@ -28,8 +28,8 @@ def test_every_request_equals_plain_decoding_alone(tiny_model, policy_name, conc
     drafter = make(tiny_model, "dspark", gamma=4)
     ps = prompts(LENGTHS, seed=11)
     budgets = [5 + 3 * i for i in range(len(ps))]  # different lengths
-    verify_fn, observe_fn = policy_hooks(make_policy(policy_name, threshold=0.3), drafter, PROFILE)
-    engine = Engine(tiny_model, drafter, GREEDY, 4, concurrency, None, verify_fn, observe_fn)
+    scheduler = VerifyScheduler.for_drafter(make_policy(policy_name, threshold=0.3), drafter, PROFILE)
+    engine = Engine(tiny_model, drafter, GREEDY, 4, concurrency, None, scheduler, scheduler.observe)
     result = engine.run([Request(p, n) for p, n in zip(ps, budgets)])
     for p, n, rec in zip(ps, budgets, result.records):
         assert rec.tokens == alone(tiny_model, p, n)

@@ -17,10 +17,10 @@ from dspark.scheduling.scheduler import (
     AsyncPrefixPolicy,
     GoodputPolicy,
     ThroughputProfile,
+    VerifyScheduler,
     expected_rate,
     greedy_path,
     make_policy,
-    policy_hooks,
     prefix_schedule,
     prefix_survival,
 )
@@ -199,15 +199,15 @@ def test_policy_driven_sampling_is_lossless(policy_name):
     g = torch.Generator().manual_seed(7)
     for _ in range(12):
         policy = make_policy(policy_name, threshold=0.3)
-        verify_fn, observe_fn = policy_hooks(policy, drafter, profile)
+        scheduler = VerifyScheduler.for_drafter(policy, drafter, profile)
 
-        def recording(drafts, probs, verify_fn=verify_fn):
-            ells = verify_fn(drafts, probs)
+        def recording(proposal, scheduler=scheduler):
+            ells = scheduler(proposal)
             lengths_seen.update(ells.tolist())
             return ells
 
         result = speculative_generate(target, drafter, [prompt] * 1000, length, params, 3, g, None, recording,
-                                      observe_fn)  # fmt: skip
+                                      scheduler.observe)  # fmt: skip
         for toks in result.tokens:
             counts[toks[0] * 25 + toks[1] * 5 + toks[2]] += 1
     assert len(lengths_seen) >= 2  # the policy really varied the verify lengths

@@ -12,7 +12,7 @@ from stats_helpers import assert_matches
 
 from dspark.config import ModelConfig
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
-from dspark.drafters.base import Drafter, NoDrafter
+from dspark.drafters.base import Drafter, NoDrafter, Proposal
 from dspark.generation import generate
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams, probabilities
@@ -55,7 +55,7 @@ class OracleDrafter(Drafter):
                 seq.append(token)
             drafts.append(block)
         tokens = torch.tensor(drafts, dtype=torch.long).view(len(drafts), gamma)
-        return tokens, torch.nn.functional.one_hot(tokens, self.target.config.vocab_size).float()
+        return Proposal(tokens, torch.nn.functional.one_hot(tokens, self.target.config.vocab_size).float())
 
 
 def copy_initialised(drafter: AutoregressiveDrafter) -> AutoregressiveDrafter:
@@ -112,8 +112,8 @@ def test_verify_lengths_0_1_gamma_minus_1_gamma(tiny_model, kind, ell):
     fixed = {"0": 0, "1": 1, "gamma-1": gamma - 1, "gamma": gamma}
     g = torch.Generator().manual_seed(9)
 
-    def policy(draft_tokens, draft_probs):
-        R = draft_tokens.shape[0]
+    def policy(proposal):
+        R = proposal.tokens.shape[0]
         if ell == "random":  # a different length per request and per round
             return torch.randint(0, gamma + 1, (R,), generator=g)
         return torch.full((R,), fixed[ell], dtype=torch.long)
@@ -123,17 +123,17 @@ def test_verify_lengths_0_1_gamma_minus_1_gamma(tiny_model, kind, ell):
     result = speculative_generate(tiny_model, make_drafter(kind, tiny_model, gamma), ps, 20, GREEDY, gamma,
                                   verify_len_fn=policy)  # fmt: skip
     assert result.tokens == reference
-    assert all(v <= gamma for lens in result.verify_lens for v in lens)
+    assert all(v <= gamma for lens in result.stats.verify_lens for v in lens)
     if ell == "0":
-        assert result.tau == 1.0 and not any(itertools.chain(*result.from_draft))
+        assert result.stats.tau == 1.0 and not any(itertools.chain(*result.from_draft))
 
 
 def test_oracle_gets_long_accepted_runs(tiny_model):
     result = speculative_generate(
         tiny_model, make_drafter("oracle", tiny_model, 5), prompts([4, 9]), 30, GREEDY, 5
     )
-    assert result.tau > 2.0  # the loop really accepts multi-token blocks
-    rates = result.acceptance_by_position(5)
+    assert result.stats.tau > 2.0  # the loop really accepts multi-token blocks
+    rates = result.stats.acceptance_by_position(5)
     assert all(r is not None and 0 < r <= 1 for r in rates)
 
 
@@ -231,4 +231,4 @@ def test_shipped_drafters_are_greedy_identical(name, gamma, tokenizer):
         target, get_drafter(name, target), ps, 40, GREEDY, gamma, eos_id=tokenizer.eos_id
     )
     assert result.tokens == reference.tokens
-    assert result.tau > 1.2  # a trained drafter really gets tokens accepted
+    assert result.stats.tau > 1.2  # a trained drafter really gets tokens accepted

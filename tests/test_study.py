@@ -9,8 +9,9 @@ from test_speculative import GREEDY, prompts
 
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.sampling import SamplingParams
+from dspark.serving.rounds import RoundStats as Rounds
 from dspark.serving.speculative import speculative_generate
-from dspark.study.offline import Rounds, markdown_table, measure_tau, round_latency, threshold_sweep
+from dspark.study.offline import markdown_table, measure_tau, round_latency, threshold_sweep
 
 # two fully verified rounds, γ = 3: survivals (0.9, 0.45, 0.405) accepting 2, and (0.4, 0.36, 0.324) accepting 0
 SHORT = [3, 17, 1, 9]  # far from the 64-token context: nothing caps the verify lengths
@@ -37,10 +38,10 @@ def test_threshold_sweep_needs_full_rounds_with_confidences():
 def test_confidences_are_recorded_per_round(tiny_model):
     ps = prompts(SHORT, seed=2)
     result = speculative_generate(tiny_model, make(tiny_model, "dspark", gamma=4), ps, 12, GREEDY, 4)
-    for accs, confs in zip(result.accepted, result.confidences):
+    for accs, confs in zip(result.stats.accepted, result.stats.confidences):
         assert len(confs) == len(accs) and all(len(c) == 4 and all(0 < x < 1 for x in c) for c in confs)
     eagle = AutoregressiveDrafter(tiny_model, AutoregressiveDrafterConfig("eagle", 3, ffn_hidden=32)).eval()
-    assert speculative_generate(tiny_model, eagle, ps, 6, GREEDY, 3).confidences == [[]] * len(ps)
+    assert speculative_generate(tiny_model, eagle, ps, 6, GREEDY, 3).stats.confidences == [[]] * len(ps)
 
 
 @pytest.mark.parametrize("verify_len", [0, 1, 3, 4])

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from dspark.drafters.base import Drafter, TargetFeatures
+from dspark.drafters.base import Drafter, Proposal, TargetFeatures
 from dspark.kv_cache import KVCache
 from dspark.model import Block, RaggedIndex, RMSNorm, Transformer, rope_table, run_blocks_cached
 from dspark.sampling import probabilities, sample
@@ -137,5 +137,7 @@ class AutoregressiveDrafter(Drafter):
             if k + 1 < gamma:  # feed back: own output as the feature of the drafted position
                 g_last = self._run(self.entries(x, g_last), slots, torch.ones(R, dtype=torch.long))
         if not tokens:
-            return torch.zeros(R, 0, dtype=torch.long), torch.zeros(R, 0, self.target.config.vocab_size)
-        return torch.stack(tokens, 1), torch.stack(probs, 1)
+            return Proposal(
+                torch.zeros(R, 0, dtype=torch.long), torch.zeros(R, 0, self.target.config.vocab_size)
+            )
+        return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1))

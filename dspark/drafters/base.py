@@ -5,10 +5,17 @@ just *committed* (fed to the target and kept): their tokens and the target's
 features there (tap-layer hidden states and the final hidden), plus the new
 *anchor*: the token sampled after them, not yet fed to the target. A drafter
 call receives exactly that and returns γ draft tokens after the anchor with
-the distributions they were sampled from:
+the distributions they were sampled from, and -- if it has a trained
+confidence head -- its confidence in each draft, all in one `Proposal`:
 
     propose(slots, committed_tokens, features, committed_lens, anchors, gamma, params, generator)
-        -> draft_tokens (R, γ), draft_probs (R, γ, V)
+        -> Proposal(tokens (R, γ), probs (R, γ, V), confidence (R, γ) or None)
+
+The loop hands that Proposal, unchanged, to the verify-length policy
+(dspark/scheduling/scheduler.py) and to `verify`; nobody reads a drafter's
+attributes to learn what it proposed. `has_confidence` says up front whether
+its proposals carry confidences, so that a policy that needs them can refuse
+the drafter before anything runs.
 
 At prefill the committed positions are the whole prompt. Drafters keep any
 per-request state they need (their own KV caches, context features) indexed by
@@ -30,6 +37,15 @@ from dspark.sampling import SamplingParams
 
 
 @dataclass
+class Proposal:
+    """One round's drafts for R requests: everything the policy and `verify` need from the drafter."""
+
+    tokens: torch.Tensor  # (R, γ) int64 draft tokens x_1..x_γ after each anchor
+    probs: torch.Tensor  # (R, γ, V) fp32 q_k: the exact distributions the tokens were sampled from
+    confidence: torch.Tensor | None = None  # (R, γ) c_k in (0, 1) from a trained confidence head, else None
+
+
+@dataclass
 class TargetFeatures:
     taps: torch.Tensor  # (N, n_taps, dim) residual stream after the target's tap layers
     last_hidden: torch.Tensor  # (N, dim) final-normed hidden state (input of the LM head)
@@ -47,10 +63,7 @@ class Drafter(nn.Module):
 
     name = "base"
     max_gamma = 0  # longest block this drafter can propose
-    # (R, γ) confidences of the latest propose, if the drafter has a confidence head
-    last_confidence: torch.Tensor | None = None
-    # (γ,) STS temperatures calibrating those confidences (dspark/scheduling/calibration.py)
-    sts_temperatures: torch.Tensor | None = None
+    has_confidence = False  # do its proposals carry confidences from a trained head?
 
     def reset(self, n_slots: int) -> None:
         """Allocate per-slot state for a cache with `n_slots` slots (forgets everything)."""
@@ -68,10 +81,11 @@ class Drafter(nn.Module):
         gamma: int,
         params: SamplingParams,
         generator: torch.Generator,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> Proposal:
         """slots (R,); committed_tokens (N,) flat, slot-major; features for those N
-        positions; committed_lens (R,) with sum N; anchors (R,). Returns draft
-        tokens (R, gamma) int64 and their fp32 distributions (R, gamma, V)."""
+        positions; committed_lens (R,) with sum N; anchors (R,). Returns the draft
+        tokens (R, gamma) int64, their fp32 distributions (R, gamma, V) and, where
+        `has_confidence`, the confidences (R, gamma)."""
         raise NotImplementedError
 
 
@@ -86,4 +100,4 @@ class NoDrafter(Drafter):
 
     def propose(self, slots, committed_tokens, features, committed_lens, anchors, gamma, params, generator):
         R = slots.shape[0]
-        return torch.zeros(R, 0, dtype=torch.long), torch.zeros(R, 0, self.vocab_size)
+        return Proposal(torch.zeros(R, 0, dtype=torch.long), torch.zeros(R, 0, self.vocab_size))

@@ -27,8 +27,10 @@ PyTorch loop `markov_block_reference`, or on CUDA tensors the Triton kernel in
 kernels/markov_sampler.py (same tokens for the same uniforms).
 
 Confidence head: c_k = σ(wᵀ [h_k ; W1[x_{k-1}]]), an estimate of
-P(token k survives | tokens < k survived); the scheduler issue consumes it
-(`last_confidence` after each `propose`).
+P(token k survives | tokens < k survived), returned in each `Proposal` for
+the verify-length policy. DFlash (rank 0) has no trained confidence head
+(its `confidence` module exists so the three kinds share one layout, but its
+loss never trains it): its proposals carry `confidence=None`.
 
 What this file does not do: training (dspark/training/packed_blocks.py) or calibration.
 """
@@ -43,7 +45,7 @@ from torch import nn
 
 from dspark.backend import use_kernel
 from dspark.data.tokenizer import MASK, SPECIAL_TOKENS
-from dspark.drafters.base import Drafter, TargetFeatures
+from dspark.drafters.base import Drafter, Proposal, TargetFeatures
 from dspark.kv_cache import KVCache
 from dspark.model import Block, RaggedIndex, RMSNorm, Transformer, apply_rope, rope_table
 from dspark.sampling import SamplingParams, probabilities, sample_from_probs
@@ -176,7 +178,7 @@ class ParallelDrafter(Drafter):
             raise ValueError(f"mask_id {config.mask_id} outside the target's vocabulary")
         self.mask_id = config.mask_id
         self.cache: KVCache | None = None
-        self.last_confidence: torch.Tensor | None = None  # (R, γ) from the latest propose
+        self.has_confidence = config.head != "none"  # DFlash's confidence module is never trained
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=0.02)
@@ -287,12 +289,10 @@ class ParallelDrafter(Drafter):
         uniforms = torch.rand(gamma, slots.shape[0], generator=generator).T.contiguous()  # (R, γ)
         if self.config.rank == 0:  # DFlash: no dependence between positions, sample the block at once
             q = probabilities(u, params)  # (R, γ, V)
-            self.last_confidence = torch.sigmoid(self.confidence(h)).squeeze(-1)  # (R, γ)
-            return sample_from_probs(q, uniforms), q
+            return Proposal(sample_from_probs(q, uniforms), q)
         if self.config.head == "markov":  # the whole block in one call (a Triton kernel on CUDA)
             tokens, probs, conf = markov_block_sample(u, h, anchors, *self.markov_weights(), params, uniforms)
-            self.last_confidence = conf
-            return tokens, probs
+            return Proposal(tokens, probs, conf)
         # the RNN head: left to right in PyTorch
         prev, state = anchors, h.new_zeros(slots.shape[0], self.config.rank)
         tokens, probs, confs = [], [], []
@@ -303,5 +303,4 @@ class ParallelDrafter(Drafter):
             tokens.append(prev)
             probs.append(q)
             confs.append(conf)
-        self.last_confidence = torch.stack(confs, 1)
-        return torch.stack(tokens, 1), torch.stack(probs, 1)
+        return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1), torch.stack(confs, 1))

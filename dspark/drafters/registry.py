@@ -4,17 +4,22 @@ Names used on every command line: `none` (plain decoding), `mtp` (MTP-1),
 `eagle` (EAGLE-3 style), `dflash` (parallel drafter, no sequential head),
 `dspark` (parallel + Markov head) and `dspark-rnn` (parallel + RNN head). Shipped checkpoints live in `dspark/assets/` as
 `drafter_<name>.safetensors` + `.json` (fp16, only the drafter's own weights:
-embedding and LM head are the target's).
+embedding and LM head are the target's). The JSON twin also holds the STS
+temperatures a calibration run fitted for the drafter's confidence head
+(`python -m dspark.train calibrate`); `get_calibration` loads them from the
+same checkpoint, and whoever schedules verify lengths passes them on
+explicitly (dspark/scheduling/scheduler.py).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 
 from dspark import paths
-from dspark.checkpoint import CheckpointError, read_checkpoint
+from dspark.checkpoint import CheckpointError, config_path, read_checkpoint
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import Drafter, NoDrafter
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
@@ -45,9 +50,20 @@ def load_drafter(path: str | Path, target: Transformer) -> Drafter:
             f"drafter {path} does not fit this target ({str(exc)[:200]}); with another target model pass "
             "--drafter none or a --drafter-checkpoint trained for it"
         ) from None
-    temps = record.get("calibration", {}).get("sts_temperatures")
-    drafter.sts_temperatures = None if temps is None else torch.tensor(temps, dtype=torch.float64)
     return drafter.eval()
+
+
+def load_calibration(path: str | Path) -> torch.Tensor | None:
+    """The (γ,) STS temperatures stored with the drafter checkpoint at `path`, or None
+    if it was never calibrated (or has no JSON twin)."""
+    twin = config_path(path)
+    if not twin.is_file():
+        return None
+    try:
+        temps = json.loads(twin.read_text()).get("calibration", {}).get("sts_temperatures")
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{twin} is not valid JSON ({exc})") from None
+    return None if temps is None else torch.tensor(temps, dtype=torch.float64)
 
 
 def get_drafter(name: str, target: Transformer, path: str | Path | None = None) -> Drafter:
@@ -62,3 +78,8 @@ def get_drafter(name: str, target: Transformer, path: str | Path | None = None) 
             f"no trained {name} drafter at {path}; train one with `python -m dspark.train drafter --kind {name}`"
         )
     return load_drafter(path, target)
+
+
+def get_calibration(name: str, path: str | Path | None = None) -> torch.Tensor | None:
+    """STS temperatures of the drafter `name` at `path` (default: the shipped one); None for `none`."""
+    return None if name == "none" else load_calibration(Path(path) if path else default_path(name))

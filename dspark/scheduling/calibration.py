@@ -30,26 +30,11 @@ import torch
 
 from dspark.checkpoint import config_path
 from dspark.scheduling.scheduler import prefix_survival
-from dspark.study.offline import Rounds
 
 FIT_PROMPTS = (40, 80)  # eval prompts [40, 80) per domain fit STS; benchmarks report on [0, 40)
 BINS = 15  # reliability bins
 TEMPERATURE_GRID = torch.logspace(-1.5, 1.5, 241, dtype=torch.float64)  # 0.03 .. 31.6
 TOLERANCE = 0.002  # ECE differences below this are noise when choosing a temperature
-
-
-def round_arrays(rounds: Rounds) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(N, γ) confidences, (N, γ) event "prefix 1..k accepted", (N, γ) mask of verified positions."""
-    conf, events, mask = [], [], []
-    for L, A, C in zip(rounds.verify_lens, rounds.accepted, rounds.confidences):
-        for ell, a, c in zip(L, A, C):
-            k = torch.arange(1, len(c) + 1)
-            conf.append(torch.tensor(c, dtype=torch.float64))
-            events.append((k <= a).double())
-            mask.append(k <= ell)
-    if not conf:
-        raise ValueError("no rounds with confidences (does the drafter have a confidence head?)")
-    return torch.stack(conf), torch.stack(events), torch.stack(mask)
 
 
 def ece(pred: torch.Tensor, obs: torch.Tensor, bins: int = BINS) -> float:
@@ -138,15 +123,6 @@ def save_temperatures(drafter_path: str | Path, temperatures: torch.Tensor, info
     record = json.loads(path.read_text())
     record["calibration"] = {"sts_temperatures": [round(float(t), 5) for t in temperatures], **info}
     path.write_text(json.dumps(record, indent=2) + "\n")
-
-
-def load_temperatures(drafter_path: str | Path) -> torch.Tensor | None:
-    """The stored STS temperatures, or None if the drafter was never calibrated."""
-    path = config_path(drafter_path)
-    if not path.is_file():
-        return None
-    temps = json.loads(path.read_text()).get("calibration", {}).get("sts_temperatures")
-    return None if temps is None else torch.tensor(temps, dtype=torch.float64)
 
 
 def plot_reliability(conf, events, mask, temperatures, path: str | Path, title: str = "") -> None:

@@ -28,6 +28,9 @@ rate, one length for the whole batch).
 On a GPU, `scheduled_lengths` (used by `PrefixPolicy`) runs survivals, the path and the early
 stop as one Triton kernel (`kernels/prefix_scheduler.py`); this file stays its reference.
 
+`VerifyScheduler` binds a policy to its SPS profile and the drafter's STS
+temperatures; the engine hands it each round's `Proposal` and gets ℓ_r back.
+
 What this file does not do: measure SPS (dspark/scheduling/profiler.py) or calibrate the
 confidences (dspark/scheduling/calibration.py).
 """
@@ -35,12 +38,12 @@ confidences (dspark/scheduling/calibration.py).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from dspark import backend
+from dspark.drafters.base import Drafter, Proposal
 
 POLICY_NAMES = ("none", "mtp1", "fixed", "threshold", "goodput", "dspark", "dspark-async")
 
@@ -323,19 +326,45 @@ def make_policy(name: str, threshold: float = 0.5, min_length: int = 0) -> Polic
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
 
 
-def policy_hooks(policy: Policy, drafter, profile: ThroughputProfile) -> tuple[Callable, Callable]:
-    """(verify_len_fn, observe_fn) for `speculative_generate`: the policy reads the
-    drafter's confidences of this round, calibrated with its STS temperatures if it has them."""
-    if policy.needs_confidence and not hasattr(drafter, "confidence"):
-        raise ValueError(
-            f"policy {policy.name!r} needs a drafter with a confidence head (dflash, dspark, dspark-rnn)"
-        )
-    temperatures = getattr(drafter, "sts_temperatures", None)
+class VerifyScheduler:
+    """What the engine asks every round for verify lengths: a policy bound to the SPS
+    profile it optimises against and the STS temperatures that calibrate the drafter's
+    confidences. Everything it uses comes in as an argument: the temperatures here,
+    the round's `Proposal` in `__call__`, the round's outcome in `observe`."""
 
-    def verify_len_fn(drafts: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
-        R, gamma = drafts.shape
-        conf = drafter.last_confidence  # None only for drafters without a head (policies that ignore it)
-        conf = torch.ones(R, gamma) if conf is None else conf
-        return policy.lengths_from_confidence(conf, temperatures, gamma, profile)
+    def __init__(
+        self, policy: Policy, profile: ThroughputProfile, temperatures: torch.Tensor | None = None
+    ) -> None:
+        self.policy, self.profile, self.temperatures = policy, profile, temperatures
 
-    return verify_len_fn, policy.observe
+    @classmethod
+    def for_drafter(
+        cls,
+        policy: Policy,
+        drafter: Drafter,
+        profile: ThroughputProfile,
+        temperatures: torch.Tensor | None = None,
+    ) -> VerifyScheduler:
+        """Bind `policy` for `drafter`, refusing up front a drafter whose proposals carry
+        no confidences when the policy ranks by them."""
+        if policy.needs_confidence and not drafter.has_confidence:
+            raise ValueError(
+                f"policy {policy.name!r} ranks drafts by confidence, but the {drafter.name!r} drafter has no "
+                "trained confidence head; use dspark or dspark-rnn, or a policy that ignores confidences "
+                "(none, mtp1, fixed, goodput)"
+            )
+        return cls(policy, profile, temperatures)
+
+    def __call__(self, proposal: Proposal) -> torch.Tensor:
+        """(R,) verify lengths for this round's proposal."""
+        R, gamma = proposal.tokens.shape
+        conf = proposal.confidence
+        if conf is None:
+            if self.policy.needs_confidence:
+                raise ValueError(f"policy {self.policy.name!r} needs confidences; this proposal has none")
+            conf = torch.ones(R, gamma)  # ignored by the policies that do not need confidences
+        return self.policy.lengths_from_confidence(conf, self.temperatures, gamma, self.profile)
+
+    def observe(self, verify_lens: torch.Tensor, accepted: torch.Tensor) -> None:
+        """This round's verify lengths and accepted counts (policies that learn from history)."""
+        self.policy.observe(verify_lens, accepted)

@@ -9,9 +9,12 @@ active, each in its own KV-cache slot; every step it
      generate) individually, and prefills the admitted prompts in ONE ragged
      target pass whose last logits give each request its first token;
   2. lets the drafter propose γ tokens after every active request's anchor
-     (it first appends the context that was committed since its last call);
-  3. asks the verify-length function (a scheduler policy, dspark/scheduling/scheduler.py)
-     for ℓ_r per request, capped by the context left;
+     (it first appends the context that was committed since its last call):
+     one `Proposal` of tokens, their distributions q and, if the drafter has
+     a trained head, confidences;
+  3. hands that Proposal to the verify-length function (a `VerifyScheduler`,
+     dspark/scheduling/scheduler.py) for ℓ_r per request, capped by the
+     context left;
   4. runs ONE ragged target pass over every request's anchor + ℓ_r drafts --
      flattened tokens with request ids, no padding -- and `verify`s them;
   5. rolls every target cache back to anchor + accepted drafts, emits the
@@ -21,7 +24,8 @@ active, each in its own KV-cache slot; every step it
 With a `NoDrafter` (γ = 0) it is plain continuous-batching decoding. Per
 request it records the time to first token, the end-to-end time and every
 round's verify length, accepted count and confidences; the result has the
-global throughput. `speculative_generate` (dspark/serving/speculative.py) is this
+global throughput and the round statistics (`EngineResult.stats`,
+dspark/serving/rounds.py). `speculative_generate` (dspark/serving/speculative.py) is this
 engine with every prompt admitted at once.
 
 What this file does not do: choose verify lengths (policies) or simulate a GPU
@@ -37,9 +41,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dspark.drafters.base import Drafter, TargetFeatures
+from dspark.drafters.base import Drafter, Proposal, TargetFeatures
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams, probabilities, sample
+from dspark.serving.rounds import RoundStats
 from dspark.verify import draw_uniforms, verify
 
 
@@ -88,6 +93,14 @@ class EngineResult:
         return sum(len(r.tokens) for r in self.records)
 
     @property
+    def stats(self) -> RoundStats:
+        """Every request's rounds (ℓ, accepted, confidences), in submission order."""
+        recs = self.records
+        return RoundStats(
+            [r.verify_lens for r in recs], [r.accepted for r in recs], [r.confidences for r in recs]
+        )
+
+    @property
     def throughput(self) -> float:
         """Output tokens per second over all requests."""
         return self.output_tokens / self.seconds if self.seconds > 0 else float("nan")
@@ -102,12 +115,13 @@ class Engine:
         gamma: int,
         concurrency: int,
         eos_id: int | None = None,
-        verify_len_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        verify_len_fn: Callable[[Proposal], torch.Tensor] | None = None,
         observe_fn: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
     ) -> None:
-        """`verify_len_fn(drafts (R, γ), draft_probs (R, γ, V)) -> (R,)` picks ℓ_r
-        (default: all γ); it must depend only on what the drafter produced, or
-        losslessness is lost. `observe_fn(verify_lens, accepted)` hears each step's outcome."""
+        """`verify_len_fn(proposal) -> (R,)` picks ℓ_r (default: all γ), e.g. a
+        `VerifyScheduler`; it must depend only on the proposal and earlier rounds, or
+        losslessness is lost. `observe_fn(verify_lens, accepted)` hears each step's
+        outcome (a VerifyScheduler's `observe`)."""
         if not 0 <= gamma <= drafter.max_gamma:
             raise ValueError(f"gamma must be in 0..{drafter.max_gamma} for drafter {drafter.name!r}")
         if concurrency < 1:
@@ -219,17 +233,14 @@ class Engine:
             lens = torch.tensor([len(pending[i][0]) for i in active])
             features = TargetFeatures(torch.cat([pending[i][1].taps for i in active]),
                                       torch.cat([pending[i][1].last_hidden for i in active]))  # fmt: skip
-            drafts, draft_probs = drafter.propose(slots, committed, features, lens, anchors, gamma, self.params,
-                                                  generator)  # fmt: skip
-            round_conf = drafter.last_confidence  # (R, γ) or None
+            proposal = drafter.propose(
+                slots, committed, features, lens, anchors, gamma, self.params, generator
+            )
+            drafts, round_conf = proposal.tokens, proposal.confidence  # (R, γ), (R, γ) or None
 
             # 3. verify lengths, capped by the context left after the anchor
             room = context - cache.lengths[slots] - 1
-            wanted = (
-                self.verify_len_fn(drafts, draft_probs)
-                if self.verify_len_fn
-                else torch.full_like(room, gamma)
-            )
+            wanted = self.verify_len_fn(proposal) if self.verify_len_fn else torch.full_like(room, gamma)
             if bool(((wanted < 0) | (wanted > gamma)).any()):
                 raise ValueError(f"verify lengths must be in 0..{gamma}")
             verify_lens = torch.minimum(wanted.long(), room)  # (R,)
@@ -243,7 +254,7 @@ class Engine:
             steps += 1
             target_probs = torch.zeros(len(active), gamma + 1, target.config.vocab_size)
             target_probs[keep] = probabilities(res.logits, self.params)
-            result = verify(drafts, draft_probs, target_probs, verify_lens,
+            result = verify(drafts, proposal.probs, target_probs, verify_lens,
                             *draw_uniforms(len(active), gamma, generator))  # fmt: skip
             if self.observe_fn is not None:
                 self.observe_fn(verify_lens, result.accepted)

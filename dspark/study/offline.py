@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -37,7 +36,8 @@ from dspark.data.tokenizer import Tokenizer
 from dspark.drafters.base import Drafter, TargetFeatures
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams, probabilities, sample
-from dspark.serving.speculative import acceptance_by_position, speculative_generate, tokens_per_round
+from dspark.serving.rounds import RoundStats
+from dspark.serving.speculative import speculative_generate
 
 
 def prompts_by_domain(
@@ -51,27 +51,6 @@ def prompts_by_domain(
     return {d: [p for p in ps if context is None or len(p) < context] for d, ps in ids.items()}
 
 
-@dataclass
-class Rounds:
-    """Every request-round of some runs: ℓ, accepted a, confidences c_1..c_γ."""
-
-    verify_lens: list[list[int]] = field(default_factory=list)  # per request, per round
-    accepted: list[list[int]] = field(default_factory=list)
-    confidences: list[list[list[float]]] = field(default_factory=list)
-
-    @property
-    def tau(self) -> float:
-        return tokens_per_round(self.accepted)
-
-    def acceptance_by_position(self, gamma: int) -> list[float | None]:
-        return acceptance_by_position(self.verify_lens, self.accepted, gamma)
-
-    def extend(self, other: Rounds) -> None:
-        self.verify_lens += other.verify_lens
-        self.accepted += other.accepted
-        self.confidences += other.confidences
-
-
 def measure_tau(
     target: Transformer,
     drafter: Drafter,
@@ -83,26 +62,24 @@ def measure_tau(
     verify_len: int | None = None,
     batch_size: int = 16,
     seed: int = 0,
-) -> Rounds:
+) -> RoundStats:
     """Speculative decoding of `prompts` in batches; the drafter proposes `gamma`
     tokens per round and every round verifies `verify_len` of them (default: all)."""
-    rounds = Rounds()
+    rounds = RoundStats()
     fixed = None
     if verify_len is not None:
         if not 0 <= verify_len <= gamma:
             raise ValueError(f"verify_len must be in 0..{gamma}")
-        fixed = lambda drafts, probs: torch.full((drafts.shape[0],), verify_len)  # noqa: E731
+        fixed = lambda proposal: torch.full((proposal.tokens.shape[0],), verify_len)  # noqa: E731
     for start in range(0, len(prompts), batch_size):
         result = speculative_generate(target, drafter, prompts[start : start + batch_size], max_new_tokens,
                                       params, gamma, torch.Generator().manual_seed(seed + start), eos_id,
                                       fixed)  # fmt: skip
-        rounds.verify_lens += result.verify_lens
-        rounds.accepted += result.accepted
-        rounds.confidences += result.confidences
+        rounds.extend(result.stats)
     return rounds
 
 
-def threshold_sweep(rounds: Rounds, thresholds: list[float]) -> list[dict]:
+def threshold_sweep(rounds: RoundStats, thresholds: list[float]) -> list[dict]:
     """Replay fully verified rounds under static survival thresholds.
 
     For each θ: ℓ = number of leading positions with Π_{j<=k} c_j >= θ,
@@ -161,9 +138,9 @@ def round_latency(
     start = cache.lengths[slots].clone()
     for rep in range(repeats + 1):  # the first round is a warm-up (and appends the prompt context)
         t0 = time.perf_counter()
-        drafts, _ = drafter.propose(
+        drafts = drafter.propose(
             slots, committed, features, committed_lens, anchors, gamma, params, generator
-        )
+        ).tokens
         t1 = time.perf_counter()
         blocks = torch.cat([anchors[:, None], drafts], dim=1).flatten()
         target.forward_cached(blocks, slots, torch.full((n,), gamma + 1), cache, return_taps=True)

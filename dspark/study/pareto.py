@@ -28,11 +28,12 @@ from tqdm import tqdm
 from dspark import paths
 from dspark.data.tokenizer import Tokenizer
 from dspark.drafters.base import Drafter, NoDrafter
-from dspark.drafters.registry import get_drafter
+from dspark.drafters.registry import get_calibration, get_drafter
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
-from dspark.scheduling.scheduler import ThroughputProfile, make_policy, policy_hooks
+from dspark.scheduling.scheduler import ThroughputProfile, VerifyScheduler, make_policy
 from dspark.serving.engine import Engine, Request
+from dspark.serving.rounds import RoundStats
 from dspark.study import offline
 from dspark.study.simulator import RequestTrace, simulate, traces_from_records
 
@@ -82,20 +83,19 @@ def serve_points(
             )
         drafter = drafters[name]
         for C in concurrencies:
-            verify_fn, observe_fn = policy_hooks(make_policy(policy_name), drafter, profile)
-            engine = Engine(target, drafter, params, gamma, C, tokenizer.eos_id, verify_fn, observe_fn)
+            scheduler = VerifyScheduler.for_drafter(make_policy(policy_name), drafter, profile,
+                                                    get_calibration(name))  # fmt: skip
+            engine = Engine(target, drafter, params, gamma, C, tokenizer.eos_id, scheduler, scheduler.observe)
             engine.run([Request(prompts[0], 4)] * min(C, 2))  # warm-up
             result = engine.run([Request(p, max_new_tokens, a) for p, a in zip(prompts, arrivals)],
                                 torch.Generator().manual_seed(seed), bar.update)  # fmt: skip
             tpots = [r.tpot for r in result.records if r.tpot]
-            rounds = [a for r in result.records for a in r.accepted]
-            lens = [ell for r in result.records for ell in r.verify_lens]
+            stats = result.stats
             points.append({
                 "policy": policy_name, "drafter": name, "concurrency": C, "throughput": result.throughput,
                 "tps_per_user": statistics.mean(1 / t for t in tpots), "tpot_ms": 1000 * statistics.mean(tpots),
                 "ttft_ms": 1000 * statistics.mean(r.ttft for r in result.records if not r.error),
-                "mean_verify_len": statistics.mean(lens) if lens else 0.0,
-                "tau": statistics.mean(a + 1 for a in rounds) if rounds else 1.0,
+                "mean_verify_len": stats.mean_verify_len, "tau": stats.tau,
             })  # fmt: skip
     bar.close()
     return points
@@ -116,7 +116,7 @@ def record_traces(
     if path.is_file() and not refresh:
         record = json.loads(path.read_text())
     else:
-        rounds = offline.Rounds()
+        rounds = RoundStats()
         for ps in offline.prompts_by_domain(tokenizer, per_domain, 0, target.config.max_seq_len).values():
             rounds.extend(
                 offline.measure_tau(target, drafter, ps, params, gamma, max_new_tokens, tokenizer.eos_id)
@@ -126,7 +126,7 @@ def record_traces(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record) + "\n")
     traces = traces_from_records(record["verify_lens"], record["accepted"], record["confidences"], gamma)
-    return traces, getattr(drafter, "sts_temperatures", None)
+    return traces, get_calibration(drafter_name)
 
 
 def simulate_points(
