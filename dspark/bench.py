@@ -39,7 +39,7 @@ from dspark.data.corpus import EVAL_PER_DOMAIN, eval_prompts_by_domain
 from dspark.data.tokenizer import Tokenizer
 from dspark.generation import generate
 from dspark.sampling import SamplingParams
-from dspark.study import offline
+from dspark.study import offline, plots
 
 
 def parse_int_list(text: str) -> list[int]:
@@ -184,7 +184,7 @@ def bench_offline(args: argparse.Namespace) -> dict:
     def plot(out: Path) -> None:
         for temperature in args.temperatures:
             sub = [r for r in rows if r["temperature"] == temperature]
-            offline.plot_position_acceptance(sub, out / f"position_acceptance_T{temperature:g}.png",
+            plots.plot_position_acceptance(sub, out / f"position_acceptance_T{temperature:g}.png",
                                            f"conditional acceptance by position, T = {temperature:g}")  # fmt: skip
 
     write_outputs(args, "table1", table, plot)
@@ -264,7 +264,7 @@ def bench_depth(args: argparse.Namespace) -> dict:
                      for d in domains)] for k in args.kinds for n in args.layers]  # fmt: skip
     table = offline.markdown_table(["drafter", "layers", *domains], body)
     print(f"drafter depth, gamma = {args.gamma}, T = {args.temperature:g}, tau\n\n" + table)
-    write_outputs(args, "depth", table, lambda out: offline.plot_depth(rows, out / "depth.png"))
+    write_outputs(args, "depth", table, lambda out: plots.plot_depth(rows, out / "depth.png"))
     return {"benchmark": "depth", "gamma": args.gamma, "temperature": args.temperature, "results": rows}
 
 
@@ -303,7 +303,7 @@ def bench_gamma(args: argparse.Namespace) -> dict:
     table = offline.markdown_table(header, body)
     print(f"proposal length, T = {args.temperature:g}: tau and per-round latency\n\n" + table)
     write_outputs(
-        args, "gamma", table, lambda out: offline.plot_gamma(tau_rows, latency_rows, out / "gamma.png")
+        args, "gamma", table, lambda out: plots.plot_gamma(tau_rows, latency_rows, out / "gamma.png")
     )
     return {"benchmark": "gamma", "temperature": args.temperature, "tau": tau_rows, "latency": latency_rows}
 
@@ -329,7 +329,7 @@ def bench_threshold(args: argparse.Namespace) -> dict:
         ["domain", "θ", "accepted drafts / step", "rejected drafts / step", "acceptance rate"], body
     )
     print(f"static survival-threshold sweep, {label}, gamma = {gamma}, T = {args.temperature:g}\n\n" + table)
-    write_outputs(args, "threshold", table, lambda out: offline.plot_threshold(rows, out / "threshold.png"))
+    write_outputs(args, "threshold", table, lambda out: plots.plot_threshold(rows, out / "threshold.png"))
     return {"benchmark": "threshold", "drafter": label, "gamma": gamma, "results": rows}
 
 
@@ -373,7 +373,7 @@ def bench_calibration(args: argparse.Namespace) -> dict:
           f"domain, T = {args.temperature:g}, gamma = {gamma}), STS temperatures "
           f"{' '.join(f'{t:.2f}' for t in temperatures.tolist())}\n\n" + table)  # fmt: skip
     title = f"{args.drafter}: prefix survival, before (raw) and after STS"
-    write_outputs(args, "calibration", table, lambda out: calibration.plot_reliability(
+    write_outputs(args, "calibration", table, lambda out: plots.plot_reliability(
         conf, events, mask, temperatures, out / "reliability.png", title))  # fmt: skip
     keys = ("k", "ece_before", "ece_after", "auroc", "brier", "rounds", "survival_rate", "ece_noise_floor")
     return {"benchmark": "calibration", "drafter": args.drafter, "rounds": int(conf.shape[0]),
@@ -411,7 +411,7 @@ def bench_profile(args: argparse.Namespace) -> dict:
         print(f"| {b} | " + " | ".join(cells) + " |")
     if args.out:  # a figure only
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        profiler.plot_profiles(profiles, Path(args.out) / "sps_profiles.png", max_tokens=512)
+        plots.plot_profiles(profiles, Path(args.out) / "sps_profiles.png", max_tokens=512)
         print(f"\nwrote {Path(args.out) / 'sps_profiles.png'}")
     return {"benchmark": "profile", "profiles": [{"name": p.name, "steps_per_second": p.steps_per_second}
                                                   for p in profiles]}  # fmt: skip
@@ -438,8 +438,8 @@ def report_points(points: list[dict], args: argparse.Namespace, title: str, stem
     print(f"{title}\n\n{table}{matched}")
 
     def plot(out: Path) -> None:
-        pareto.plot_frontier(points, out / f"{stem}_frontier.png", title)
-        pareto.plot_load(points, out / f"{stem}_load.png", title)
+        plots.plot_frontier(points, out / f"{stem}_frontier.png", title)
+        plots.plot_load(points, out / f"{stem}_load.png", title)
 
     write_outputs(args, stem, table + matched, plot)
 

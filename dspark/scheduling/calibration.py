@@ -123,34 +123,3 @@ def save_temperatures(drafter_path: str | Path, temperatures: torch.Tensor, info
     record = json.loads(path.read_text())
     record["calibration"] = {"sts_temperatures": [round(float(t), 5) for t in temperatures], **info}
     path.write_text(json.dumps(record, indent=2) + "\n")
-
-
-def plot_reliability(conf, events, mask, temperatures, path: str | Path, title: str = "") -> None:
-    """Reliability diagrams of the prefix survival per position, before and after STS."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    gamma = conf.shape[1]
-    raw, cal = prefix_survival(conf), prefix_survival(conf, temperatures)
-    fig, axes = plt.subplots(1, gamma, figsize=(2.4 * gamma, 2.7), sharey=True)
-    for k, ax in enumerate(axes if gamma > 1 else [axes]):
-        m = mask[:, k]
-        ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
-        for label, s, style in (("raw", raw, "o-"), ("STS", cal, "s-")):
-            pts = reliability(s[m, k], events[m, k])
-            if pts:
-                ax.plot([p for p, _, _ in pts], [o for _, o, _ in pts], style, ms=3,
-                        label=f"{label} ECE {100 * ece(s[m, k], events[m, k]):.1f}%")  # fmt: skip
-        ax.set_title(f"position {k + 1}", fontsize=9)
-        ax.set_xlabel("predicted survival", fontsize=8)
-        ax.legend(fontsize=6, loc="upper left")
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1)
-    (axes[0] if gamma > 1 else axes).set_ylabel("observed survival")
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

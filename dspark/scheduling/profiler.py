@@ -158,29 +158,3 @@ def named_profile(name: str, target: Transformer | None = None) -> ThroughputPro
     if name == "h200-buckets":
         return roofline_profile(RooflineConfig(buckets=default_buckets()))
     raise ValueError(f"unknown profile {name!r}; choose one of {', '.join(PROFILE_NAMES)}")
-
-
-def plot_profiles(profiles: list[ThroughputProfile], path: str | Path, max_tokens: int = 0) -> None:
-    """Steps/s and tokens/s (B · SPS(B)) against B, one line per profile, normalised to SPS(1)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
-    for p in profiles:
-        n = min(p.max_tokens, max_tokens) if max_tokens else p.max_tokens
-        B = list(range(1, n + 1))
-        rel = [p.sps(b) / p.sps(1) for b in B]
-        axes[0].plot(B, rel, label=p.name)
-        axes[1].plot(B, [b * r for b, r in zip(B, rel)], label=p.name)
-    axes[0].set_ylabel("SPS(B) / SPS(1)")
-    axes[1].set_ylabel("B · SPS(B) / SPS(1)  (token capacity)")
-    for ax in axes:
-        ax.set_xlabel("batch tokens B per target pass")
-        ax.set_xscale("log", base=2)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -1,10 +1,10 @@
 """The offline study of the DSpark drafter at this project's scale (paper section 4.2-4.3).
 
 Measurements behind `python -m dspark.bench offline|depth|gamma|threshold`, on
-the held-out prompts of each domain, each with a plot writer (PNG):
+the held-out prompts of each domain (their figures: dspark/study/plots.py):
 
-  * position-wise conditional acceptance (paper Fig. 2): `plot_position_acceptance`
-    over the rows of `bench offline`, which also gives the Table 1 analogue;
+  * position-wise conditional acceptance (paper Fig. 2) over the rows of
+    `bench offline`, which also gives the Table 1 analogue;
   * drafter depth (Fig. 3): `measure_tau` for drafters with 1, 2, ... layers;
   * proposal length (Fig. 4): `measure_tau` at several verify lengths of a
     drafter trained with a long block, and `round_latency` -- one drafting
@@ -17,7 +17,7 @@ the held-out prompts of each domain, each with a plot writer (PNG):
     so one recorded run answers every threshold.
 
 A threshold θ verifies the longest prefix whose *survival* Π_{j<=k} c_j is at
-least θ (θ = 0: everything) -- the quantity the scheduler of the next issue ranks.
+least θ (θ = 0: everything) -- the quantity the prefix scheduler ranks (dspark/scheduling/scheduler.py).
 
 What this file does not do: train drafters (`dspark.train drafter`), time
 single-stream speed-ups (`bench offline`), or calibrate confidences.
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
@@ -170,110 +169,3 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
-
-
-# ---- plots ---------------------------------------------------------------------------------------
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: str | Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
-
-
-def plot_position_acceptance(rows: list[dict], path: str | Path, title: str) -> None:
-    """Fig. 2 analogue: one panel per domain, one line per drafter (rows of `bench offline`)."""
-    plt = _pyplot()
-    domains = list(dict.fromkeys(r["domain"] for r in rows))
-    fig, axes = plt.subplots(1, len(domains), figsize=(4.2 * len(domains), 3.4), sharey=True)
-    for ax, domain in zip(axes, domains):
-        for r in rows:
-            if r["domain"] == domain and r["cond_acceptance"]:
-                pts = [(k + 1, a) for k, a in enumerate(r["cond_acceptance"]) if a is not None]
-                ax.plot(*zip(*pts), marker="o", label=r["drafter"])
-        ax.set_title(domain)
-        ax.set_xlabel("position k in the block")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("conditional acceptance")
-    axes[0].legend(fontsize=8)
-    fig.suptitle(title)
-    _save(fig, path)
-
-
-def plot_depth(rows: list[dict], path: str | Path) -> None:
-    """Fig. 3 analogue: macro τ (and per domain) against backbone layers, per kind."""
-    plt = _pyplot()
-    domains = [*dict.fromkeys(r["domain"] for r in rows)]
-    fig, axes = plt.subplots(1, len(domains), figsize=(3.4 * len(domains), 3.2))
-    for ax, domain in zip(axes, domains):
-        for kind in dict.fromkeys(r["kind"] for r in rows):
-            pts = sorted((r["layers"], r["tau"]) for r in rows if r["kind"] == kind and r["domain"] == domain)
-            ax.plot(*zip(*pts), marker="o", label=kind)
-        ax.set_title(domain)
-        ax.set_xlabel("drafter layers")
-        ax.set_xticks(sorted({r["layers"] for r in rows}))
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("τ (tokens per round)")
-    axes[0].legend(fontsize=8)
-    _save(fig, path)
-
-
-def plot_gamma(tau_rows: list[dict], latency_rows: list[dict], path: str | Path) -> None:
-    """Fig. 4 analogue: τ against γ per domain, and round latency against γ per kind."""
-    plt = _pyplot()
-    domains = [*dict.fromkeys(r["domain"] for r in tau_rows)]
-    fig, axes = plt.subplots(1, len(domains) + 1, figsize=(3.4 * (len(domains) + 1), 3.2))
-    for ax, domain in zip(axes, domains):
-        for kind in dict.fromkeys(r["kind"] for r in tau_rows):
-            pts = sorted(
-                (r["gamma"], r["tau"]) for r in tau_rows if r["kind"] == kind and r["domain"] == domain
-            )
-            ax.plot(*zip(*pts), marker="o", label=kind)
-        ax.set_title(domain)
-        ax.set_xlabel("γ (drafts verified)")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("τ (tokens per round)")
-    axes[0].legend(fontsize=8)
-    ax = axes[-1]
-    for kind in dict.fromkeys(r["kind"] for r in latency_rows):
-        pts = sorted((r["gamma"], r["round_ms"]) for r in latency_rows if r["kind"] == kind)
-        ax.plot(*zip(*pts), marker="o", label=kind)
-    batch = latency_rows[0]["batch"] if latency_rows else 0
-    ax.set_title(f"round latency, batch {batch}")
-    ax.set_xlabel("γ (block size)")
-    ax.set_ylabel("ms per round")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    _save(fig, path)
-
-
-def plot_threshold(rows: list[dict], path: str | Path) -> None:
-    """Fig. 5 analogue: accepted/rejected drafts per step (bars) and acceptance rate (line)."""
-    plt = _pyplot()
-    domains = [*dict.fromkeys(r["domain"] for r in rows)]
-    fig, axes = plt.subplots(1, len(domains), figsize=(4.2 * len(domains), 3.4), sharey=True)
-    for ax, domain in zip(axes, domains):
-        sub = [r for r in rows if r["domain"] == domain]
-        x = [r["threshold"] for r in sub]
-        acc = [r["accepted_per_step"] for r in sub]
-        rej = [r["rejected_per_step"] for r in sub]
-        width = 0.8 * (x[1] - x[0]) if len(x) > 1 else 0.08
-        ax.bar(x, acc, width, label="accepted drafts")
-        ax.bar(x, rej, width, bottom=acc, hatch="//", alpha=0.6, label="rejected drafts")
-        ax.set_title(domain)
-        ax.set_xlabel("survival threshold θ")
-        rate = ax.twinx()
-        rate.plot(x, [r["acceptance_rate"] for r in sub], color="k", marker="o", label="acceptance rate")
-        rate.set_ylim(0, 1.05)
-        if domain == domains[-1]:
-            rate.set_ylabel("acceptance rate")
-    axes[0].set_ylabel("draft tokens per step")
-    axes[0].legend(fontsize=8, loc="upper right")
-    _save(fig, path)
