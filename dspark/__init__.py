@@ -1,0 +1,77 @@
+"""dspark: DSpark speculative decoding from scratch, small enough to read.
+
+The public API, in the order the data flows (README "Architecture"):
+
+    from dspark import Tokenizer, load_target, get_drafter, get_calibration
+    from dspark import SamplingParams, speculative_generate, VerifyScheduler, make_policy
+
+    tok = Tokenizer.load(paths.TOKENIZER_PATH)
+    target, _ = load_target(paths.TARGET_CHECKPOINT)
+    drafter = get_drafter("dspark", target)              # propose(...) -> Proposal
+    result = speculative_generate(target, drafter, [tok.chat_prompt("Hi")], 64, SamplingParams(0.0), 7)
+    print(tok.decode(result.tokens[0]), result.stats.tau)
+
+Everything else (training, the offline study, the simulator, plots) is imported
+from its subpackage: `dspark.training`, `dspark.study`.
+"""
+
+from dspark import paths
+from dspark.checkpoint import CheckpointError, load_target
+from dspark.config import ModelConfig
+from dspark.data.tokenizer import Tokenizer
+from dspark.drafters.base import Drafter, NoDrafter, Proposal, TargetFeatures
+from dspark.drafters.registry import DRAFTER_NAMES, get_calibration, get_drafter
+from dspark.generation import GenerationResult, generate
+from dspark.kv_cache import KVCache
+from dspark.model import Transformer
+from dspark.sampling import SamplingParams, probabilities, sample
+from dspark.scheduling.scheduler import (
+    POLICY_NAMES,
+    Policy,
+    ThroughputProfile,
+    VerifyScheduler,
+    make_policy,
+    prefix_schedule,
+    prefix_survival,
+)
+from dspark.serving.engine import Engine, EngineResult, Request
+from dspark.serving.rounds import RoundStats
+from dspark.serving.speculative import SpeculativeResult, speculative_generate
+from dspark.verify import VerifyResult, verify
+
+__all__ = [
+    "DRAFTER_NAMES",
+    "POLICY_NAMES",
+    "CheckpointError",
+    "Drafter",
+    "Engine",
+    "EngineResult",
+    "GenerationResult",
+    "KVCache",
+    "ModelConfig",
+    "NoDrafter",
+    "Policy",
+    "Proposal",
+    "Request",
+    "RoundStats",
+    "SamplingParams",
+    "SpeculativeResult",
+    "TargetFeatures",
+    "ThroughputProfile",
+    "Tokenizer",
+    "Transformer",
+    "VerifyResult",
+    "VerifyScheduler",
+    "generate",
+    "get_calibration",
+    "get_drafter",
+    "load_target",
+    "make_policy",
+    "paths",
+    "prefix_schedule",
+    "prefix_survival",
+    "probabilities",
+    "sample",
+    "speculative_generate",
+    "verify",
+]

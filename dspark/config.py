@@ -25,7 +25,7 @@ class ModelConfig:
     tie_embeddings: bool = True  # LM head shares the token-embedding matrix
     # Layers whose outputs drafters read as context features (0-based block
     # index; the value is the residual stream after that block). Evenly spaced
-    # from the first to the third-to-last, as in DESIGN.md section 2.
+    # from the first to the third-to-last, as in walkthrough/DESIGN.md section 2.
     tap_layers: tuple[int, ...] = (0, 2, 3)
 
     def __post_init__(self) -> None:

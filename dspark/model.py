@@ -13,7 +13,7 @@ One model, two entry points:
     is causal, and every token sees its own slot's cache in full.
 
 Both can also return the residual stream after the configured "tap" layers;
-drafters read these as context features (DESIGN.md section 2).
+drafters read these as context features (walkthrough/DESIGN.md section 2).
 
 What this file does not do: sampling, generation loops, drafting. The ragged
 attention reference (`ragged_attention_reference`) pads each block to the

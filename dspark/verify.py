@@ -12,7 +12,7 @@ i.e. with probability min(1, p/q). At the first rejection a replacement is
 sampled from the residual  norm(max(0, p_{k-1} − q_k)); if all ℓ_r drafts
 survive, a bonus token is sampled from p_ℓ. Either way the round yields
 accepted + 1 tokens and the output distribution is exactly the target's
-(Leviathan et al. 2023; DESIGN.md section 1).
+(Leviathan et al. 2023; walkthrough/DESIGN.md section 1).
 
 Greedy decoding needs no special case: at temperature 0 both p and q are
 one-hot, so a draft is accepted exactly when it equals the target's argmax,

@@ -1,7 +1,7 @@
 """Triton kernels for DSpark's four hot paths, each next to the PyTorch reference it must match.
 
   markov_sampler.py     the Markov sequential head for a whole draft block (paper §3.1)
-  rejection_sampler.py  lossless verification of ragged draft blocks (DESIGN §1)
+  rejection_sampler.py  lossless verification of ragged draft blocks (walkthrough/DESIGN.md §8)
   ragged_attention.py   variable-length verify attention against the KV cache (paper §5.3)
   prefix_scheduler.py   survivals → Algorithm 1 → verify lengths, on the device (paper §3.2.2)
   inverse_cdf.py        the token-drawing device function the two samplers share

@@ -1,6 +1,6 @@
 """The prefix scheduler on the device: confidences → survivals → Algorithm 1 → verify lengths.
 
-What it computes (paper §3.2.2 and Algorithm 1; DESIGN section 5): for R
+What it computes (paper §3.2.2 and Algorithm 1; walkthrough/DESIGN.md section 5): for R
 requests with γ draft confidences each,
 
   1. optional STS calibration  c̃_{r,j} = σ(logit(c_{r,j}) / T_j),

@@ -1,4 +1,4 @@
-"""Lossless verification of ragged draft blocks, one program per request (DESIGN §1, paper §5.3).
+"""Lossless verification of ragged draft blocks, one program per request (walkthrough/DESIGN.md §8, paper §5.3).
 
 Request r brought γ drafts x_1..x_γ drawn from q_1..q_γ; the target scored
 the anchor and the drafts, giving p_0..p_γ; a scheduler chose to verify only

@@ -12,6 +12,7 @@ can run it on a synthetic tree and see it fail.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -308,3 +309,23 @@ def test_checker_reports_violations(tmp_path):
     assert any("dspark.high -> dspark.low -> dspark.high" in c and "dspark/low.py:5" in c for c in cycles)
 
     assert len(problems(tmp_path, layers)) == 5
+
+
+def test_only_the_plots_module_imports_matplotlib():
+    """Plotting lives in the benchmark/study layer, in one module."""
+    _, imports = collect(ROOT)
+    users = sorted({i.importer for i in imports if _top(i.target) == "matplotlib"})
+    assert users == ["dspark.study.plots"], f"only dspark/study/plots.py may import matplotlib, not {users}"
+
+
+def test_readme_architecture_names_every_module():
+    """The README's Architecture tree matches the package: every module file is named there
+    (kernels by their bare names) and every `name.py` it names exists."""
+    block = (ROOT / "README.md").read_text().split("## Architecture", 1)[1].split("```", 2)[1]
+    on_disk = {p.name for pkg in ("dspark", "kernels") for p in (ROOT / pkg).rglob("*.py")} - {"__init__.py"}
+    named = set(re.findall(r"\b(\w+\.py)\b", block))
+    kernel_words = {w + ".py" for w in re.findall(r"\b(\w+)\b", block.split("kernels/", 1)[1])}
+    missing = sorted(on_disk - named - kernel_words)
+    stale = sorted(named - on_disk)
+    assert not missing, f"the README's Architecture tree does not name {missing}"
+    assert not stale, f"the README's Architecture tree names files that do not exist: {stale}"

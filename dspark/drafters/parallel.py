@@ -1,6 +1,6 @@
 """DSpark's drafter: a parallel (DFlash-style) backbone + a sequential head + a confidence head.
 
-Backbone (DESIGN.md section 2; paper section 3.1). The block after an anchor
+Backbone (walkthrough/DESIGN.md section 2; paper section 3.1). The block after an anchor
 x0 is `[x0, MASK, ..., MASK]` (γ input slots); slot k predicts the token at
 anchor + k, so one pass gives γ draft logits U_1..U_γ. Every draft layer
 attends bidirectionally inside the block and to the *context features*

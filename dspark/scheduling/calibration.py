@@ -2,7 +2,7 @@
 
 The scheduler ranks prefix survivals a_k = Π_{i<=k} c_i, so they must be
 calibrated in absolute terms: a_k should be the probability that drafts 1..k
-are all accepted. DESIGN section 4 / paper section 3.2.1:
+are all accepted. walkthrough/DESIGN.md section 4 / paper section 3.2.1:
 
   * record rounds with FULL verification on held-out prompts: raw confidences
     c_1..c_γ and the accepted count a; the event at position k is a >= k;

@@ -1,7 +1,7 @@
 """Throughput profiles SPS(B) for the scheduler: measured here, or modelled for a GPU.
 
 SPS(B) is the number of target forward passes per second when one pass
-carries B batch tokens (DESIGN section 5). The scheduler only ever looks it up.
+carries B batch tokens (walkthrough/DESIGN.md section 5). The scheduler only ever looks it up.
 
   * `measure_sps`: dummy verification passes of the real target through its
     ragged KV cache -- B tokens spread over up to `requests` requests that

@@ -5,7 +5,7 @@ a_{r,j} = Π_{i<=j} c_{r,i} (calibrated confidences, non-increasing in j). A
 policy picks verify lengths ℓ_r ∈ [0, γ]; the target then scores
 B = Σ_r (1 + ℓ_r) tokens and is expected to emit τ = Σ_r (1 + Σ_{j<=ℓ_r} a_{r,j}).
 With SPS(B) the measured target steps per second at B batch tokens, DSpark
-maximises the expected emission rate Θ = τ · SPS(B) (DESIGN section 5, paper
+maximises the expected emission rate Θ = τ · SPS(B) (walkthrough/DESIGN.md section 5, paper
 section 3.2.2 and Algorithm 1):
 
   * `prefix_schedule(..., early_stop=True)`: walk all (r, j) in descending a

@@ -1,4 +1,4 @@
-"""A continuous-batching speculative serving engine (DESIGN section 6, paper section 5).
+"""A continuous-batching speculative serving engine (walkthrough/DESIGN.md section 6, paper section 5).
 
 Requests wait in a queue. The engine keeps at most `concurrency` of them
 active, each in its own KV-cache slot; every step it

@@ -1,4 +1,4 @@
-"""Trace-driven simulation of the serving engine on a modelled GPU (DESIGN section 6).
+"""Trace-driven simulation of the serving engine on a modelled GPU (walkthrough/DESIGN.md section 6).
 
 This CPU cannot show what happens at production scale, where the target pass
 is memory-bound until hundreds of batch tokens. So: record what the real

@@ -1,6 +1,6 @@
 """The DSpark / DFlash training objective over many packed blocks per sequence.
 
-For a batch of target-regenerated sequences (DESIGN.md section 3; paper 3.3):
+For a batch of target-regenerated sequences (walkthrough/DESIGN.md section 3; paper 3.3):
   1. one frozen target pass gives the tap features (-> context keys/values for
      every position) and p_t, the target's distribution of every next token;
   2. A anchor positions a are drawn per sequence; each anchor forms a block
