@@ -156,6 +156,21 @@ def test_max_new_tokens_boundary_inside_a_block(tiny_model, max_new):
     result = speculative_generate(tiny_model, OracleDrafter(tiny_model, 4, noise=0.0), ps, max_new, GREEDY, 4)
     assert result.tokens == reference
     assert [len(t) for t in result.tokens] == [max_new, max_new]
+    # τ counts committed tokens only: rounds' tokens + each prompt's first (prefill) token = all output
+    stats = result.stats
+    assert stats.tau * stats.rounds + len(ps) == pytest.approx(sum(len(t) for t in result.tokens))
+
+
+def test_tau_counts_only_tokens_before_eos(tiny_model):
+    ps = prompts([5, 11, 2], seed=4)
+    eos = generate(tiny_model, ps, 30, GREEDY).tokens[1][6]
+    result = speculative_generate(
+        tiny_model, OracleDrafter(tiny_model, 6, noise=0.0), ps, 30, GREEDY, 6, eos_id=eos
+    )
+    stats = result.stats
+    cut = sum(a + 1 for acc in stats.accepted for a in acc) - sum(map(sum, stats.emitted))
+    assert cut > 0  # some accepted tokens lay past EOS/the limit in a last round (the case under test)
+    assert stats.tau * stats.rounds + len(ps) == pytest.approx(sum(len(t) for t in result.tokens))
 
 
 def test_gamma_beyond_the_drafter_is_rejected(tiny_model):

@@ -61,9 +61,8 @@ class RequestRecord:
     from_draft: list[bool] = field(default_factory=list)  # per token: an accepted draft?
     verify_lens: list[int] = field(default_factory=list)  # per round: ℓ
     accepted: list[int] = field(default_factory=list)  # per round: accepted drafts a
-    confidences: list[list[float]] = field(
-        default_factory=list
-    )  # per round: c_1..c_γ (if the drafter has them)
+    emitted: list[int] = field(default_factory=list)  # per round: tokens committed (a + 1, fewer at a stop)
+    confidences: list[list[float]] = field(default_factory=list)  # per round: c_1..c_γ (if it has them)
     stop_reason: str = ""  # "eos", "length", "context", or "rejected"
     error: str = ""  # why a request was rejected
     submitted: float = 0.0  # seconds after the start: admitted to the queue's head (closed loop) or arrived
@@ -96,9 +95,8 @@ class EngineResult:
     def stats(self) -> RoundStats:
         """Every request's rounds (ℓ, accepted, confidences), in submission order."""
         recs = self.records
-        return RoundStats(
-            [r.verify_lens for r in recs], [r.accepted for r in recs], [r.confidences for r in recs]
-        )
+        return RoundStats([r.verify_lens for r in recs], [r.accepted for r in recs], [r.confidences for r in recs],
+                          [r.emitted for r in recs])  # fmt: skip
 
     @property
     def throughput(self) -> float:
@@ -271,7 +269,12 @@ class Engine:
                     rec.confidences.append(round_conf[r].tolist())
                 cache.rollback(slot_of[i], int(start_len[r]) + a + 1)  # anchor + accepted drafts stay
                 anchor_of[i] = int(result.next_token[r])
-                if emit(i, [*drafts[r, :a].tolist(), anchor_of[i]], [True] * a + [False]):
+                n_before = len(rec.tokens)
+                finished = emit(i, [*drafts[r, :a].tolist(), anchor_of[i]], [True] * a + [False])
+                rec.emitted.append(
+                    len(rec.tokens) - n_before
+                )  # a + 1, or fewer if EOS/the limit cut the round
+                if finished:
                     finish(i)
                 else:
                     pending[i] = (toks[: a + 1], feats[r].take(a + 1))

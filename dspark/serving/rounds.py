@@ -6,7 +6,11 @@ drafts + the correction or bonus token). `RoundStats` keeps, per request, the
 list of its rounds' ℓ, a and the drafter's confidences c_1..c_γ, and defines
 the numbers every benchmark reports (walkthrough/DESIGN.md section 7):
 
-  * τ (`tau`): mean tokens per request-round, the bonus/correction included;
+  * τ (`tau`): committed tokens per request-round (= per target pass of a
+    request): a + 1 (the accepted drafts and the bonus/correction token),
+    except in a request's last round, where EOS or the token limit may cut
+    the round short -- tokens drafted and accepted past the stop are not
+    output and do not count;
   * position-wise conditional acceptance (`acceptance_by_position`): at draft
     position k, among the rounds that verified position k and accepted 1..k−1,
     the fraction that accepted k (paper Fig. 2);
@@ -35,6 +39,14 @@ class RoundStats:
     accepted: list[list[int]] = field(default_factory=list)  # per request, per round: accepted drafts a ≤ ℓ
     # per request, per round: the drafter's confidences c_1..c_γ (empty lists without a confidence head)
     confidences: list[list[list[float]]] = field(default_factory=list)
+    # per request, per round: tokens committed, a + 1 unless a stop cut the round (default: a + 1)
+    emitted: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.emitted:  # recorded without stops in mind: every round committed a + 1
+            self.emitted = [[a + 1 for a in acc] for acc in self.accepted]
+        if [len(e) for e in self.emitted] != [len(a) for a in self.accepted]:
+            raise ValueError("emitted must have one entry per round, like accepted")
 
     @property
     def rounds(self) -> int:
@@ -43,8 +55,8 @@ class RoundStats:
 
     @property
     def tau(self) -> float:
-        """τ: mean tokens per request-round, the bonus/correction token included."""
-        return sum(a + 1 for acc in self.accepted for a in acc) / max(1, self.rounds)
+        """τ: committed tokens per request-round, the bonus/correction token included."""
+        return sum(map(sum, self.emitted)) / max(1, self.rounds)
 
     @property
     def mean_verify_len(self) -> float:
@@ -67,6 +79,7 @@ class RoundStats:
         self.verify_lens += other.verify_lens
         self.accepted += other.accepted
         self.confidences += other.confidences
+        self.emitted += other.emitted
 
     def calibration_arrays(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(N, γ) confidences, (N, γ) event "drafts 1..k accepted", (N, γ) mask of verified
