@@ -18,6 +18,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from dspark import paths
 from dspark.config import ModelConfig
 from dspark.model import Transformer
 
@@ -69,8 +70,21 @@ def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({exc})") from None
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt or truncated ({exc}){restore_hint(path)}"
+        ) from None
+    bad = [name for name, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise CheckpointError(f"checkpoint {path} holds NaN/inf weights (in {bad[:3]}){restore_hint(path)}")
     return record, {k: v.float() for k, v in tensors.items()}
+
+
+def restore_hint(path: str | Path) -> str:
+    """For a shipped asset, how to get the committed file back ('' for any other path)."""
+    path = Path(path).resolve()
+    if path.parent == paths.ASSETS_DIR.resolve():
+        return f"; restore the shipped file with `git checkout -- dspark/assets/{path.name}`"
+    return ""
 
 
 def load_target(path: str | Path) -> tuple[Transformer, dict]:
@@ -83,8 +97,9 @@ def load_target(path: str | Path) -> tuple[Transformer, dict]:
     model = Transformer(config)
     try:
         missing, unexpected = model.load_state_dict(tensors, strict=False)
-    except RuntimeError as exc:  # shape mismatch
-        raise CheckpointError(f"checkpoint {path} does not match its config ({exc})") from None
+    except RuntimeError as exc:  # shape mismatch: name the first offending tensor, not all of them
+        detail = next((ln.strip() for ln in str(exc).splitlines() if "size mismatch" in ln), str(exc)[:200])
+        raise CheckpointError(f"checkpoint {path} does not match its config ({detail})") from None
     tied = {"lm_head.weight"} if config.tie_embeddings else set()
     missing = [m for m in missing if m not in tied]
     if missing or unexpected:

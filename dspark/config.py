@@ -30,6 +30,14 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         self.tap_layers = tuple(self.tap_layers)
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("rope_theta", "norm_eps"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
         if self.dim % self.n_heads:
             raise ValueError("dim must be divisible by n_heads")
         if self.n_heads % self.n_kv_heads:

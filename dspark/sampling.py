@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+MIN_TEMPERATURE = 1e-6  # below this, logits / T can overflow fp32 (at 1e-39 it does)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -29,8 +31,12 @@ class SamplingParams:
     top_p: float = 1.0  # keep the smallest set whose mass reaches top_p (1 = all)
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:  # also rejects NaN
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        t = self.temperature
+        if not (t == 0 or MIN_TEMPERATURE <= t < float("inf")):  # also rejects NaN
+            raise ValueError(
+                f"temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}, got {t}; smaller "
+                "ones overflow fp32 logits / T (use 0 for greedy)"
+            )
         if self.top_k < 0:
             raise ValueError(f"top-k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:

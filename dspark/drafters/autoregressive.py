@@ -48,6 +48,9 @@ class AutoregressiveDrafterConfig:
             raise ValueError(f"kind must be 'mtp' or 'eagle', got {self.kind!r}")
         if self.kind == "mtp" and self.max_gamma != 1:
             raise ValueError("MTP-1 drafts exactly one token (max_gamma = 1)")
+        for name in ("max_gamma", "n_layers", "ffn_hidden"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     def to_dict(self) -> dict:
         return asdict(self)

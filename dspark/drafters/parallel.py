@@ -142,8 +142,9 @@ class ParallelDrafterConfig:
             self.rank = 0
         if self.kind != "dflash" and self.rank < 1:
             raise ValueError("DSpark's sequential head needs rank >= 1 (rank 0 is the dflash kind)")
-        if self.gamma < 1:
-            raise ValueError("gamma must be >= 1")
+        for name in ("gamma", "n_layers", "ffn_hidden"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     @property
     def head(self) -> str:

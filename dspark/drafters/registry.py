@@ -77,7 +77,12 @@ def get_drafter(name: str, target: Transformer, path: str | Path | None = None) 
         raise CheckpointError(
             f"no trained {name} drafter at {path}; train one with `python -m dspark.train drafter --kind {name}`"
         )
-    return load_drafter(path, target)
+    drafter = load_drafter(path, target)
+    if drafter.name != name:
+        raise CheckpointError(
+            f"{path} holds a {drafter.name} drafter, not {name}; pass --drafter {drafter.name}"
+        )
+    return drafter
 
 
 def get_calibration(name: str, path: str | Path | None = None) -> torch.Tensor | None:

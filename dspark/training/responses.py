@@ -40,6 +40,8 @@ def pick_prompts(
     chosen = []
     for (domain, split), prompts in sorted(by_key.items()):
         want = per_domain[split]
+        if want < 1:
+            continue
         rng.shuffle(prompts)
         taken = 0
         for p in prompts:
