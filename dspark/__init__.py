@@ -12,7 +12,9 @@ The public API, in the order the data flows (README "Architecture"):
     print(tok.decode(result.tokens[0]), result.stats.tau)
 
 Everything else (training, the offline study, the simulator, plots) is imported
-from its subpackage: `dspark.training`, `dspark.study`.
+from its subpackage: `dspark.training`, `dspark.study`. Plain decoding is
+`dspark.generation.generate`; it is not re-exported here, because
+`dspark.generate` is the command module (`python -m dspark.generate`).
 """
 
 from dspark import paths
@@ -21,7 +23,7 @@ from dspark.config import ModelConfig
 from dspark.data.tokenizer import Tokenizer
 from dspark.drafters.base import Drafter, NoDrafter, Proposal, TargetFeatures
 from dspark.drafters.registry import DRAFTER_NAMES, get_calibration, get_drafter
-from dspark.generation import GenerationResult, generate
+from dspark.generation import GenerationResult
 from dspark.kv_cache import KVCache
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams, probabilities, sample
@@ -62,7 +64,6 @@ __all__ = [
     "Transformer",
     "VerifyResult",
     "VerifyScheduler",
-    "generate",
     "get_calibration",
     "get_drafter",
     "load_target",

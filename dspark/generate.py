@@ -39,13 +39,13 @@ import sys
 
 import torch
 
-from dspark import paths
+from dspark import cli
 from dspark.backend import KERNEL_MODES, kernels_as
 from dspark.checkpoint import load_target
 from dspark.cli import UsageError, run_main
 from dspark.data.corpus import eval_prompts_by_domain
 from dspark.data.tokenizer import Tokenizer
-from dspark.drafters.registry import DRAFTER_NAMES, get_calibration, get_drafter
+from dspark.drafters.registry import get_calibration, get_drafter
 from dspark.generation import check_prompts, generate
 from dspark.sampling import SamplingParams
 from dspark.scheduling.profiler import cpu_profile
@@ -72,48 +72,20 @@ def _mark_drafted(tokenizer: Tokenizer, tokens: list[int], from_draft: list[bool
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m dspark.generate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = cli.command_parser("python -m dspark.generate", __doc__)
     parser.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt text (none: run the demo)")
-    parser.add_argument(
-        "--max-new-tokens", type=int, default=96, help="tokens to generate (default: %(default)s)"
+    cli.add_sampling(
+        parser, max_new_tokens=96, temperature=0.0, top=True, seed=0, tokens_help="tokens to generate"
     )
-    parser.add_argument(
-        "--temperature",
-        type=float,
-        default=0.0,
-        help="0 = greedy, else sampling temperature (default: %(default)s)",
-    )
-    parser.add_argument("--top-k", type=int, default=0, help="sample only from the k best tokens (0 = off)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed for sampling (default: %(default)s)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    parser.add_argument(
-        "--drafter",
-        choices=DRAFTER_NAMES,
-        default="dspark",
-        help="speculative drafter; none = plain decoding (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--gamma", type=int, default=7, help="draft tokens per round (not mtp) (default: %(default)s)"
-    )
-    parser.add_argument("--drafter-checkpoint", help="drafter weights (default: the shipped one)")
+    cli.add_outputs(parser, json="stdout")
+    cli.add_drafter(parser, help="speculative drafter; none = plain decoding",
+                    gamma_help="draft tokens per round (not mtp)")  # fmt: skip
     parser.add_argument("--policy", choices=POLICY_NAMES, default="fixed",
                         help="verify-length policy (default: %(default)s = verify every draft)")  # fmt: skip
     parser.add_argument("--threshold", type=float, default=0.5,
                         help="survival threshold of --policy threshold (default: %(default)s)")  # fmt: skip
-    parser.add_argument(
-        "--checkpoint",
-        default=str(paths.TARGET_CHECKPOINT),
-        help="target weights (default: the shipped model)",
-    )
-    parser.add_argument(
-        "--tokenizer", default=str(paths.TOKENIZER_PATH), help="tokenizer.json (default: shipped)"
-    )
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    cli.add_target(parser, tokenizer=True)
+    cli.add_threads(parser)
     parser.add_argument("--kernels", choices=KERNEL_MODES, default="auto",
                         help="Triton kernels or PyTorch references for the hot paths; triton runs them in "
                         "Triton's interpreter on a CPU (default: %(default)s)")  # fmt: skip
@@ -122,13 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    if args.max_new_tokens < 1:
-        raise UsageError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    cli.at_least_one(args, "max_new_tokens")
     params = SamplingParams(args.temperature, args.top_k, args.top_p)  # validates
     if any(not p.strip() for p in args.prompts):
         raise UsageError("a prompt is empty; give some text or no prompt at all for the demo")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    cli.apply_threads(args)
     if args.kernels == "triton":
         os.environ.setdefault(
             "TRITON_INTERPRET", "1"

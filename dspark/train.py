@@ -17,13 +17,15 @@ import json
 import shutil
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from dspark import paths
-from dspark.checkpoint import save_checkpoint
+from dspark import cli, paths
+from dspark.checkpoint import load_target, save_checkpoint
 from dspark.cli import UsageError, run_main
+from dspark.cli import add_option as option
 from dspark.config import ModelConfig
 from dspark.data.corpus import (
     DOMAINS,
@@ -35,10 +37,20 @@ from dspark.data.corpus import (
     write_jsonl,
 )
 from dspark.data.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer
+from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
+from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
+from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
+from dspark.drafters.registry import DRAFTER_NAMES, default_path
+from dspark.training.drafters import DrafterTrainConfig
 from dspark.training.target import TrainConfig, train_target
+
+PARALLEL, AUTOREGRESSIVE = ParallelDrafterConfig(), AutoregressiveDrafterConfig()  # the drafters' defaults
 
 
 def cmd_data(args: argparse.Namespace) -> None:
+    """Build the three-domain corpus offline, (re)train the tokenizer, tokenise train/val splits and pick the
+    held-out evaluation prompts.
+    """
     out = Path(args.out)
     t0 = time.perf_counter()
     print("building samples (stdlib sources, docstrings, pydoc topics, math problems) ...")
@@ -81,6 +93,9 @@ def cmd_data(args: argparse.Namespace) -> None:
 
 
 def cmd_target(args: argparse.Namespace) -> None:
+    """Pre-train the target model on the corpus built by `data`. Checkpoints every --eval-every steps; --resume
+    continues an interrupted run.
+    """
     data = Path(args.data)
     manifest_path = data / "manifest.json"
     if not manifest_path.is_file():
@@ -91,29 +106,14 @@ def cmd_target(args: argparse.Namespace) -> None:
         mc = ModelConfig.from_dict(json.loads((run / "model.json").read_text())["config"])
         print("resuming: model shape comes from the run's own model.json")
     else:
-        mc = ModelConfig(
-            vocab_size=manifest["vocab_size"],
-            dim=args.dim,
-            n_layers=args.layers,
-            n_heads=args.heads,
-            n_kv_heads=args.kv_heads,
-            ffn_hidden=args.ffn_hidden,
-            max_seq_len=args.context,
-            tap_layers=tuple(args.taps) if args.taps else ModelConfig.tap_layers,
-        )
+        mc = ModelConfig(vocab_size=manifest["vocab_size"], dim=args.dim, n_layers=args.layers, n_heads=args.heads,
+                         n_kv_heads=args.kv_heads, ffn_hidden=args.ffn_hidden, max_seq_len=args.context,
+                         tap_layers=tuple(args.taps) if args.taps else ModelConfig.tap_layers)  # fmt: skip
     if args.seq_len > mc.max_seq_len:
         raise UsageError(f"--seq-len {args.seq_len} exceeds --context {mc.max_seq_len}")
-    tc = TrainConfig(
-        steps=args.steps,
-        batch_size=args.batch_size,
-        seq_len=args.seq_len,
-        lr=args.lr,
-        warmup=args.warmup,
-        eval_every=args.eval_every,
-        checkpoint_every=args.eval_every,
-        seed=args.seed,
-    )
-    torch.set_num_threads(args.threads)
+    tc = TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
+                     warmup=args.warmup, eval_every=args.eval_every, checkpoint_every=args.eval_every,
+                     seed=args.seed)  # fmt: skip
     if not args.resume and (run / "model.safetensors").exists():
         raise UsageError(f"{run} already holds a run; pass --resume to continue it or choose another --out")
     meta = train_target(mc, tc, data, run, resume=args.resume, corpus_hash=manifest["sha256"])
@@ -121,71 +121,51 @@ def cmd_target(args: argparse.Namespace) -> None:
     for d in DOMAINS:
         print(f"  {d:<5} loss {meta['val_loss'][d]:.3f}  ppl {meta['val_ppl'][d]:.2f}")
     if args.ship:
-        from dspark.checkpoint import load_target
-
         model, _ = load_target(run / "model.safetensors")
         save_checkpoint(model, mc, paths.TARGET_CHECKPOINT, dtype=torch.float16, meta=meta)
         print(f"shipped fp16 weights to {paths.TARGET_CHECKPOINT}")
 
 
 def cmd_responses(args: argparse.Namespace) -> None:
-    from dspark.checkpoint import load_target
+    """Answer training/validation prompts of the corpus again with the target, sampled at T = 1, so that drafters
+    learn the target rather than the corpus. Resumes if interrupted.
+    """
     from dspark.training.responses import regenerate
 
     corpus = Path(args.data) / "corpus.jsonl"
     if not corpus.is_file():
         raise UsageError(f"no corpus in {args.data}; run `python -m dspark.train data` first")
-    torch.set_num_threads(args.threads)
     target, _ = load_target(args.checkpoint)
     tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    n = regenerate(
-        target,
-        tokenizer,
-        corpus,
-        out,
-        args.per_domain,
-        args.val_per_domain,
-        args.max_new_tokens,
-        args.batch_size,
-    )
+    n = regenerate(target, tokenizer, corpus, out, args.per_domain, args.val_per_domain, args.max_new_tokens,
+                   args.batch_size)  # fmt: skip
     print(f"{n} target responses in {out}")
 
 
 def cmd_drafter(args: argparse.Namespace) -> None:
-    from dspark.checkpoint import load_target
-    from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
-    from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
-    from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
-    from dspark.drafters.registry import default_path
-    from dspark.training.drafters import DrafterTrainConfig, train_drafter
+    """Train a drafter on the target-regenerated responses (the target stays frozen). EAGLE uses training-time
+    test: it is unrolled on its own outputs for --gamma steps. The parallel drafters (dflash, dspark,
+    dspark-rnn) train on --anchors packed blocks per sequence; dspark adds the three-term loss of the paper.
+    """
+    from dspark.training.drafters import train_drafter
     from dspark.training.responses import load_responses
 
-    torch.set_num_threads(args.threads)
     target, target_meta = load_target(args.checkpoint)
-    train_set, val_set = (
-        load_responses(Path(args.responses), "train"),
-        load_responses(Path(args.responses), "val"),
-    )
+    train_set, val_set = (load_responses(Path(args.responses), split) for split in ("train", "val"))
     gamma = 1 if args.kind == "mtp" else args.gamma
     torch.manual_seed(args.seed)
     if args.kind in PARALLEL_KINDS:
-        layers = args.layers or 2
+        layers = args.layers or PARALLEL.n_layers
         config = ParallelDrafterConfig(args.kind, gamma, layers, target.config.ffn_hidden, rank=args.rank)
         drafter = ParallelDrafter(target, config)
     else:
-        config = AutoregressiveDrafterConfig(args.kind, gamma, args.layers or 1, target.config.ffn_hidden)
+        layers = args.layers or AUTOREGRESSIVE.n_layers
+        config = AutoregressiveDrafterConfig(args.kind, gamma, layers, target.config.ffn_hidden)
         drafter = AutoregressiveDrafter(target, config)
-    tc = DrafterTrainConfig(
-        steps=args.steps,
-        batch_size=args.batch_size,
-        unroll=gamma,
-        anchors_per_seq=args.anchors,
-        lr=args.lr,
-        eval_every=args.eval_every,
-        seed=args.seed,
-    )
+    tc = DrafterTrainConfig(steps=args.steps, batch_size=args.batch_size, unroll=gamma, anchors_per_seq=args.anchors,
+                            lr=args.lr, eval_every=args.eval_every, seed=args.seed)  # fmt: skip
     out = Path(args.out) if args.out else default_path(args.kind)
     meta = {"target_checkpoint": Path(args.checkpoint).name, "responses": len(train_set)}
     meta = train_drafter(drafter, target, train_set, val_set, tc, out, meta)
@@ -194,33 +174,32 @@ def cmd_drafter(args: argparse.Namespace) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
-    from dspark.checkpoint import load_target
-    from dspark.data.tokenizer import Tokenizer
-    from dspark.drafters.registry import default_path, get_drafter
+    """Decode eval prompts 40..79 of every domain with full verification, record each round's confidences and
+    accepted length, fit one temperature per position left to right (each minimising the ECE of the prefix
+    survival with the earlier ones fixed) and store them in the drafter checkpoint's JSON. `python -m
+    dspark.bench calibration` then reports on prompts 0..39.
+    """
+
+    from dspark.drafters.registry import get_drafter
     from dspark.sampling import SamplingParams
     from dspark.scheduling import calibration
-    from dspark.serving.rounds import RoundStats
     from dspark.study import offline
 
-    torch.set_num_threads(args.threads)
     tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
     target, _ = load_target(args.checkpoint)
     path = Path(args.drafter_checkpoint) if args.drafter_checkpoint else default_path(args.drafter)
     drafter = get_drafter(args.drafter, target, path)
     if not drafter.has_confidence:
-        raise UsageError(
-            f"{args.drafter} has no trained confidence head to calibrate (use dspark, dspark-rnn)"
-        )
+        with_head = ", ".join(kind for kind, head in PARALLEL_KINDS.items() if head != "none")
+        raise UsageError(f"{args.drafter} has no trained confidence head to calibrate (use {with_head})")
     gamma = min(args.gamma, drafter.max_gamma)
-    params = SamplingParams(args.temperature)
     first, last = calibration.FIT_PROMPTS
-    rounds = RoundStats()
-    for domain, prompts in offline.prompts_by_domain(
-        tokenizer, last - first, first, target.config.max_seq_len
-    ).items():
-        rounds.extend(offline.measure_tau(target, drafter, prompts, params, gamma, args.max_new_tokens,
-                                        tokenizer.eos_id))  # fmt: skip
+
+    def progress(domain: str, rounds) -> None:
         print(f"{domain}: {sum(map(len, rounds.accepted))} rounds recorded so far")
+
+    rounds = offline.record_rounds(target, drafter, tokenizer, last - first, SamplingParams(args.temperature), gamma,
+                                   args.max_new_tokens, start=first, on_domain=progress)  # fmt: skip
     conf, events, mask = rounds.calibration_arrays()
     temps = calibration.fit_sts(conf, events, mask)
     rows = calibration.position_metrics(conf, events, mask, temps)
@@ -234,189 +213,90 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     print(f"\nstored the STS temperatures in {calibration.config_path(path)}")
 
 
+def add_optimizer(
+    p: argparse.ArgumentParser, config: TrainConfig | DrafterTrainConfig, batch: str, evals: str
+) -> None:
+    """--steps, --batch-size, --lr, --eval-every and --seed, with `config`'s defaults."""
+    option(p, "--steps", config.steps, "optimizer steps")
+    option(p, "--batch-size", config.batch_size, f"{batch} per step")
+    option(p, "--lr", config.lr, "peak learning rate")
+    option(p, "--eval-every", config.eval_every, f"steps between {evals}")
+    cli.add_seed(p, config.seed)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m dspark.train",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = cli.command_parser("python -m dspark.train", __doc__)
+    command = partial(
+        cli.add_command, parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    data_dir, responses = str(paths.data_dir()), str(paths.dspark_home() / "responses.jsonl")
 
-    p = sub.add_parser(
-        "data",
-        help="build corpus, tokenizer and token arrays",
-        description="Build the three-domain corpus offline, (re)train the tokenizer, "
-        "tokenise train/val splits and pick the held-out evaluation prompts.",
-    )
-    p.add_argument("--out", default=str(paths.data_dir()), help="output directory (default: %(default)s)")
-    p.add_argument(
-        "--math-problems",
-        type=int,
-        default=MATH_PROBLEMS,
-        help="generated math problems (default: %(default)s)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the math generator (default: %(default)s)")
-    p.add_argument(
-        "--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="BPE vocabulary (default: %(default)s)"
-    )
-    p.add_argument(
-        "--retrain-tokenizer",
-        action="store_true",
-        help="learn a new tokenizer instead of reusing the shipped one",
-    )
+    p = command("data", cmd_data, "build corpus, tokenizer and token arrays")
+    cli.add_outputs(p, "output directory (default: %(default)s)", data_dir, json=None)
+    option(p, "--math-problems", MATH_PROBLEMS, "generated math problems")
+    cli.add_seed(p, help="seed of the math generator")
+    option(p, "--vocab-size", DEFAULT_VOCAB_SIZE, "BPE vocabulary")
+    p.add_argument("--retrain-tokenizer", action="store_true",
+                   help="learn a new tokenizer instead of reusing the shipped one")  # fmt: skip
     p.add_argument("--ship", action="store_true", help="copy tokenizer and eval prompts into dspark/assets/")
-    p.set_defaults(func=cmd_data)
 
-    d = ModelConfig()
-    p = sub.add_parser(
-        "target",
-        help="pre-train the target LM",
-        description="Pre-train the target model on the corpus built by `data`. "
-        "Checkpoints every --eval-every steps; --resume continues an interrupted run.",
-    )
-    p.add_argument("--data", default=str(paths.data_dir()), help="corpus directory (default: %(default)s)")
-    p.add_argument(
-        "--out", default=str(paths.runs_dir() / "target"), help="run directory (default: %(default)s)"
-    )
+    p = command("target", cmd_target, "pre-train the target LM")
+    option(p, "--data", data_dir, "corpus directory")
+    cli.add_outputs(p, "run directory (default: %(default)s)", str(paths.runs_dir() / "target"), json=None)
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--ship", action="store_true", help="write fp16 weights to dspark/assets/ when done")
-    p.add_argument("--dim", type=int, default=d.dim, help="model width (default: %(default)s)")
-    p.add_argument("--layers", type=int, default=d.n_layers, help="blocks (default: %(default)s)")
-    p.add_argument("--heads", type=int, default=d.n_heads, help="query heads (default: %(default)s)")
-    p.add_argument(
-        "--kv-heads", type=int, default=d.n_kv_heads, help="key/value heads (default: %(default)s)"
-    )
-    p.add_argument("--ffn-hidden", type=int, default=d.ffn_hidden, help="SwiGLU width (default: %(default)s)")
-    p.add_argument("--context", type=int, default=d.max_seq_len, help="context length (default: %(default)s)")
-    p.add_argument("--taps", type=int, nargs="*", help=f"tap layers for drafters (default: {d.tap_layers})")
-    tc_defaults = TrainConfig()
-    p.add_argument(
-        "--steps", type=int, default=tc_defaults.steps, help="optimizer steps (default: %(default)s)"
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=tc_defaults.batch_size,
-        help="windows per step (default: %(default)s)",
-    )
-    p.add_argument(
-        "--seq-len", type=int, default=tc_defaults.seq_len, help="tokens per window (default: %(default)s)"
-    )
-    p.add_argument(
-        "--lr", type=float, default=tc_defaults.lr, help="peak learning rate (default: %(default)s)"
-    )
-    p.add_argument(
-        "--warmup", type=int, default=tc_defaults.warmup, help="warm-up steps (default: %(default)s)"
-    )
-    p.add_argument(
-        "--eval-every",
-        type=int,
-        default=tc_defaults.eval_every,
-        help="steps between validation + checkpoint (default: %(default)s)",
-    )
-    p.add_argument("--seed", type=int, default=tc_defaults.seed, help="random seed (default: %(default)s)")
-    p.add_argument(
-        "--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: %(default)s)"
-    )
-    p.set_defaults(func=cmd_target)
+    mc, tc = ModelConfig(), TrainConfig()
+    option(p, "--dim", mc.dim, "model width")
+    option(p, "--layers", mc.n_layers, "blocks")
+    option(p, "--heads", mc.n_heads, "query heads")
+    option(p, "--kv-heads", mc.n_kv_heads, "key/value heads")
+    option(p, "--ffn-hidden", mc.ffn_hidden, "SwiGLU width")
+    option(p, "--context", mc.max_seq_len, "context length")
+    p.add_argument("--taps", type=int, nargs="*", help=f"tap layers for drafters (default: {mc.tap_layers})")
+    add_optimizer(p, tc, "windows", "validation + checkpoint")
+    option(p, "--seq-len", tc.seq_len, "tokens per window")
+    option(p, "--warmup", tc.warmup, "warm-up steps")
+    cli.add_threads(p)
 
-    responses_default = paths.dspark_home() / "responses.jsonl"
-    p = sub.add_parser(
-        "responses",
-        help="regenerate responses with the target (drafter data)",
-        description="Answer training/validation prompts of the corpus again with the target, sampled at T = 1, "
-        "so that drafters learn the target rather than the corpus. Resumes if interrupted.",
-    )
-    p.add_argument("--data", default=str(paths.data_dir()), help="corpus directory (default: %(default)s)")
-    p.add_argument("--out", default=str(responses_default), help="output JSON lines (default: %(default)s)")
-    p.add_argument("--checkpoint", default=str(paths.TARGET_CHECKPOINT), help="target (default: shipped)")
-    p.add_argument(
-        "--per-domain", type=int, default=2000, help="train prompts per domain (default: %(default)s)"
-    )
-    p.add_argument(
-        "--val-per-domain", type=int, default=48, help="val prompts per domain (default: %(default)s)"
-    )
-    p.add_argument(
-        "--max-new-tokens", type=int, default=160, help="response length cap (default: %(default)s)"
-    )
-    p.add_argument(
-        "--batch-size", type=int, default=32, help="prompts generated together (default: %(default)s)"
-    )
-    p.add_argument(
-        "--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: %(default)s)"
-    )
-    p.set_defaults(func=cmd_responses)
+    p = command("responses", cmd_responses, "regenerate responses with the target (drafter data)")
+    option(p, "--data", data_dir, "corpus directory")
+    cli.add_outputs(p, "output JSON lines (default: %(default)s)", responses, "PATH", json=None)
+    cli.add_target(p)
+    option(p, "--per-domain", 2000, "train prompts per domain")
+    option(p, "--val-per-domain", 48, "val prompts per domain")
+    cli.add_sampling(p, max_new_tokens=160, tokens_help="response length cap")
+    option(p, "--batch-size", 32, "prompts generated together")
+    cli.add_threads(p)
 
-    p = sub.add_parser(
-        "drafter",
-        help="train a drafter (mtp, eagle, dflash, dspark, dspark-rnn)",
-        description="Train a drafter on the target-regenerated responses (the target stays frozen). "
-        "EAGLE uses training-time test: it is unrolled on its own outputs for --gamma steps. "
-        "The parallel drafters (dflash, dspark, dspark-rnn) train on --anchors packed blocks per sequence; "
-        "dspark adds the three-term loss of the paper.",
-    )
-    p.add_argument(
-        "--kind",
-        choices=("mtp", "eagle", "dflash", "dspark", "dspark-rnn"),
-        required=True,
-        help="which drafter",
-    )
-    p.add_argument(
-        "--responses", default=str(responses_default), help="responses file (default: %(default)s)"
-    )
-    p.add_argument("--checkpoint", default=str(paths.TARGET_CHECKPOINT), help="target (default: shipped)")
-    p.add_argument("--out", help="drafter checkpoint (default: dspark/assets/drafter_<kind>.safetensors)")
-    p.add_argument(
-        "--gamma",
-        type=int,
-        default=7,
-        help="draft block length (EAGLE: unrolled steps) (default: %(default)s)",
-    )
-    p.add_argument(
-        "--layers", type=int, default=0, help="drafter layers (default: 1 for mtp/eagle, 2 for parallel)"
-    )
-    p.add_argument(
-        "--rank", type=int, default=64, help="DSpark sequential-head rank r (default: %(default)s)"
-    )
-    p.add_argument(
-        "--anchors", type=int, default=16, help="parallel drafters: blocks per sequence (default: 16)"
-    )
-    p.add_argument("--steps", type=int, default=600, help="optimizer steps (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per step (default: %(default)s)")
-    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: %(default)s)")
-    p.add_argument(
-        "--eval-every", type=int, default=100, help="steps between validations (default: %(default)s)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-    p.add_argument(
-        "--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: %(default)s)"
-    )
-    p.set_defaults(func=cmd_drafter)
+    kinds = [name for name in DRAFTER_NAMES if name != "none"]
+    p = command("drafter", cmd_drafter, f"train a drafter ({', '.join(kinds)})")
+    p.add_argument("--kind", choices=kinds, required=True, help="which drafter")
+    option(p, "--responses", responses, "responses file")
+    cli.add_target(p)
+    cli.add_outputs(p, "drafter checkpoint (default: dspark/assets/drafter_<kind>.safetensors)", None, "PATH",
+                    json=None)  # fmt: skip
+    cli.add_gamma(p, "draft block length (EAGLE: unrolled steps)")
+    p.add_argument("--layers", type=int, default=0, help=f"drafter layers (default: {AUTOREGRESSIVE.n_layers} "
+                   f"for mtp/eagle, {PARALLEL.n_layers} for the parallel ones)")  # fmt: skip
+    option(p, "--rank", PARALLEL.rank, "DSpark sequential-head rank r")
+    dc = DrafterTrainConfig()
+    option(p, "--anchors", dc.anchors_per_seq, "parallel drafters: blocks per sequence")
+    add_optimizer(p, dc, "sequences", "validations")
+    cli.add_threads(p)
 
-    p = sub.add_parser(
-        "calibrate",
-        help="fit Sequential Temperature Scaling of a drafter's confidence head",
-        description="Decode eval prompts 40..79 of every domain with full verification, record each round's "
-        "confidences and accepted length, fit one temperature per position left to right (each minimising "
-        "the ECE of the prefix survival with the earlier ones fixed) and store them in the drafter "
-        "checkpoint's JSON. `python -m dspark.bench calibration` then reports on prompts 0..39.",
+    p = command(
+        "calibrate", cmd_calibrate, "fit Sequential Temperature Scaling of a drafter's confidence head"
     )
-    p.add_argument("--drafter", default="dspark", choices=("dflash", "dspark", "dspark-rnn"),
-                   help="drafter name (default: %(default)s)")  # fmt: skip
-    p.add_argument("--drafter-checkpoint", help="drafter weights (default: the shipped one)")
-    p.add_argument("--checkpoint", default=str(paths.TARGET_CHECKPOINT), help="target (default: shipped)")
-    p.add_argument("--gamma", type=int, default=7, help="draft tokens per round (default: %(default)s)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1)")
-    p.add_argument("--max-new-tokens", type=int, default=96, help="tokens per prompt (default: %(default)s)")
-    p.add_argument(
-        "--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: %(default)s)"
-    )
-    p.set_defaults(func=cmd_calibrate)
+    cli.add_drafter(p, tuple(PARALLEL_KINDS))
+    cli.add_target(p)
+    cli.add_sampling(p, temperature=1.0, max_new_tokens=96, tokens_help="tokens per prompt")
+    cli.add_threads(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    cli.apply_threads(args)  # 0 (the default): torch's own, one thread per physical core
     args.func(args)
 
 

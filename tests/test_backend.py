@@ -1,4 +1,4 @@
-"""Kernel-or-reference dispatch (dspark/backend.py), life without Triton, and `python -m dspark.study.kernels`."""
+"""Kernel-or-reference dispatch (dspark/backend.py), life without Triton, and `python -m dspark.bench kernels`."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_without_triton_dspark_still_verifies_and_says_so_once():
 
 
 def test_bench_without_triton_or_gpu_exits_with_a_message():
-    bench = "import runpy, sys; sys.argv = ['dspark.study.kernels']; runpy.run_module('dspark.study.kernels', run_name='__main__')"
+    bench = "import runpy, sys; sys.argv = ['dspark.bench', 'kernels']; runpy.run_module('dspark.bench', run_name='__main__')"
     result = run_python(BLOCK_TRITON + bench)
     assert (
         result.returncode == 1
@@ -93,7 +93,7 @@ def test_bench_without_triton_or_gpu_exits_with_a_message():
     )
     if not torch.cuda.is_available():
         result = subprocess.run(
-            [sys.executable, "-m", "dspark.study.kernels"], cwd=ROOT, capture_output=True, text=True
+            [sys.executable, "-m", "dspark.bench", "kernels"], cwd=ROOT, capture_output=True, text=True
         )
         assert result.returncode == 1 and "no CUDA GPU" in result.stderr and "Traceback" not in result.stderr
 
@@ -104,7 +104,8 @@ def test_bench_interpreter_smoke_run(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "dspark.study.kernels",
+        "dspark.bench",
+        "kernels",
         "--interpret",
         "--requests",
         "2",
@@ -127,7 +128,7 @@ def test_bench_interpreter_smoke_run(tmp_path):
 
 
 def test_bench_rejects_bad_arguments():
-    result = subprocess.run([sys.executable, "-m", "dspark.study.kernels", "--interpret", "--requests", "a,b"],
+    result = subprocess.run([sys.executable, "-m", "dspark.bench", "kernels", "--interpret", "--requests", "a,b"],
                             cwd=ROOT, capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 2 and "comma-separated" in result.stderr
 
@@ -138,7 +139,7 @@ def test_every_kernel_compiles_for_an_h200_without_a_gpu(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")  # a fresh compile, as on a clean machine
     out = tmp_path / "compile.json"
-    cmd = [sys.executable, "-m", "dspark.study.kernels", "--compile-only", "--json", str(out)]
+    cmd = [sys.executable, "-m", "dspark.bench", "kernels", "--compile-only", "--json", str(out)]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = json.loads(out.read_text())["rows"]

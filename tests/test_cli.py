@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+import ast
+import importlib
 import json
 import os
 import subprocess
@@ -11,13 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark import bench, generate, paths, train
+from dspark import bench, paths, train
 from dspark.checkpoint import save_checkpoint
 from dspark.cli import run_main
 from dspark.config import ModelConfig
 from dspark.model import Transformer
 
 ROOT = Path(__file__).resolve().parents[1]
+generate = importlib.import_module(
+    "dspark.generate"
+)  # the command module; `dspark.generate` is also a function
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +55,9 @@ def small_checkpoint(tmp_path_factory, tokenizer) -> Path:
         (bench, ["calibration"]),
         (bench, ["appendix-a"]),
         (bench, ["profile"]),
+        (bench, ["serve"]),
+        (bench, ["simulate"]),
+        (bench, ["kernels"]),
         (train, ["calibrate"]),
     ],  # fmt: skip
 )
@@ -57,6 +66,54 @@ def test_help(module, argv, capsys):
         module.main([*argv, "--help"])
     assert exit_info.value.code == 0
     assert "usage: python -m dspark." in capsys.readouterr().out
+
+
+SHARED_OPTIONS = {"--threads", "--checkpoint", "--gamma", "--temperature", "--max-new-tokens", "--drafter",
+                  "--drafter-checkpoint", "--json", "--out", "--seed"}  # fmt: skip
+
+
+def test_shared_options_are_declared_only_in_cli():
+    """generate, train and bench (and the study modules they call) take these options from dspark/cli.py's
+    helpers instead of declaring them again: no option string of SHARED_OPTIONS in any call there
+    (add_argument, add_option, ...)."""
+    sources = [ROOT / "dspark" / f"{name}.py" for name in ("generate", "train", "bench")]
+    found = []
+    for path in sources + sorted((ROOT / "dspark" / "study").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                for arg in node.args:
+                    if isinstance(arg, ast.Constant) and arg.value in SHARED_OPTIONS:
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {arg.value}")
+    assert not found, "declare these with the helpers in dspark/cli.py:\n" + "\n".join(found)
+    # the kernel benchmark is `python -m dspark.bench kernels`; its study module only measures
+    assert "argparse" not in (ROOT / "dspark" / "study" / "kernels.py").read_text()
+
+
+def parsers_with_subcommands(parser: argparse.ArgumentParser, name: str):
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub, subparser in action.choices.items():
+                yield from parsers_with_subcommands(subparser, f"{name} {sub}")
+
+
+def test_threads_has_one_default_everywhere():
+    """0 = torch's default (one thread per physical core) in generate and every train / bench subcommand."""
+    defaults = {}
+    for module in (generate, train, bench):
+        for name, parser in parsers_with_subcommands(module.build_parser(), module.__name__):
+            for action in parser._actions:
+                if "--threads" in action.option_strings:
+                    defaults[name] = action.default
+    some = {
+        "dspark.generate",
+        "dspark.train target",
+        "dspark.train drafter",
+        "dspark.bench ar",
+        "dspark.bench kernels",
+    }
+    assert some <= set(defaults)
+    assert set(defaults.values()) == {0}, defaults
 
 
 def test_generate_json_one_prompt(small_checkpoint, capsys):

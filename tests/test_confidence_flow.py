@@ -98,7 +98,9 @@ def test_the_engine_hands_each_round_s_proposal_to_the_verify_function(tiny_mode
     result = Engine(tiny_model, drafter, GREEDY, 4, 3, None, verify_lengths).run([Request(p, 9) for p in ps])
     recorded = [round_conf for rec in result.records for round_conf in rec.confidences]
     assert len(seen) == result.steps and sum(len(c) for c in seen) == len(recorded)
-    assert all(ell <= 2 for rec in result.records for ell in rec.verify_lens)  # 2, or less near the context end
+    assert all(
+        ell <= 2 for rec in result.records for ell in rec.verify_lens
+    )  # 2, or less near the context end
     first_step = seen[0].tolist()
     assert [rec.confidences[0] for rec in result.records] == first_step  # all three active in step 1
 

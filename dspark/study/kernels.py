@@ -1,4 +1,4 @@
-"""`python -m dspark.study.kernels`: each Triton kernel against its PyTorch reference on a CUDA GPU.
+"""Each Triton kernel against its PyTorch reference on a CUDA GPU (`python -m dspark.bench kernels`).
 
 For every hot path and a few batch sizes, at the shipped model's shapes
 (V = 4096, dim 256, rank 64, 8 query / 2 kv heads of 32, γ = 7, 256 tokens
@@ -11,59 +11,28 @@ the GPU for the samplers and the attention, and for the scheduler the host
 round trip (copy the confidences to the CPU, Algorithm 1 in Python, copy the
 lengths back) that the device kernel exists to avoid.
 
-Without a CUDA GPU it exits with a message. `--interpret` runs the same
-comparisons on the CPU under Triton's interpreter at tiny sizes: a smoke test
-of this script and of agreement, whose timings say nothing about speed.
-`--compile-only` needs no GPU either: it compiles every kernel at the shipped
+Without a CUDA GPU the command exits with a message. With `--interpret`
+(`compare(..., cuda=False)`) it runs the same comparisons on the CPU under
+Triton's interpreter at tiny sizes: a smoke test of the benchmark and of
+agreement, whose timings say nothing about speed. `--compile-only`
+(`compile_all`) needs no GPU either: it compiles every kernel at the shipped
 shapes for a CUDA architecture (default sm_90, the H200) down to a cubin, which
 catches what the interpreter tolerates and the GPU compiler does not.
+
+What this file does not do: parse arguments, set TRITON_INTERPRET (it must be
+set before Triton is imported, so the command does) or print.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import statistics
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
 GPU_SIZES = [1, 16, 64]  # requests per batch
 INTERPRETER_SIZES = [1, 3]
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m dspark.study.kernels",
-        description="Time each Triton kernel (Markov sampler, rejection sampler, ragged verify attention, "
-        "prefix scheduler) against its PyTorch reference on a CUDA GPU, and check that they agree.",
-    )
-    parser.add_argument(
-        "--requests",
-        type=str,
-        default=None,
-        help="comma-separated batch sizes (default 1,16,64 on a GPU, 1,3 with --interpret)",
-    )
-    parser.add_argument("--gamma", type=int, default=7, help="draft block size γ (default 7)")
-    parser.add_argument("--repeats", type=int, default=50, help="timed calls per measurement (default 50)")
-    parser.add_argument("--json", type=str, default=None, help="also write the rows to this JSON file")
-    parser.add_argument(
-        "--interpret",
-        action="store_true",
-        help="run on the CPU under TRITON_INTERPRET=1 at tiny sizes (agreement only, not speed)",
-    )
-    parser.add_argument(
-        "--compile-only",
-        action="store_true",
-        help="no GPU needed: compile every kernel for --arch down to a cubin and report",
-    )
-    parser.add_argument(
-        "--arch", type=int, default=90, help="CUDA compute capability for --compile-only (90)"
-    )
-    return parser.parse_args(argv)
 
 
 def timed(fn: Callable[[], object], repeats: int, cuda: bool) -> float:
@@ -236,75 +205,14 @@ def compile_all(arch: int) -> list[dict]:
     return rows
 
 
-def fail(message: str, code: int) -> int:
-    print(f"dspark.study.kernels: {message}", file=sys.stderr)
-    return code
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.gamma < 1 or args.repeats < 1:
-        return fail("--gamma and --repeats must be >= 1", 2)
-    try:
-        sizes = [int(s) for s in args.requests.split(",")] if args.requests else []
-    except ValueError:
-        return fail(f"--requests must be comma-separated integers, got {args.requests!r}", 2)
-    if any(s < 1 for s in sizes):
-        return fail("every --requests value must be >= 1", 2)
-    if args.interpret and args.compile_only:
-        return fail("--interpret and --compile-only exclude each other", 2)
-    if args.interpret:
-        os.environ["TRITON_INTERPRET"] = "1"  # before Triton and the kernel modules are imported
-    if args.compile_only and os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return fail("--compile-only needs the real compiler: unset TRITON_INTERPRET", 2)
-    import kernels
-
-    if not kernels.available():
-        return fail(f"Triton is not usable here ({kernels.unavailable_reason()}); nothing to time.", 1)
-    if args.compile_only:
-        print(f"# every kernel compiled for sm_{args.arch} (no GPU needed; nothing runs)\n")
-        print("| kernel variant | compile s | result |")
-        print("|---|---:|---|")
-        rows = compile_all(args.arch)
-        for row in rows:
-            print(f"| {row['kernel']} | {row['seconds']:.1f} | {row['result']} |")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"arch": args.arch, "rows": rows}, f, indent=1)
-        return 0 if all(row["result"].startswith("ok") for row in rows) else 3
-    cuda = torch.cuda.is_available() and not args.interpret
-    if not cuda and not args.interpret:
-        return fail(
-            "no CUDA GPU here (torch.cuda.is_available() is False). The kernels' speed can only be measured "
-            "on a GPU; on a CPU they run in Triton's interpreter, which checks correctness (python -m pytest "
-            "tests/test_kernel_*.py) but not speed. Add --interpret to run this script's agreement checks "
-            "on the CPU anyway.",
-            1,
-        )
-    sizes = sizes or (GPU_SIZES if cuda else INTERPRETER_SIZES)
+@torch.no_grad()
+def compare(sizes: list[int], gamma: int, repeats: int, cuda: bool) -> Iterator[dict]:
+    """One row per hot path and batch size, yielded as it is measured: kernel and reference timed on
+    the same inputs, and their agreement. Without `cuda`: tiny shapes on the CPU (the interpreter)."""
     device = "cuda" if cuda else "cpu"
-    repeats = args.repeats if cuda else 1
-    header = "interpreter on CPU: timings are NOT speed" if not cuda else torch.cuda.get_device_name()
-    print(f"# kernels vs references ({header}; γ = {args.gamma}, median of {repeats})\n")
-    print("| kernel | requests | reference ms | kernel ms | speed-up | agreement |")
-    print("|---|---:|---:|---:|---:|---|")
-    rows = []
-    with torch.no_grad():
-        for R in sizes:
-            for name, kernel_fn, reference_fn, agree in cases(R, args.gamma, not cuda, device):
-                agreement = agree(kernel_fn(), reference_fn())
-                ref_ms, kernel_ms = timed(reference_fn, repeats, cuda), timed(kernel_fn, repeats, cuda)
-                row = dict(kernel=name, requests=R, reference_ms=ref_ms, kernel_ms=kernel_ms,
-                           speedup=ref_ms / kernel_ms, agreement=agreement)  # fmt: skip
-                rows.append(row)
-                print(
-                    f"| {name} | {R} | {ref_ms:.3f} | {kernel_ms:.3f} | {ref_ms / kernel_ms:.2f}× | {agreement} |"
-                )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": header, "gamma": args.gamma, "rows": rows}, f, indent=1)
-    return 0 if all("DIFFER" not in row["agreement"] for row in rows) else 3
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    for R in sizes:
+        for name, kernel_fn, reference_fn, agree in cases(R, gamma, not cuda, device):
+            agreement = agree(kernel_fn(), reference_fn())
+            ref_ms, kernel_ms = timed(reference_fn, repeats, cuda), timed(kernel_fn, repeats, cuda)
+            yield dict(kernel=name, requests=R, reference_ms=ref_ms, kernel_ms=kernel_ms,
+                       speedup=ref_ms / kernel_ms, agreement=agreement)  # fmt: skip

@@ -1,7 +1,8 @@
 """The offline study of the DSpark drafter at this project's scale (paper section 4.2-4.3).
 
-Measurements behind `python -m dspark.bench offline|depth|gamma|threshold`, on
-the held-out prompts of each domain (their figures: dspark/study/plots.py):
+Measurements behind `python -m dspark.bench ar|offline|depth|gamma|threshold|calibration`
+(the `run_*` functions and the markdown tables they print), on the held-out
+prompts of each domain (their figures: dspark/study/plots.py):
 
   * position-wise conditional acceptance (paper Fig. 2) over the rows of
     `bench offline`, which also gives the Table 1 analogue;
@@ -19,20 +20,24 @@ the held-out prompts of each domain (their figures: dspark/study/plots.py):
 A threshold θ verifies the longest prefix whose *survival* Π_{j<=k} c_j is at
 least θ (θ = 0: everything) -- the quantity the prefix scheduler ranks (dspark/scheduling/scheduler.py).
 
-What this file does not do: train drafters (`dspark.train drafter`), time
-single-stream speed-ups (`bench offline`), or calibrate confidences.
+What this file does not do: train drafters (`dspark.train drafter`), fit the
+confidence calibration (dspark/scheduling/calibration.py; `record_rounds`
+only records the rounds it is fitted and scored on), or parse arguments.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from dspark.data.corpus import eval_prompts_by_domain
 from dspark.data.tokenizer import Tokenizer
 from dspark.drafters.base import Drafter, TargetFeatures
+from dspark.generation import generate
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams, probabilities, sample
 from dspark.serving.rounds import RoundStats
@@ -169,3 +174,267 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+# ---- the measurements behind `python -m dspark.bench ar|offline|depth|gamma|threshold|calibration` ----
+def eval_prompt_ids(tokenizer: Tokenizer, n: int) -> list[list[int]]:
+    """n held-out prompts, cycling through the domains (code, math, chat, code, ...)."""
+    groups = list(eval_prompts_by_domain().values())
+    return [tokenizer.chat_prompt(groups[i % len(groups)][i // len(groups)]) for i in range(n)]
+
+
+def run_ar(
+    model: Transformer, tokenizer: Tokenizer, batch_sizes: list[int], max_new_tokens: int, repeats: int
+) -> list[dict]:
+    """Plain greedy decoding of exactly `max_new_tokens` per request at each batch size:
+    medians over `repeats` timed runs after one warm-up."""
+    torch.manual_seed(0)
+    params = SamplingParams(temperature=0.0)
+    rows = []
+    for batch in batch_sizes:
+        prompts = eval_prompt_ids(tokenizer, batch)
+        runs = []
+        for rep in range(repeats + 1):  # the first run is a warm-up
+            # eos_id=None: every request generates exactly max_new_tokens
+            result = generate(model, prompts, max_new_tokens, params, eos_id=None)
+            if rep:
+                runs.append(result)
+        decode_tps = [batch * (max_new_tokens - 1) / r.decode_seconds for r in runs]
+        rows.append(
+            {
+                "batch": batch,
+                "new_tokens_per_request": max_new_tokens,
+                "tokens_per_s": statistics.median(r.tokens_per_s for r in runs),
+                "decode_tokens_per_s": statistics.median(decode_tps),
+                "tokens_per_s_per_request": statistics.median(r.tokens_per_s for r in runs) / batch,
+                "ms_per_step": 1000 * statistics.median(r.decode_seconds / r.steps for r in runs),
+                "prefill_ms": 1000 * statistics.median(r.prefill_seconds for r in runs),
+            }
+        )
+    return rows
+
+
+def ar_table(rows: list[dict]) -> str:
+    """Markdown of `run_ar`'s rows."""
+    lines = ["| batch | tokens/s | decode tokens/s | tokens/s per request | ms per step | prefill ms |",
+             "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines += [f"| {r['batch']} | {r['tokens_per_s']:.0f} | {r['decode_tokens_per_s']:.0f} | "
+              f"{r['tokens_per_s_per_request']:.1f} | {r['ms_per_step']:.2f} | {r['prefill_ms']:.1f} |"
+              for r in rows]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def run_speedup(
+    target: Transformer,
+    drafters: dict[str, Drafter],
+    by_domain: dict[str, list[list[int]]],
+    temperatures: list[float],
+    gamma: int,
+    max_new_tokens: int,
+    eos_id: int | None,
+) -> list[dict]:
+    """Single stream (one request at a time), per temperature, domain and drafter: tau, conditional
+    acceptance by position, tokens/s and the speed-up over plain decoding (row drafter "none")."""
+    rows = []
+    for temperature in temperatures:
+        params = SamplingParams(temperature=temperature)
+        for domain, prompts in by_domain.items():
+            generate(target, prompts[:1], 4, params)  # warm-up
+            base_tokens = base_time = 0.0
+            for i, prompt in enumerate(prompts):
+                r = generate(
+                    target, [prompt], max_new_tokens, params, torch.Generator().manual_seed(i), eos_id
+                )
+                base_tokens += r.new_tokens
+                base_time += r.prefill_seconds + r.decode_seconds
+            base_tps = base_tokens / base_time
+            rows.append({"drafter": "none", "domain": domain, "temperature": temperature, "gamma": 0,
+                         "tau": 1.0, "cond_acceptance": [], "tokens_per_s": base_tps, "speedup": 1.0})  # fmt: skip
+            for name, drafter in drafters.items():
+                g = min(gamma, drafter.max_gamma)
+                n_tokens = seconds = 0.0
+                stats = RoundStats()
+                for i, prompt in enumerate(prompts):
+                    r = speculative_generate(target, drafter, [prompt], max_new_tokens, params, g,
+                                             torch.Generator().manual_seed(i), eos_id)  # fmt: skip
+                    n_tokens += r.new_tokens
+                    seconds += r.prefill_seconds + r.decode_seconds
+                    stats.extend(r.stats)
+                tps = n_tokens / seconds
+                rows.append({"drafter": name, "domain": domain, "temperature": temperature, "gamma": g,
+                             "tau": stats.tau, "cond_acceptance": stats.acceptance_by_position(g),
+                             "tokens_per_s": tps, "speedup": tps / base_tps})  # fmt: skip
+    return rows
+
+
+def speedup_table(rows: list[dict]) -> str:
+    """Markdown of `run_speedup`'s rows, one per temperature, domain and drafter."""
+    lines = ["| T | drafter | domain | tau | tokens/s | speed-up | conditional acceptance by position |",
+             "|---|---|---|---:|---:|---:|---|"]  # fmt: skip
+    for r in rows:
+        acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["cond_acceptance"])
+        lines.append(f"| {r['temperature']:g} | {r['drafter']} | {r['domain']} | {r['tau']:.2f} | "
+                     f"{r['tokens_per_s']:.0f} | {r['speedup']:.2f}x | {acc} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def table1(rows: list[dict]) -> str:
+    """Markdown of `run_speedup`'s rows: one row per drafter, tau per domain and macro average,
+    per temperature, + speed-up."""
+    temps = list(dict.fromkeys(r["temperature"] for r in rows))
+    domains = list(dict.fromkeys(r["domain"] for r in rows))
+    header = ["drafter"]
+    for t in temps:
+        header += [f"{d} T={t:g}" for d in domains] + [f"macro T={t:g}", f"speed-up T={t:g}"]
+    body = []
+    for name in dict.fromkeys(r["drafter"] for r in rows if r["drafter"] != "none"):
+        line: list = [name]
+        for t in temps:
+            sub = {r["domain"]: r for r in rows if r["drafter"] == name and r["temperature"] == t}
+            line += [sub[d]["tau"] for d in domains] + [macro([sub[d]["tau"] for d in domains])]
+            line.append(", ".join(f"{sub[d]['speedup']:.2f}x" for d in domains))
+        body.append(line)
+    return markdown_table(header, body)
+
+
+def load_labelled_drafters(target: Transformer, specs: list[str]) -> dict[str, Drafter]:
+    """`label=PATH` pairs (or a bare shipped drafter name) -> {label: drafter}."""
+    from dspark.drafters.registry import get_drafter, load_drafter
+
+    out = {}
+    for spec in specs:
+        label, _, path = spec.partition("=")
+        if path:
+            if not Path(path).is_file():
+                raise FileNotFoundError(
+                    f"no drafter checkpoint at {path} (train it with `python -m dspark.train drafter`)"
+                )
+            out[label] = load_drafter(path, target)
+        else:
+            out[label] = get_drafter(label, target)
+    return out
+
+
+def run_depth(
+    target: Transformer,
+    checkpoints: dict[tuple[str, int], Path],
+    by_domain: dict[str, list[list[int]]],
+    params: SamplingParams,
+    gamma: int,
+    max_new_tokens: int,
+    eos_id: int | None,
+) -> list[dict]:
+    """tau per domain (and macro) of each (kind, layers) drafter checkpoint (Fig. 3)."""
+    from dspark.drafters.registry import load_drafter
+
+    rows = []
+    for (kind, layers), path in checkpoints.items():
+        drafter = load_drafter(path, target)
+        for domain, prompts in by_domain.items():
+            rounds = measure_tau(target, drafter, prompts, params, gamma, max_new_tokens, eos_id)
+            rows.append({"kind": kind, "layers": layers, "domain": domain, "tau": rounds.tau})
+        tau = [r["tau"] for r in rows[-len(by_domain) :]]
+        rows.append({"kind": kind, "layers": layers, "domain": "macro", "tau": macro(tau)})
+    return rows
+
+
+def depth_table(rows: list[dict]) -> str:
+    domains = list(dict.fromkeys(r["domain"] for r in rows))
+    body = [[k, n, *(next(r["tau"] for r in rows if (r["kind"], r["layers"], r["domain"]) == (k, n, d))
+                     for d in domains)] for k, n in dict.fromkeys((r["kind"], r["layers"]) for r in rows)]  # fmt: skip
+    return markdown_table(["drafter", "layers", *domains], body)
+
+
+def run_gamma(
+    target: Transformer,
+    drafters: dict[str, Drafter],
+    by_domain: dict[str, list[list[int]]],
+    params: SamplingParams,
+    gammas: list[int],
+    max_new_tokens: int,
+    eos_id: int | None,
+    latency_batch: int,
+    repeats: int,
+) -> tuple[list[dict], list[dict]]:
+    """tau per domain when only the first γ drafts of each full block are verified, and the
+    round latency at `latency_batch` requests, per drafter and γ (Fig. 4)."""
+    tau_rows, latency_rows = [], []
+    for label, drafter in drafters.items():
+        for domain, prompts in by_domain.items():
+            for gamma in gammas:  # the drafter proposes its full block; only the first γ are verified
+                rounds = measure_tau(target, drafter, prompts, params, drafter.max_gamma, max_new_tokens, eos_id,
+                                     verify_len=gamma)  # fmt: skip
+                tau_rows.append({"kind": label, "domain": domain, "gamma": gamma, "tau": rounds.tau})
+        batch = [p for ps in by_domain.values() for p in ps][:latency_batch]
+        for gamma in gammas:
+            row = round_latency(target, drafter, batch, gamma, params, repeats)
+            latency_rows.append({"kind": label, **row})
+    return tau_rows, latency_rows
+
+
+def gamma_table(tau_rows: list[dict], latency_rows: list[dict], latency_batch: int) -> str:
+    domains = list(dict.fromkeys(r["domain"] for r in tau_rows))
+    header = ["drafter", "γ", *domains, "macro", f"round ms (batch {latency_batch})", "draft ms"]
+    body = []
+    for label, gamma in dict.fromkeys((r["kind"], r["gamma"]) for r in latency_rows):
+        tau = [next(r["tau"] for r in tau_rows if (r["kind"], r["domain"], r["gamma"]) == (label, d, gamma))
+               for d in domains]  # fmt: skip
+        lat = next(r for r in latency_rows if (r["kind"], r["gamma"]) == (label, gamma))
+        body.append([label, gamma, *tau, macro(tau), lat["round_ms"], lat["draft_ms"]])
+    return markdown_table(header, body)
+
+
+def run_threshold(
+    target: Transformer,
+    drafter: Drafter,
+    by_domain: dict[str, list[list[int]]],
+    params: SamplingParams,
+    gamma: int,
+    max_new_tokens: int,
+    eos_id: int | None,
+    thresholds: list[float],
+) -> list[dict]:
+    """`threshold_sweep` of fully verified rounds, per domain (Fig. 5)."""
+    rows = []
+    for domain, prompts in by_domain.items():
+        rounds = measure_tau(target, drafter, prompts, params, gamma, max_new_tokens, eos_id)
+        rows += [{"domain": domain, **row} for row in threshold_sweep(rounds, thresholds)]
+    return rows
+
+
+def threshold_table(rows: list[dict]) -> str:
+    body = [[r["domain"], r["threshold"], r["accepted_per_step"], r["rejected_per_step"],
+             None if r["acceptance_rate"] is None else f"{100 * r['acceptance_rate']:.1f}%"] for r in rows]  # fmt: skip
+    return markdown_table(
+        ["domain", "θ", "accepted drafts / step", "rejected drafts / step", "acceptance rate"], body
+    )
+
+
+def record_rounds(
+    target: Transformer,
+    drafter: Drafter,
+    tokenizer: Tokenizer,
+    per_domain: int,
+    params: SamplingParams,
+    gamma: int,
+    max_new_tokens: int,
+    start: int = 0,
+    on_domain: Callable[[str, RoundStats], None] | None = None,
+) -> RoundStats:
+    """Fully verified rounds on eval prompts start .. start+per_domain-1 of every domain (what STS is
+    fitted and scored on); `on_domain(domain, rounds so far)` after each domain."""
+    rounds = RoundStats()
+    for domain, prompts in prompts_by_domain(tokenizer, per_domain, start, target.config.max_seq_len).items():
+        rounds.extend(measure_tau(target, drafter, prompts, params, gamma, max_new_tokens, tokenizer.eos_id))
+        if on_domain:
+            on_domain(domain, rounds)
+    return rounds
+
+
+def calibration_table(rows: list[dict]) -> str:
+    """Markdown of `calibration.position_metrics` rows (Fig. 6)."""
+    body = [[r["k"], r["rounds"], r["survival_rate"], f"{100 * r['ece_before']:.1f}%", f"{100 * r['ece_after']:.1f}%",
+             f"{100 * r['ece_noise_floor']:.1f}%", None if r["auroc"] is None else f"{r['auroc']:.3f}",
+             f"{r['brier']:.3f}"] for r in rows]  # fmt: skip
+    return markdown_table(["k", "rounds", "observed survival", "ECE before", "ECE after STS",
+                           "ECE noise floor", "AUROC", "Brier"], body)  # fmt: skip

@@ -161,3 +161,39 @@ def at_matched_throughput(points: list[dict], policy: str, baseline: str = "mtp1
                              "gain": y / b["tps_per_user"] - 1, "baseline_concurrency": b["concurrency"]})  # fmt: skip
                 break
     return rows
+
+
+def policy_traces(
+    target: Transformer,
+    tokenizer: Tokenizer,
+    policies: list[str],
+    params: SamplingParams,
+    refresh: bool = False,
+) -> dict[str, tuple[list[RequestTrace], torch.Tensor | None]]:
+    """`record_traces` of every drafter the policies use (and of DSpark, which `none` replays)."""
+    traces = {}
+    for name in {drafter_for(p)[0] for p in policies} | {"dspark"}:
+        if name != "none":
+            gamma = drafter_for("mtp1" if name == "mtp" else "dspark")[1]
+            traces[name] = record_traces(target, tokenizer, name, gamma, params, refresh=refresh)
+    return traces
+
+
+def frontier_report(points: list[dict], policies: list[str]) -> str:
+    """Markdown: every point, then (when MTP-1 ran) each policy's tokens/s per user at MTP-1's throughputs."""
+    header = ["policy", "drafter", "C", "throughput tok/s", "tok/s per user", "TPOT ms", "mean ℓ", "τ"]
+    body = [[p["policy"], p["drafter"], p["concurrency"], p["throughput"], p["tps_per_user"], p["tpot_ms"],
+             p["mean_verify_len"], p["tau"]] for p in points]  # fmt: skip
+    table = offline.markdown_table(header, body)
+    matched = ""
+    for policy in dict.fromkeys(p["policy"] for p in points):
+        if policy in ("mtp1", "none") or "mtp1" not in policies:
+            continue
+        for row in at_matched_throughput(points, policy):
+            matched += (f"| {policy} | {row['throughput']:.1f} | {row['baseline_tps_per_user']:.2f} | "
+                        f"{row['tps_per_user']:.2f} | {100 * row['gain']:+.0f}% |\n")  # fmt: skip
+    if matched:
+        matched = ("\nat matched throughput (MTP-1's points, the policy's frontier interpolated):\n\n"
+                   "| policy | throughput | MTP-1 tok/s/user | tok/s/user | gain |\n|---|---:|---:|---:|---:|\n"
+                   + matched)  # fmt: skip
+    return table + matched
