@@ -50,7 +50,7 @@ from dspark.sampling import SamplingParams
 from dspark.scheduling import calibration, profiler
 from dspark.scheduling.scheduler import POLICY_NAMES
 from dspark.study import kernels as kernel_study
-from dspark.study import offline, pareto, plots
+from dspark.study import offline, pareto, plots, tables
 
 
 def load_model(args: argparse.Namespace) -> tuple[Tokenizer, Transformer]:
@@ -86,7 +86,7 @@ def bench_ar(args: argparse.Namespace) -> dict:
         f"plain autoregressive decoding, greedy, {args.max_new_tokens} new tokens per request, "
         f"{torch.get_num_threads()} CPU threads, {model.num_parameters() / 1e6:.1f}M-parameter target\n"
     )
-    print(offline.ar_table(rows), end="")
+    print(tables.ar_table(rows), end="")
     return {"benchmark": "ar", "threads": torch.get_num_threads(), "results": rows}
 
 
@@ -102,8 +102,8 @@ def bench_offline(args: argparse.Namespace) -> dict:
                                args.gamma, args.max_new_tokens, tokenizer.eos_id)  # fmt: skip
     print(f"offline speculative decoding, gamma = {args.gamma}, {args.prompts_per_domain} held-out prompts per "
           f"domain, batch 1, {torch.get_num_threads()} CPU threads\n")  # fmt: skip
-    print(offline.speedup_table(rows), end="")
-    table = offline.table1(rows)
+    print(tables.speedup_table(rows), end="")
+    table = tables.table1(rows)
     print("\nTable 1 analogue: tau (tokens per round incl. the bonus token)\n\n" + table)
 
     def plot(out: Path) -> None:
@@ -130,7 +130,7 @@ def bench_depth(args: argparse.Namespace) -> dict:
                              f"--layers {n} --steps 800 --out {path}`")  # fmt: skip
     rows = offline.run_depth(target, checkpoints, study_prompts(args, tokenizer, target),
                              SamplingParams(args.temperature), args.gamma, args.max_new_tokens, tokenizer.eos_id)  # fmt: skip
-    table = offline.depth_table(rows)
+    table = tables.depth_table(rows)
     print(f"drafter depth, gamma = {args.gamma}, T = {args.temperature:g}, tau\n\n" + table)
     write_outputs(args, "depth", table, lambda out: plots.plot_depth(rows, out / "depth.png"))
     return {"benchmark": "depth", "gamma": args.gamma, "temperature": args.temperature, "results": rows}
@@ -155,7 +155,7 @@ def bench_gamma(args: argparse.Namespace) -> dict:
         target, drafters, study_prompts(args, tokenizer, target), SamplingParams(args.temperature), args.gammas,
         args.max_new_tokens, tokenizer.eos_id, args.latency_batch, args.repeats,
     )  # fmt: skip
-    table = offline.gamma_table(tau_rows, latency_rows, args.latency_batch)
+    table = tables.gamma_table(tau_rows, latency_rows, args.latency_batch)
     print(f"proposal length, T = {args.temperature:g}: tau and per-round latency\n\n" + table)
     write_outputs(
         args, "gamma", table, lambda out: plots.plot_gamma(tau_rows, latency_rows, out / "gamma.png")
@@ -174,7 +174,7 @@ def bench_threshold(args: argparse.Namespace) -> dict:
     rows = offline.run_threshold(target, drafter, study_prompts(args, tokenizer, target),
                                  SamplingParams(args.temperature), gamma, args.max_new_tokens, tokenizer.eos_id,
                                  args.thresholds)  # fmt: skip
-    table = offline.threshold_table(rows)
+    table = tables.threshold_table(rows)
     print(f"static survival-threshold sweep, {label}, gamma = {gamma}, T = {args.temperature:g}\n\n" + table)
     write_outputs(args, "threshold", table, lambda out: plots.plot_threshold(rows, out / "threshold.png"))
     return {"benchmark": "threshold", "drafter": label, "gamma": gamma, "results": rows}
@@ -203,7 +203,7 @@ def bench_calibration(args: argparse.Namespace) -> dict:
                                    SamplingParams(args.temperature), gamma, args.max_new_tokens)  # fmt: skip
     conf, events, mask = rounds.calibration_arrays()
     rows = calibration.position_metrics(conf, events, mask, temperatures)
-    table = offline.calibration_table(rows)
+    table = tables.calibration_table(rows)
     print(f"calibration of {args.drafter} on held-out rounds (eval prompts 0..{args.prompts_per_domain - 1} per "
           f"domain, T = {args.temperature:g}, gamma = {gamma}), STS temperatures "
           f"{' '.join(f'{t:.2f}' for t in temperatures.tolist())}\n\n" + table)  # fmt: skip

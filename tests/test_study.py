@@ -11,7 +11,8 @@ from dspark.drafters.autoregressive import AutoregressiveDrafter, Autoregressive
 from dspark.sampling import SamplingParams
 from dspark.serving.rounds import RoundStats as Rounds
 from dspark.serving.speculative import speculative_generate
-from dspark.study.offline import markdown_table, measure_tau, round_latency, threshold_sweep
+from dspark.study.offline import measure_tau, round_latency, threshold_sweep
+from dspark.study.tables import markdown_table
 
 # two fully verified rounds, γ = 3: survivals (0.9, 0.45, 0.405) accepting 2, and (0.4, 0.36, 0.324) accepting 0
 SHORT = [3, 17, 1, 9]  # far from the 64-token context: nothing caps the verify lengths

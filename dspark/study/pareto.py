@@ -34,7 +34,7 @@ from dspark.sampling import SamplingParams
 from dspark.scheduling.scheduler import ThroughputProfile, VerifyScheduler, make_policy
 from dspark.serving.engine import Engine, Request
 from dspark.serving.rounds import RoundStats
-from dspark.study import offline
+from dspark.study import offline, tables
 from dspark.study.simulator import RequestTrace, simulate, traces_from_records
 
 
@@ -184,7 +184,7 @@ def frontier_report(points: list[dict], policies: list[str]) -> str:
     header = ["policy", "drafter", "C", "throughput tok/s", "tok/s per user", "TPOT ms", "mean ℓ", "τ"]
     body = [[p["policy"], p["drafter"], p["concurrency"], p["throughput"], p["tps_per_user"], p["tpot_ms"],
              p["mean_verify_len"], p["tau"]] for p in points]  # fmt: skip
-    table = offline.markdown_table(header, body)
+    table = tables.markdown_table(header, body)
     matched = ""
     for policy in dict.fromkeys(p["policy"] for p in points):
         if policy in ("mtp1", "none") or "mtp1" not in policies:

@@ -1,0 +1,99 @@
+"""Markdown tables of the benchmarks: the rows `dspark.study` measures, formatted for the README.
+
+Each function takes the list of row dicts a `run_*` function of dspark/study/offline.py
+(or the calibration metrics) returned and gives back one markdown table, so the
+same numbers print on the terminal, go into `--out` files and into the README.
+
+What this file does not do: measure anything, or plot (dspark/study/plots.py).
+"""
+
+from __future__ import annotations
+
+from dspark.study.offline import macro
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    def cell(v) -> str:
+        if isinstance(v, float):
+            return f"{v:.2f}"
+        return "-" if v is None else str(v)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def ar_table(rows: list[dict]) -> str:
+    """Markdown of `run_ar`'s rows."""
+    lines = ["| batch | tokens/s | decode tokens/s | tokens/s per request | ms per step | prefill ms |",
+             "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines += [f"| {r['batch']} | {r['tokens_per_s']:.0f} | {r['decode_tokens_per_s']:.0f} | "
+              f"{r['tokens_per_s_per_request']:.1f} | {r['ms_per_step']:.2f} | {r['prefill_ms']:.1f} |"
+              for r in rows]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def speedup_table(rows: list[dict]) -> str:
+    """Markdown of `run_speedup`'s rows, one per temperature, domain and drafter."""
+    lines = ["| T | drafter | domain | tau | tokens/s | speed-up | conditional acceptance by position |",
+             "|---|---|---|---:|---:|---:|---|"]  # fmt: skip
+    for r in rows:
+        acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["cond_acceptance"])
+        lines.append(f"| {r['temperature']:g} | {r['drafter']} | {r['domain']} | {r['tau']:.2f} | "
+                     f"{r['tokens_per_s']:.0f} | {r['speedup']:.2f}x | {acc} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def table1(rows: list[dict]) -> str:
+    """Markdown of `run_speedup`'s rows: one row per drafter, tau per domain and macro average,
+    per temperature, + speed-up."""
+    temps = list(dict.fromkeys(r["temperature"] for r in rows))
+    domains = list(dict.fromkeys(r["domain"] for r in rows))
+    header = ["drafter"]
+    for t in temps:
+        header += [f"{d} T={t:g}" for d in domains] + [f"macro T={t:g}", f"speed-up T={t:g}"]
+    body = []
+    for name in dict.fromkeys(r["drafter"] for r in rows if r["drafter"] != "none"):
+        line: list = [name]
+        for t in temps:
+            sub = {r["domain"]: r for r in rows if r["drafter"] == name and r["temperature"] == t}
+            line += [sub[d]["tau"] for d in domains] + [macro([sub[d]["tau"] for d in domains])]
+            line.append(", ".join(f"{sub[d]['speedup']:.2f}x" for d in domains))
+        body.append(line)
+    return markdown_table(header, body)
+
+
+def depth_table(rows: list[dict]) -> str:
+    domains = list(dict.fromkeys(r["domain"] for r in rows))
+    body = [[k, n, *(next(r["tau"] for r in rows if (r["kind"], r["layers"], r["domain"]) == (k, n, d))
+                     for d in domains)] for k, n in dict.fromkeys((r["kind"], r["layers"]) for r in rows)]  # fmt: skip
+    return markdown_table(["drafter", "layers", *domains], body)
+
+
+def gamma_table(tau_rows: list[dict], latency_rows: list[dict], latency_batch: int) -> str:
+    domains = list(dict.fromkeys(r["domain"] for r in tau_rows))
+    header = ["drafter", "γ", *domains, "macro", f"round ms (batch {latency_batch})", "draft ms"]
+    body = []
+    for label, gamma in dict.fromkeys((r["kind"], r["gamma"]) for r in latency_rows):
+        tau = [next(r["tau"] for r in tau_rows if (r["kind"], r["domain"], r["gamma"]) == (label, d, gamma))
+               for d in domains]  # fmt: skip
+        lat = next(r for r in latency_rows if (r["kind"], r["gamma"]) == (label, gamma))
+        body.append([label, gamma, *tau, macro(tau), lat["round_ms"], lat["draft_ms"]])
+    return markdown_table(header, body)
+
+
+def threshold_table(rows: list[dict]) -> str:
+    body = [[r["domain"], r["threshold"], r["accepted_per_step"], r["rejected_per_step"],
+             None if r["acceptance_rate"] is None else f"{100 * r['acceptance_rate']:.1f}%"] for r in rows]  # fmt: skip
+    return markdown_table(
+        ["domain", "θ", "accepted drafts / step", "rejected drafts / step", "acceptance rate"], body
+    )
+
+
+def calibration_table(rows: list[dict]) -> str:
+    """Markdown of `calibration.position_metrics` rows (Fig. 6)."""
+    body = [[r["k"], r["rounds"], r["survival_rate"], f"{100 * r['ece_before']:.1f}%", f"{100 * r['ece_after']:.1f}%",
+             f"{100 * r['ece_noise_floor']:.1f}%", None if r["auroc"] is None else f"{r['auroc']:.3f}",
+             f"{r['brier']:.3f}"] for r in rows]  # fmt: skip
+    return markdown_table(["k", "rounds", "observed survival", "ECE before", "ECE after STS",
+                           "ECE noise floor", "AUROC", "Brier"], body)  # fmt: skip
