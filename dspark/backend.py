@@ -36,11 +36,13 @@ def _mode_from_env() -> str:
     return mode
 
 
-_mode = _mode_from_env()
+_mode: str | None = None  # set by set_kernel_mode; None: DSPARK_KERNELS decides (read when first needed)
 
 
 def kernel_mode() -> str:
-    return _mode
+    """The mode in force. DSPARK_KERNELS is read here, not at import, so a bad value is reported by the
+    command that needs it (one line) instead of breaking every `import dspark`."""
+    return _mode if _mode is not None else _mode_from_env()
 
 
 def set_kernel_mode(mode: str) -> None:
@@ -54,25 +56,27 @@ def set_kernel_mode(mode: str) -> None:
 @contextmanager
 def kernels_as(mode: str) -> Iterator[None]:
     """`with kernels_as("triton"): ...` runs a block in one mode, then restores the previous one."""
+    global _mode
     previous = _mode
     set_kernel_mode(mode)
     try:
         yield
     finally:
-        set_kernel_mode(previous)
+        _mode = previous
 
 
 def use_kernel(*tensors: torch.Tensor) -> bool:
     """Should the hot path that received `tensors` run its Triton kernel?"""
-    if _mode == "reference":
+    mode = kernel_mode()
+    if mode == "reference":
         return False
     on_gpu = all(t.is_cuda for t in tensors)
-    if _mode == "auto" and not on_gpu:
+    if mode == "auto" and not on_gpu:
         return False
     import kernels
 
     if not kernels.available():  # imports Triton; never raises, prints one line if it is missing
-        if _mode == "triton":
+        if mode == "triton":
             raise RuntimeError(
                 f"kernel mode 'triton' was forced but Triton is unusable: {kernels.unavailable_reason()}"
             )

@@ -41,7 +41,7 @@ from dspark import cli, paths
 from dspark.checkpoint import load_target
 from dspark.cli import UsageError, parse_float_list, parse_int_list, parse_name_list, run_main
 from dspark.cli import add_option as option
-from dspark.data.corpus import EVAL_PER_DOMAIN
+from dspark.data.corpus import DOMAINS, EVAL_PER_DOMAIN
 from dspark.data.tokenizer import Tokenizer
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.registry import default_path, get_drafter, load_calibration
@@ -51,6 +51,8 @@ from dspark.scheduling import calibration, profiler
 from dspark.scheduling.scheduler import POLICY_NAMES
 from dspark.study import kernels as kernel_study
 from dspark.study import offline, pareto, plots, tables
+
+MAX_ARRIVAL_SPAN_S = 3600.0  # bench serve --poisson: the requests must all arrive within an hour
 
 
 def load_model(args: argparse.Namespace) -> tuple[Tokenizer, Transformer]:
@@ -68,14 +70,19 @@ def write_outputs(args: argparse.Namespace, stem: str, table: str, plot) -> None
     if not args.out:
         return
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.md").write_text(table)
+    paths.write_text_atomic(out / f"{stem}.md", table)
     plot(out)
     print(f"wrote {out / stem}.md and its figure(s)")
 
 
 def bench_ar(args: argparse.Namespace) -> dict:
     """Tokens/s of plain autoregressive greedy decoding with the target, at each batch size."""
+    if args.max_new_tokens < 2:
+        raise UsageError("--max-new-tokens must be at least 2 for ar: decode speed needs a decode step")
+    available = len(DOMAINS) * EVAL_PER_DOMAIN  # held-out prompts, cycled through the domains
+    if max(args.batch_sizes) > available:
+        raise UsageError(f"--batch-sizes must be at most {available} (the held-out prompts), got "
+                         f"{max(args.batch_sizes)}")  # fmt: skip
     tokenizer, model = load_model(args)
     longest = max(map(len, offline.eval_prompt_ids(tokenizer, max(args.batch_sizes))))
     room = model.config.max_seq_len - longest
@@ -98,10 +105,14 @@ def bench_offline(args: argparse.Namespace) -> dict:
     """
     tokenizer, target = load_model(args)
     drafters = {name: get_drafter(name, target) for name in args.drafters}
+    gammas = {
+        name: cli.resolve_gamma(args.gamma, d, name, mtp_drafts_one=True) for name, d in drafters.items()
+    }
     rows = offline.run_speedup(target, drafters, study_prompts(args, tokenizer, target), args.temperatures,
-                               args.gamma, args.max_new_tokens, tokenizer.eos_id)  # fmt: skip
-    print(f"offline speculative decoding, gamma = {args.gamma}, {args.prompts_per_domain} held-out prompts per "
-          f"domain, batch 1, {torch.get_num_threads()} CPU threads\n")  # fmt: skip
+                               gammas, args.max_new_tokens, tokenizer.eos_id)  # fmt: skip
+    print(f"offline speculative decoding, gamma {', '.join(f'{n} {g}' for n, g in gammas.items())}, "
+          f"{args.prompts_per_domain} held-out prompts per domain, batch 1, {torch.get_num_threads()} CPU "
+          "threads\n")  # fmt: skip
     print(tables.speedup_table(rows), end="")
     table = tables.table1(rows)
     print("\nTable 1 analogue: tau (tokens per round incl. the bonus token)\n\n" + table)
@@ -113,7 +124,7 @@ def bench_offline(args: argparse.Namespace) -> dict:
                                            f"conditional acceptance by position, T = {temperature:g}")  # fmt: skip
 
     write_outputs(args, "table1", table, plot)
-    return {"benchmark": "offline", "gamma": args.gamma, "results": rows}
+    return {"benchmark": "offline", "gamma": gammas, "results": rows}
 
 
 def bench_depth(args: argparse.Namespace) -> dict:
@@ -131,7 +142,8 @@ def bench_depth(args: argparse.Namespace) -> dict:
     rows = offline.run_depth(target, checkpoints, study_prompts(args, tokenizer, target),
                              SamplingParams(args.temperature), args.gamma, args.max_new_tokens, tokenizer.eos_id)  # fmt: skip
     table = tables.depth_table(rows)
-    print(f"drafter depth, gamma = {args.gamma}, T = {args.temperature:g}, tau\n\n" + table)
+    gamma = args.gamma or "each drafter's own"
+    print(f"drafter depth, gamma = {gamma}, T = {args.temperature:g}, tau\n\n" + table)
     write_outputs(args, "depth", table, lambda out: plots.plot_depth(rows, out / "depth.png"))
     return {"benchmark": "depth", "gamma": args.gamma, "temperature": args.temperature, "results": rows}
 
@@ -170,7 +182,7 @@ def bench_threshold(args: argparse.Namespace) -> dict:
     """
     tokenizer, target = load_model(args)
     ((label, drafter),) = offline.load_labelled_drafters(target, [args.drafter]).items()
-    gamma = min(args.gamma, drafter.max_gamma)
+    gamma = cli.resolve_gamma(args.gamma, drafter, label)
     rows = offline.run_threshold(target, drafter, study_prompts(args, tokenizer, target),
                                  SamplingParams(args.temperature), gamma, args.max_new_tokens, tokenizer.eos_id,
                                  args.thresholds)  # fmt: skip
@@ -189,6 +201,10 @@ def bench_calibration(args: argparse.Namespace) -> dict:
     tokenizer, target = load_model(args)
     path = Path(args.drafter_checkpoint) if args.drafter_checkpoint else default_path(args.drafter)
     drafter = get_drafter(args.drafter, target, path)
+    if not drafter.has_confidence:
+        raise UsageError(
+            f"{args.drafter} has no trained confidence head to calibrate (use dspark, dspark-rnn)"
+        )
     temperatures = load_calibration(path)
     if temperatures is None:
         raise UsageError(
@@ -198,7 +214,7 @@ def bench_calibration(args: argparse.Namespace) -> dict:
         raise UsageError(
             f"--prompts-per-domain must be <= {calibration.FIT_PROMPTS[0]} (later prompts fit STS)"
         )
-    gamma = min(args.gamma, drafter.max_gamma)
+    gamma = cli.resolve_gamma(args.gamma, drafter, args.drafter)
     rounds = offline.record_rounds(target, drafter, tokenizer, args.prompts_per_domain,
                                    SamplingParams(args.temperature), gamma, args.max_new_tokens)  # fmt: skip
     conf, events, mask = rounds.calibration_arrays()
@@ -276,6 +292,9 @@ def bench_serve(args: argparse.Namespace) -> dict:
     the MTP-1 drafter; the others: the DSpark drafter with its confidences and this machine's measured SPS
     profile). With --out: serve.md, serve_frontier.png, serve_load.png.
     """
+    if args.max_new_tokens < 2:
+        raise UsageError("--max-new-tokens must be at least 2 for serve: the per-user speed is measured between "
+                         "a request's first and last token")  # fmt: skip
     tokenizer, target = load_model(args)
     points = pareto.serve_points(target, tokenizer, args.policies, args.concurrency, args.requests, args.max_new_tokens,
                                  profiler.cpu_profile(target), SamplingParams(args.temperature),
@@ -311,7 +330,6 @@ def bench_kernels(args: argparse.Namespace) -> dict:
     for --arch down to a cubin. Exits with status 3 if a kernel disagrees with its reference or does not
     compile.
     """
-    cli.at_least_one(args, "gamma")
     if args.interpret:
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton and the kernel modules are imported
     if args.compile_only and kernels.interpreting():
@@ -363,7 +381,8 @@ def parse_policy_list(text: str) -> list[str]:
 
 def add_study_options(p: argparse.ArgumentParser, prompts_per_domain: int, temperature: bool = True) -> None:
     """Options shared by the offline-study benchmarks."""
-    option(p, "--prompts-per-domain", prompts_per_domain, "held-out prompts per domain")
+    option(p, "--prompts-per-domain", prompts_per_domain, "held-out prompts per domain", low=1,
+           high=EVAL_PER_DOMAIN)  # fmt: skip
     cli.add_sampling(p, max_new_tokens=96, temperature=1.0 if temperature else None)
     cli.add_target(p)
     cli.add_outputs(p, "write the markdown table(s) and PNG figure(s) into DIR")
@@ -376,7 +395,7 @@ def add_frontier_options(p: argparse.ArgumentParser, concurrency: list[int], req
                    help="comma-separated policies (default: none,mtp1,fixed,goodput,dspark,dspark-async)")  # fmt: skip
     p.add_argument("--concurrency", type=parse_int_list, default=concurrency,
                    help=f"comma-separated concurrencies (default: {','.join(map(str, concurrency))})")  # fmt: skip
-    option(p, "--requests", requests, "requests per point")
+    option(p, "--requests", requests, "requests per point", low=1)
     cli.add_sampling(p, temperature=1.0)
     cli.add_target(p)
     cli.add_outputs(p, "write the table and the PNG figures into DIR")
@@ -392,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-sizes", type=parse_int_list, default=[1, 16], help="comma-separated (default: 1,16)"
     )
     cli.add_sampling(p, max_new_tokens=128)
-    option(p, "--repeats", 3, "timed runs after one warm-up")
+    option(p, "--repeats", 3, "timed runs after one warm-up", low=1)
     cli.add_target(p)
     cli.add_outputs(p)
 
@@ -425,13 +444,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated LABEL=CHECKPOINT (or shipped names) (default: dspark,dflash at γ=16 "
                    "in the study dir)")  # fmt: skip
     p.add_argument("--gammas", type=parse_int_list, default=[4, 8, 12, 16], help="(default: 4,8,12,16)")
-    option(p, "--latency-batch", 16, "requests per timed round")
-    option(p, "--repeats", 20, "timed rounds per point")
+    option(p, "--latency-batch", 16, "requests per timed round", low=1)
+    option(p, "--repeats", 20, "timed rounds per point", low=1)
     add_study_options(p, prompts_per_domain=16)
 
     p = command("threshold", bench_threshold, "Fig. 5: static confidence-threshold sweep")
     cli.add_drafter(p, names=None, help="name or LABEL=CHECKPOINT", checkpoint=False)
-    p.add_argument("--thresholds", type=parse_float_list, default=[round(0.1 * i, 1) for i in range(10)],
+    p.add_argument("--thresholds", type=cli.parse_fraction_list, default=[round(0.1 * i, 1) for i in range(10)],
                    help="comma-separated survival thresholds (default: 0,0.1,...,0.9)")  # fmt: skip
     add_study_options(p, prompts_per_domain=16)
 
@@ -442,7 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_study_options(p, prompts_per_domain=40)
 
     p = command("appendix-a", bench_appendix_a, "the paper's selection-bias counterexample, measured")
-    option(p, "--draws", 100_000, "independent rounds")
+    option(p, "--draws", 100_000, "independent rounds", low=3)
     cli.add_seed(p)
     cli.add_outputs(p)
 
@@ -454,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("serve", bench_serve, "throughput vs tokens/s per user of the real engine on this CPU")
     add_frontier_options(p, concurrency=[1, 2, 4, 8, 16], requests=48)
     cli.add_sampling(p, max_new_tokens=64)
-    p.add_argument("--poisson", type=float, metavar="RATE",
+    p.add_argument("--poisson", type=cli.number(float, 0), metavar="RATE",
                    help="requests arrive as a Poisson process at RATE per second (default: closed loop)")  # fmt: skip
 
     p = command(
@@ -467,31 +486,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("kernels", bench_kernels, "each Triton kernel against its PyTorch reference (CUDA GPU)")
     p.add_argument("--requests", dest="sizes", metavar="REQUESTS", type=parse_int_list,
                    help="comma-separated batch sizes (default: 1,16,64 on a GPU, 1,3 with --interpret)")  # fmt: skip
-    cli.add_gamma(p, "draft block size γ")
-    option(p, "--repeats", 50, "timed calls per measurement")
+    cli.add_gamma(p, "draft block size γ", default=7)
+    option(p, "--repeats", 50, "timed calls per measurement", low=1)
     cli.add_outputs(p)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--interpret", action="store_true",
                       help="run on the CPU under TRITON_INTERPRET=1 at tiny sizes (agreement only, not speed)")  # fmt: skip
     mode.add_argument("--compile-only", action="store_true",
                       help="no GPU needed: compile every kernel for --arch down to a cubin and report")  # fmt: skip
-    option(p, "--arch", 90, "CUDA compute capability for --compile-only")
+    option(p, "--arch", 90, "CUDA compute capability for --compile-only", low=1)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     cli.apply_threads(args)
-    cli.at_least_one(args, "max_new_tokens", "repeats", "requests")
-    if getattr(args, "poisson", None) is not None and not args.poisson > 0:
-        raise UsageError("--poisson needs a positive arrival rate")
-    if not 1 <= getattr(args, "prompts_per_domain", 1) <= EVAL_PER_DOMAIN:
-        raise UsageError(f"--prompts-per-domain must be in 1..{EVAL_PER_DOMAIN}")
+    poisson = getattr(args, "poisson", None)
+    if poisson is not None and not args.requests / poisson <= MAX_ARRIVAL_SPAN_S:  # also catches rate 0
+        raise UsageError(f"--poisson {poisson:g}: {args.requests} requests would take about {args.requests / poisson:.3g} s "
+                         f"to arrive; use a rate of at least {args.requests / MAX_ARRIVAL_SPAN_S:.3g} per second")  # fmt: skip
+    cli.prepare_outputs(getattr(args, "out", None), args.json)  # fail now, not after the measurement
     result = args.func(args)
     ok = result.pop("ok", True)  # False: a check failed (kernels that disagree or do not compile)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        paths.write_text_atomic(args.json, json.dumps(result, indent=2) + "\n")
         print(f"\nwrote {args.json}")
     return 0 if ok else 3
 

@@ -51,7 +51,7 @@ def save_checkpoint(
     save_file(tensors, str(tmp))
     tmp.replace(path)  # atomic: a crash never leaves half a checkpoint
     record = {"config": config.to_dict(), "meta": meta or {}}
-    config_path(path).write_text(json.dumps(record, indent=2) + "\n")
+    paths.write_text_atomic(config_path(path), json.dumps(record, indent=2) + "\n")
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -26,8 +26,12 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import math
+import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -35,6 +39,7 @@ from dspark import paths
 from dspark.checkpoint import CheckpointError
 from dspark.drafters.parallel import ParallelDrafterConfig
 from dspark.drafters.registry import DRAFTER_NAMES
+from dspark.sampling import MIN_TEMPERATURE
 
 
 class UsageError(Exception):
@@ -48,35 +53,102 @@ class UsageError(Exception):
 
 
 def run_main(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
+    """Run a command's `main`; whatever a user can cause ends as ONE line on stderr and an exit status."""
     try:
         return main(argv) or 0
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.status
-    except (CheckpointError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(str(exc), exc.status)
+    except BrokenPipeError:  # e.g. `python -m dspark.generate | head`: the reader left; say so once, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return fail("output closed early (broken pipe)", 141)
+    except (CheckpointError, ValueError) as exc:
+        return fail(str(exc), 2)
+    except OSError as exc:  # file-system failures: missing, read-only, a file where a folder should be, ...
+        where = f": {exc.filename}" if exc.filename else ""
+        return fail(f"{exc.strerror or exc}{where}", 2)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        return fail("interrupted", 130, prefix="")
+
+
+def fail(message: str, status: int, prefix: str = "error: ") -> int:
+    """Print `message` as a single line on stderr; return `status`."""
+    print(prefix + " ".join(message.split()), file=sys.stderr)
+    return status
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, except that a bad command line is one `error: ...` line (via UsageError), not a usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def prepare_outputs(out_dir: str | None, *files: str | None) -> None:
+    """Create --out DIR and the folders of output files up front, so an unwritable path fails before
+    a long measurement rather than after it (OSError, reported by `run_main` with the path)."""
+    for folder, name in [(out_dir, out_dir)] + [(f and Path(f).parent, f) for f in files]:
+        if not folder:
+            continue
+        blocker = next(
+            (p for p in [Path(folder), *Path(folder).parents] if p.exists() and not p.is_dir()), None
+        )
+        if blocker is not None:
+            raise UsageError(f"cannot write {name}: {blocker} is a file, not a folder")
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    for f in files:
+        if f and Path(f).is_dir():
+            raise UsageError(f"{f} is a folder; give a file name")
+
+
+# ---- validated option types: every numeric option is checked here, for all three commands ------------
+def number(kind: type, low: float | None = None, high: float | None = None) -> Callable[[str], float]:
+    """An argparse type: a finite `kind` (int or float) within [low, high] (either bound optional)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {'an integer' if kind is int else 'a number'}, got {text!r}"
+            ) from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        if (low is not None and value < low) or (high is not None and value > high):
+            lo, hi = (f"{b}" if kind is int or b is None else f"{b:g}" for b in (low, high))
+            span = f"{lo}..{hi}" if low is not None and high is not None else (
+                f">= {lo}" if low is not None else f"<= {hi}")  # fmt: skip
+            raise argparse.ArgumentTypeError(f"must be {span}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
 
 
 # ---- shared options -----------------------------------------------------------------------------------
-def add_option(parser: argparse.ArgumentParser, flag: str, default, help: str, **kwargs) -> None:
-    """An option of its default's type whose help ends with the default."""
+def add_option(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    default,
+    help: str,
+    low: float | None = None,
+    high: float | None = None,
+    **kwargs,
+) -> None:
+    """An option of its default's type whose help ends with the default; numbers are checked to be
+    finite and within [low, high]."""
+    if isinstance(default, (int, float)) and not isinstance(default, bool) and "type" not in kwargs:
+        kwargs["type"] = number(type(default), low, high)
     kwargs.setdefault("type", type(default))
     parser.add_argument(flag, default=default, help=f"{help} (default: %(default)s)", **kwargs)
 
 
 def add_threads(parser: argparse.ArgumentParser) -> None:
-    add_option(parser, "--threads", 0, "torch CPU threads, 0 = torch's default: one per physical core")
+    add_option(parser, "--threads", 0, "torch CPU threads, 0 = torch's default: one per physical core", low=0)
 
 
 def apply_threads(args: argparse.Namespace) -> None:
     """Set torch's thread count if the command has --threads and it is not 0."""
     threads = getattr(args, "threads", 0)
-    if threads < 0:
-        raise UsageError(f"--threads must be at least 0 (0 = torch's default), got {threads}")
     if threads:
         torch.set_num_threads(threads)
 
@@ -90,8 +162,33 @@ def add_target(parser: argparse.ArgumentParser, tokenizer: bool = False) -> None
                             help="tokenizer.json (default: the shipped one)")  # fmt: skip
 
 
-def add_gamma(parser: argparse.ArgumentParser, help: str = "draft tokens per round") -> None:
-    add_option(parser, "--gamma", ParallelDrafterConfig().gamma, help)
+def add_gamma(
+    parser: argparse.ArgumentParser, help: str = "draft tokens per round", default: int | None = None
+) -> None:
+    """--gamma >= 1. Without a `default` it is None: each drafter then drafts its own block size
+    (`resolve_gamma`), 7 for the shipped parallel drafters (`ParallelDrafterConfig.gamma`), 1 for MTP-1."""
+    if default is not None:
+        add_option(parser, "--gamma", default, help, low=1)
+        return
+    parser.add_argument("--gamma", type=number(int, 1), default=None,
+                        help=f"{help} (default: the drafter's block size, {ParallelDrafterConfig().gamma} for the "
+                        "shipped parallel drafters, 1 for mtp)")  # fmt: skip
+
+
+def resolve_gamma(requested: int | None, drafter, name: str, mtp_drafts_one: bool = False) -> int:
+    """The block size `drafter` runs at: its own (`max_gamma`) unless --gamma asked for another it can draft.
+    With `mtp_drafts_one` (benchmarks of several drafters at one --gamma), MTP-1 always drafts its one token."""
+    if drafter.max_gamma == 0:  # plain decoding
+        if requested is not None:
+            raise UsageError(f"--gamma {requested} needs a drafter; --drafter {name} decodes plainly")
+        return 0
+    if requested is None or (mtp_drafts_one and drafter.max_gamma == 1):
+        return drafter.max_gamma
+    if requested > drafter.max_gamma:
+        raise UsageError(
+            f"--gamma must be in 1..{drafter.max_gamma} for this {name} drafter, got {requested}"
+        )
+    return requested
 
 
 def add_drafter(
@@ -110,7 +207,7 @@ def add_drafter(
 
 
 def add_seed(parser: argparse.ArgumentParser, default: int = 0, help: str = "random seed") -> None:
-    add_option(parser, "--seed", default, help)
+    add_option(parser, "--seed", default, help, low=0, high=2**63 - 1)
 
 
 def add_sampling(
@@ -124,12 +221,14 @@ def add_sampling(
 ) -> None:
     """The sampling options a command takes: each is added when given a default (--top-k/--top-p with `top`)."""
     if max_new_tokens is not None:
-        add_option(parser, "--max-new-tokens", max_new_tokens, tokens_help)
+        add_option(parser, "--max-new-tokens", max_new_tokens, tokens_help, low=1)
     if temperature is not None:
-        add_option(parser, "--temperature", float(temperature), "sampling temperature, 0 = greedy")
+        add_option(parser, "--temperature", float(temperature),
+                   f"sampling temperature: 0 = greedy, else >= {MIN_TEMPERATURE:g}", low=0)  # fmt: skip
     if top:
-        add_option(parser, "--top-k", 0, "sample only from the k best tokens, 0 = off")
-        add_option(parser, "--top-p", 1.0, "nucleus sampling mass, 1 = off")
+        add_option(parser, "--top-k", 0, "sample only from the k best tokens, 0 = off (at most the vocabulary)",
+                   low=0)  # fmt: skip
+        add_option(parser, "--top-p", 1.0, "nucleus sampling mass in (0, 1], 1 = off", low=0, high=1)
     if seed is not None:
         add_seed(parser, seed, "random seed for sampling")
 
@@ -150,14 +249,6 @@ def add_outputs(
         parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
-def at_least_one(args: argparse.Namespace, *dests: str) -> None:
-    """UsageError unless each of these options (where the command has it and it is set) is >= 1."""
-    for dest in dests:
-        value = getattr(args, dest, None)
-        if value is not None and value < 1:
-            raise UsageError(f"--{dest.replace('_', '-')} must be at least 1, got {value}")
-
-
 # ---- argument types -------------------------------------------------------------------------------------
 def parse_int_list(text: str) -> list[int]:
     try:
@@ -169,13 +260,21 @@ def parse_int_list(text: str) -> list[int]:
     return values
 
 
+def parse_fraction_list(text: str) -> list[float]:
+    """Comma-separated numbers in [0, 1] (probabilities, thresholds)."""
+    values = parse_float_list(text)
+    if any(v > 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected numbers in [0, 1], got {text!r}")
+    return values
+
+
 def parse_float_list(text: str) -> list[float]:
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(not v >= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected non-negative numbers, got {text!r}")
+    if not values or any(not 0 <= v < math.inf for v in values):
+        raise argparse.ArgumentTypeError(f"expected finite non-negative numbers, got {text!r}")
     return values
 
 
@@ -199,6 +298,4 @@ def add_command(
 
 def command_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     """A command's top-level parser: its module docstring as the description, line breaks kept."""
-    return argparse.ArgumentParser(
-        prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    return Parser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -40,7 +40,7 @@ import sys
 import torch
 
 from dspark import cli
-from dspark.backend import KERNEL_MODES, kernels_as
+from dspark.backend import KERNEL_MODES, kernel_mode, kernels_as
 from dspark.checkpoint import load_target
 from dspark.cli import UsageError, run_main
 from dspark.data.corpus import eval_prompts_by_domain
@@ -59,15 +59,24 @@ def _style(text: str, sgr: int) -> str:
 
 
 def _mark_drafted(tokenizer: Tokenizer, tokens: list[int], from_draft: list[bool]) -> str:
-    """Decode runs of drafted / target tokens separately and mark the drafted runs."""
-    pieces, start = [], 0
-    for end in range(1, len(tokens) + 1):
-        if end == len(tokens) or from_draft[end] != from_draft[start]:
-            text = tokenizer.decode(tokens[start:end])
-            if from_draft[start] and text:
-                text = f"\033[32;4m{text}\033[0m" if sys.stdout.isatty() else f"«{text}»"
-            pieces.append(text)
-            start = end
+    """The decoded text with every run of accepted draft tokens marked (colour on a terminal, «» when piped).
+
+    The whole reply is decoded once and the marks are inserted at character offsets, so a character whose
+    UTF-8 bytes are split across a draft/target boundary is never broken: it goes with the run that
+    completes it. Without the marks the result is exactly `tokenizer.decode(tokens)`."""
+    text = tokenizer.decode(tokens)
+    cuts = [0]  # character offsets where a run starts
+    for k in range(1, len(tokens)):
+        if from_draft[k] != from_draft[k - 1]:  # complete characters before token k
+            cuts.append(max(cuts[-1], len(tokenizer.decode(tokens[:k]).rstrip("\ufffd"))))
+    cuts.append(len(text))
+    pieces, drafted = [], bool(from_draft[0]) if tokens else False
+    for start, end in zip(cuts, cuts[1:]):
+        piece = text[start:end]
+        if drafted and piece:
+            piece = f"\033[32;4m{piece}\033[0m" if sys.stdout.isatty() else f"«{piece}»"
+        pieces.append(piece)
+        drafted = not drafted
     return "".join(pieces)
 
 
@@ -82,23 +91,28 @@ def build_parser() -> argparse.ArgumentParser:
                     gamma_help="draft tokens per round (not mtp)")  # fmt: skip
     parser.add_argument("--policy", choices=POLICY_NAMES, default="fixed",
                         help="verify-length policy (default: %(default)s = verify every draft)")  # fmt: skip
-    parser.add_argument("--threshold", type=float, default=0.5,
+    parser.add_argument("--threshold", type=cli.number(float, 0, 1), default=0.5,
                         help="survival threshold of --policy threshold (default: %(default)s)")  # fmt: skip
     cli.add_target(parser, tokenizer=True)
     cli.add_threads(parser)
-    parser.add_argument("--kernels", choices=KERNEL_MODES, default="auto",
+    parser.add_argument("--kernels", choices=KERNEL_MODES,
                         help="Triton kernels or PyTorch references for the hot paths; triton runs them in "
-                        "Triton's interpreter on a CPU (default: %(default)s)")  # fmt: skip
+                        "Triton's interpreter on a CPU (default: $DSPARK_KERNELS, else auto)")  # fmt: skip
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    cli.at_least_one(args, "max_new_tokens")
     params = SamplingParams(args.temperature, args.top_k, args.top_p)  # validates
-    if any(not p.strip() for p in args.prompts):
-        raise UsageError("a prompt is empty; give some text or no prompt at all for the demo")
+    for i, prompt in enumerate(args.prompts, start=1):
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError:  # undecodable bytes on the command line arrive as lone surrogates
+            raise UsageError(f"prompt {i} is not valid UTF-8 text") from None
+        if not prompt.strip():
+            raise UsageError("a prompt is empty; give some text or no prompt at all for the demo")
     cli.apply_threads(args)
+    args.kernels = args.kernels or kernel_mode()  # DSPARK_KERNELS, checked here
     if args.kernels == "triton":
         os.environ.setdefault(
             "TRITON_INTERPRET", "1"
@@ -113,6 +127,10 @@ def main(argv: list[str] | None = None) -> None:
         raise UsageError(
             f"tokenizer has {tokenizer.vocab_size} tokens but the model expects {model.config.vocab_size}"
         )
+    if args.top_k > model.config.vocab_size:
+        raise UsageError(
+            f"--top-k must be at most the vocabulary size {model.config.vocab_size}, got {args.top_k}"
+        )
 
     if args.prompts:
         labels, texts = ["prompt"] * len(args.prompts), args.prompts
@@ -123,9 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     check_prompts(prompts, model.config.max_seq_len)  # before loading a drafter
 
     drafter = get_drafter(args.drafter, model, args.drafter_checkpoint)
-    gamma = min(args.gamma, drafter.max_gamma)
-    if args.drafter not in ("none", "mtp") and not 1 <= args.gamma <= drafter.max_gamma:
-        raise UsageError(f"--gamma must be in 1..{drafter.max_gamma} for this {args.drafter} drafter")
+    gamma = cli.resolve_gamma(args.gamma, drafter, args.drafter)
     generator = torch.Generator().manual_seed(args.seed)
     verify_fn = observe_fn = None
     if args.drafter != "none" and args.policy != "fixed":

@@ -18,6 +18,20 @@ CORPUS_MANIFEST_PATH = ASSETS_DIR / "corpus_manifest.json"  # sizes + hash of th
 TARGET_CHECKPOINT = ASSETS_DIR / "target.safetensors"  # its config sits beside it as .json
 
 
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write `text` to `path` through a temporary file in the same folder, moved into place only when
+    complete: an interrupted or failed write never leaves a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 def dspark_home() -> Path:
     """Root for generated data and runs; override with the DSPARK_HOME variable."""
     return Path(os.environ.get("DSPARK_HOME", Path.home() / ".cache" / "dspark"))

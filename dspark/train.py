@@ -72,7 +72,7 @@ def cmd_data(args: argparse.Namespace) -> None:
     sizes = build_token_arrays(samples, tokenizer, out)
     manifest["tokens"] = sizes
     manifest["vocab_size"] = tokenizer.vocab_size
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    paths.write_text_atomic(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
     print(f"\ncorpus sha256 {manifest['sha256'][:16]}…  (Python {manifest['python']})")
     print(
         f"{'domain':<6} {'train':>7} {'val':>6} {'eval':>5} {'chars':>11} {'train tokens':>13} {'val tokens':>11}"
@@ -132,6 +132,8 @@ def cmd_responses(args: argparse.Namespace) -> None:
     """
     from dspark.training.responses import regenerate
 
+    if args.per_domain == 0 and args.val_per_domain == 0:
+        raise UsageError("--per-domain and --val-per-domain are both 0: there is nothing to generate")
     corpus = Path(args.data) / "corpus.jsonl"
     if not corpus.is_file():
         raise UsageError(f"no corpus in {args.data}; run `python -m dspark.train data` first")
@@ -192,7 +194,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     if not drafter.has_confidence:
         with_head = ", ".join(kind for kind, head in PARALLEL_KINDS.items() if head != "none")
         raise UsageError(f"{args.drafter} has no trained confidence head to calibrate (use {with_head})")
-    gamma = min(args.gamma, drafter.max_gamma)
+    gamma = cli.resolve_gamma(args.gamma, drafter, args.drafter)
     first, last = calibration.FIT_PROMPTS
 
     def progress(domain: str, rounds) -> None:
@@ -217,10 +219,10 @@ def add_optimizer(
     p: argparse.ArgumentParser, config: TrainConfig | DrafterTrainConfig, batch: str, evals: str
 ) -> None:
     """--steps, --batch-size, --lr, --eval-every and --seed, with `config`'s defaults."""
-    option(p, "--steps", config.steps, "optimizer steps")
-    option(p, "--batch-size", config.batch_size, f"{batch} per step")
-    option(p, "--lr", config.lr, "peak learning rate")
-    option(p, "--eval-every", config.eval_every, f"steps between {evals}")
+    option(p, "--steps", config.steps, "optimizer steps", low=1)
+    option(p, "--batch-size", config.batch_size, f"{batch} per step", low=1)
+    option(p, "--lr", config.lr, "peak learning rate", low=0)
+    option(p, "--eval-every", config.eval_every, f"steps between {evals}", low=1)
     cli.add_seed(p, config.seed)
 
 
@@ -233,9 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("data", cmd_data, "build corpus, tokenizer and token arrays")
     cli.add_outputs(p, "output directory (default: %(default)s)", data_dir, json=None)
-    option(p, "--math-problems", MATH_PROBLEMS, "generated math problems")
+    option(p, "--math-problems", MATH_PROBLEMS, "generated math problems", low=0)
     cli.add_seed(p, help="seed of the math generator")
-    option(p, "--vocab-size", DEFAULT_VOCAB_SIZE, "BPE vocabulary")
+    option(p, "--vocab-size", DEFAULT_VOCAB_SIZE, "BPE vocabulary", low=512)
     p.add_argument("--retrain-tokenizer", action="store_true",
                    help="learn a new tokenizer instead of reusing the shipped one")  # fmt: skip
     p.add_argument("--ship", action="store_true", help="copy tokenizer and eval prompts into dspark/assets/")
@@ -246,26 +248,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--ship", action="store_true", help="write fp16 weights to dspark/assets/ when done")
     mc, tc = ModelConfig(), TrainConfig()
-    option(p, "--dim", mc.dim, "model width")
-    option(p, "--layers", mc.n_layers, "blocks")
-    option(p, "--heads", mc.n_heads, "query heads")
-    option(p, "--kv-heads", mc.n_kv_heads, "key/value heads")
-    option(p, "--ffn-hidden", mc.ffn_hidden, "SwiGLU width")
-    option(p, "--context", mc.max_seq_len, "context length")
+    option(p, "--dim", mc.dim, "model width", low=1)
+    option(p, "--layers", mc.n_layers, "blocks", low=1)
+    option(p, "--heads", mc.n_heads, "query heads", low=1)
+    option(p, "--kv-heads", mc.n_kv_heads, "key/value heads", low=1)
+    option(p, "--ffn-hidden", mc.ffn_hidden, "SwiGLU width", low=1)
+    option(p, "--context", mc.max_seq_len, "context length", low=2)
     p.add_argument("--taps", type=int, nargs="*", help=f"tap layers for drafters (default: {mc.tap_layers})")
     add_optimizer(p, tc, "windows", "validation + checkpoint")
-    option(p, "--seq-len", tc.seq_len, "tokens per window")
-    option(p, "--warmup", tc.warmup, "warm-up steps")
+    option(p, "--seq-len", tc.seq_len, "tokens per window", low=2)
+    option(p, "--warmup", tc.warmup, "warm-up steps", low=0)
     cli.add_threads(p)
 
     p = command("responses", cmd_responses, "regenerate responses with the target (drafter data)")
     option(p, "--data", data_dir, "corpus directory")
     cli.add_outputs(p, "output JSON lines (default: %(default)s)", responses, "PATH", json=None)
     cli.add_target(p)
-    option(p, "--per-domain", 2000, "train prompts per domain")
-    option(p, "--val-per-domain", 48, "val prompts per domain")
+    option(p, "--per-domain", 2000, "train prompts per domain", low=0)
+    option(p, "--val-per-domain", 48, "val prompts per domain", low=0)
     cli.add_sampling(p, max_new_tokens=160, tokens_help="response length cap")
-    option(p, "--batch-size", 32, "prompts generated together")
+    option(p, "--batch-size", 32, "prompts generated together", low=1)
     cli.add_threads(p)
 
     kinds = [name for name in DRAFTER_NAMES if name != "none"]
@@ -275,12 +277,12 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_target(p)
     cli.add_outputs(p, "drafter checkpoint (default: dspark/assets/drafter_<kind>.safetensors)", None, "PATH",
                     json=None)  # fmt: skip
-    cli.add_gamma(p, "draft block length (EAGLE: unrolled steps)")
-    p.add_argument("--layers", type=int, default=0, help=f"drafter layers (default: {AUTOREGRESSIVE.n_layers} "
+    cli.add_gamma(p, "draft block length (EAGLE: unrolled steps; mtp: always 1)", default=PARALLEL.gamma)
+    p.add_argument("--layers", type=cli.number(int, 0), default=0, help=f"drafter layers (default: {AUTOREGRESSIVE.n_layers} "
                    f"for mtp/eagle, {PARALLEL.n_layers} for the parallel ones)")  # fmt: skip
-    option(p, "--rank", PARALLEL.rank, "DSpark sequential-head rank r")
+    option(p, "--rank", PARALLEL.rank, "DSpark sequential-head rank r", low=1)
     dc = DrafterTrainConfig()
-    option(p, "--anchors", dc.anchors_per_seq, "parallel drafters: blocks per sequence")
+    option(p, "--anchors", dc.anchors_per_seq, "parallel drafters: blocks per sequence", low=1)
     add_optimizer(p, dc, "sequences", "validations")
     cli.add_threads(p)
 

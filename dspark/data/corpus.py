@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dspark import paths
 from dspark.data.math_problems import generate_problems
 from dspark.data.tokenizer import Tokenizer
 from dspark.paths import EVAL_PROMPTS_PATH
@@ -270,10 +271,8 @@ def eval_prompts_by_domain(
 
 
 def write_jsonl(records: list[dict], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    """One JSON object per line, written whole or not at all (paths.write_text_atomic)."""
+    paths.write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
 def corpus_manifest(samples: list[Sample], math_count: int, seed: int) -> dict:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from dspark import paths
 from dspark.checkpoint import config_path
 from dspark.scheduling.scheduler import prefix_survival
 
@@ -122,4 +123,4 @@ def save_temperatures(drafter_path: str | Path, temperatures: torch.Tensor, info
     path = config_path(drafter_path)
     record = json.loads(path.read_text())
     record["calibration"] = {"sts_temperatures": [round(float(t), 5) for t in temperatures], **info}
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    paths.write_text_atomic(path, json.dumps(record, indent=2) + "\n")

@@ -95,7 +95,7 @@ def cpu_profile(target: Transformer, refresh: bool = False, path: Path | None = 
     profile = measure_sps(target, [b for b in DEFAULT_POINTS if -(-b // 16) <= room], 16, context)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"key": key, "name": profile.name, "steps_per_second": profile.steps_per_second}
-    path.write_text(json.dumps(record) + "\n")
+    paths.write_text_atomic(path, json.dumps(record) + "\n")
     return profile
 
 

@@ -208,12 +208,13 @@ def run_speedup(
     drafters: dict[str, Drafter],
     by_domain: dict[str, list[list[int]]],
     temperatures: list[float],
-    gamma: int,
+    gammas: dict[str, int],
     max_new_tokens: int,
     eos_id: int | None,
 ) -> list[dict]:
-    """Single stream (one request at a time), per temperature, domain and drafter: tau, conditional
-    acceptance by position, tokens/s and the speed-up over plain decoding (row drafter "none")."""
+    """Single stream (one request at a time), per temperature, domain and drafter (drafting `gammas[name]`
+    tokens per round): tau, conditional acceptance by position, tokens/s and the speed-up over plain
+    decoding (row drafter "none")."""
     rows = []
     for temperature in temperatures:
         params = SamplingParams(temperature=temperature)
@@ -230,7 +231,7 @@ def run_speedup(
             rows.append({"drafter": "none", "domain": domain, "temperature": temperature, "gamma": 0,
                          "tau": 1.0, "cond_acceptance": [], "tokens_per_s": base_tps, "speedup": 1.0})  # fmt: skip
             for name, drafter in drafters.items():
-                g = min(gamma, drafter.max_gamma)
+                g = gammas[name]
                 n_tokens = seconds = 0.0
                 stats = RoundStats()
                 for i, prompt in enumerate(prompts):
@@ -269,18 +270,20 @@ def run_depth(
     checkpoints: dict[tuple[str, int], Path],
     by_domain: dict[str, list[list[int]]],
     params: SamplingParams,
-    gamma: int,
+    gamma: int | None,
     max_new_tokens: int,
     eos_id: int | None,
 ) -> list[dict]:
-    """tau per domain (and macro) of each (kind, layers) drafter checkpoint (Fig. 3)."""
+    """tau per domain (and macro) of each (kind, layers) drafter checkpoint (Fig. 3), each drafting
+    `gamma` tokens per round (None: its own block size)."""
     from dspark.drafters.registry import load_drafter
 
     rows = []
     for (kind, layers), path in checkpoints.items():
         drafter = load_drafter(path, target)
+        g = drafter.max_gamma if gamma is None else gamma  # the Engine refuses a γ the drafter cannot draft
         for domain, prompts in by_domain.items():
-            rounds = measure_tau(target, drafter, prompts, params, gamma, max_new_tokens, eos_id)
+            rounds = measure_tau(target, drafter, prompts, params, g, max_new_tokens, eos_id)
             rows.append({"kind": kind, "layers": layers, "domain": domain, "tau": rounds.tau})
         tau = [r["tau"] for r in rows[-len(by_domain) :]]
         rows.append({"kind": kind, "layers": layers, "domain": "macro", "tau": macro(tau)})

@@ -1,7 +1,17 @@
 """The throughput vs tokens/s-per-user benchmark against MTP-1 (paper section 5, Figs. 7-8).
 
 Two ways, the same `points` format
-`{policy, drafter, concurrency, throughput, tps_per_user, tpot_ms, mean_verify_len, tau}`:
+`{policy, drafter, concurrency, throughput, tps_per_user, tpot_ms, mean_verify_len, tau}`
+(`serve_points` adds `ttft_ms`, `completed` and `rejected` request counts):
+
+  * throughput: output tokens of all requests / wall time of the run;
+  * tps_per_user: the *decode* speed a user sees once the reply has started,
+    the mean over requests of 1 / TPOT with TPOT = (E2E − TTFT) / (n − 1):
+    queueing, prefill and the first token are excluded (they are TTFT), so at
+    C = 1 it can exceed the throughput, which includes them; this is the
+    per-user axis of the paper's frontier;
+  * tau: committed tokens per request-round (`RoundStats.tau`).
+
 
   * `serve_points`: the real engine (dspark/serving/engine.py) on this CPU, closed loop
     at each concurrency C over held-out prompts, with the measured CPU SPS
@@ -32,7 +42,7 @@ from dspark.drafters.registry import get_calibration, get_drafter
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduling.scheduler import ThroughputProfile, VerifyScheduler, make_policy
-from dspark.serving.engine import Engine, Request
+from dspark.serving.engine import Engine, EngineResult, Request
 from dspark.serving.rounds import RoundStats
 from dspark.study import offline, tables
 from dspark.study.simulator import RequestTrace, simulate, traces_from_records
@@ -89,16 +99,26 @@ def serve_points(
             engine.run([Request(prompts[0], 4)] * min(C, 2))  # warm-up
             result = engine.run([Request(p, max_new_tokens, a) for p, a in zip(prompts, arrivals)],
                                 torch.Generator().manual_seed(seed), bar.update)  # fmt: skip
-            tpots = [r.tpot for r in result.records if r.tpot]
-            stats = result.stats
-            points.append({
-                "policy": policy_name, "drafter": name, "concurrency": C, "throughput": result.throughput,
-                "tps_per_user": statistics.mean(1 / t for t in tpots), "tpot_ms": 1000 * statistics.mean(tpots),
-                "ttft_ms": 1000 * statistics.mean(r.ttft for r in result.records if not r.error),
-                "mean_verify_len": stats.mean_verify_len, "tau": stats.tau,
-            })  # fmt: skip
+            points.append({"policy": policy_name, "drafter": name, "concurrency": C, **serve_metrics(result)})
     bar.close()
     return points
+
+
+def serve_metrics(result: EngineResult) -> dict:
+    """The numbers of one `bench serve` point, from the engine's per-request records (module docstring)."""
+    served = [r for r in result.records if not r.error]
+    tpots = [r.tpot for r in served if r.tpot]
+    stats = result.stats
+    return {
+        "throughput": result.throughput,
+        "tps_per_user": statistics.mean(1 / t for t in tpots) if tpots else float("nan"),
+        "tpot_ms": 1000 * statistics.mean(tpots) if tpots else float("nan"),
+        "ttft_ms": 1000 * statistics.mean(r.ttft for r in served) if served else float("nan"),
+        "mean_verify_len": stats.mean_verify_len,
+        "tau": stats.tau,
+        "completed": len(served),
+        "rejected": len(result.records) - len(served),
+    }
 
 
 def trace_path(drafter: str, temperature: float) -> Path:
@@ -124,7 +144,7 @@ def record_traces(
         record = {"gamma": gamma, "verify_lens": rounds.verify_lens, "accepted": rounds.accepted,
                   "confidences": rounds.confidences}  # fmt: skip
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record) + "\n")
+        paths.write_text_atomic(path, json.dumps(record) + "\n")
     traces = traces_from_records(record["verify_lens"], record["accepted"], record["confidences"], gamma)
     return traces, get_calibration(drafter_name)
 
@@ -181,7 +201,8 @@ def policy_traces(
 
 def frontier_report(points: list[dict], policies: list[str]) -> str:
     """Markdown: every point, then (when MTP-1 ran) each policy's tokens/s per user at MTP-1's throughputs."""
-    header = ["policy", "drafter", "C", "throughput tok/s", "tok/s per user", "TPOT ms", "mean ℓ", "τ"]
+    header = ["policy", "drafter", "C", "throughput tok/s", "decode tok/s per user (1/TPOT)", "TPOT ms", "mean ℓ",
+              "τ"]  # fmt: skip
     body = [[p["policy"], p["drafter"], p["concurrency"], p["throughput"], p["tps_per_user"], p["tpot_ms"],
              p["mean_verify_len"], p["tau"]] for p in points]  # fmt: skip
     table = tables.markdown_table(header, body)
@@ -196,4 +217,7 @@ def frontier_report(points: list[dict], policies: list[str]) -> str:
         matched = ("\nat matched throughput (MTP-1's points, the policy's frontier interpolated):\n\n"
                    "| policy | throughput | MTP-1 tok/s/user | tok/s/user | gain |\n|---|---:|---:|---:|---:|\n"
                    + matched)  # fmt: skip
-    return table + matched
+    note = ("\nthroughput: all output tokens / wall time; decode tok/s per user: mean of 1/TPOT, TPOT = (E2E − TTFT)"
+            " / (n − 1), which leaves out queueing, prefill and the first token (at C = 1 it can exceed the "
+            "throughput); τ: committed tokens per request-round.\n")  # fmt: skip
+    return table + note + matched

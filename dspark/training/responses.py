@@ -93,8 +93,16 @@ def regenerate(
 def load_responses(path: Path, split: str) -> list[dict]:
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path} not found; run `python -m dspark.train responses` first")
+    records = []
     with open(path, encoding="utf-8") as f:
-        records = [json.loads(line) for line in f]
+        for number, line in enumerate(f, start=1):
+            try:
+                record = json.loads(line)
+                record["split"], record["domain"], record["prompt_ids"], record["response_ids"]  # noqa: B018
+            except (json.JSONDecodeError, TypeError, KeyError) as exc:
+                raise ValueError(f"{path} line {number} is not a response record ({exc}); regenerate it with "
+                                 "`python -m dspark.train responses`") from None  # fmt: skip
+            records.append(record)
     out = [r for r in records if r["split"] == split]
     missing = {d for d in DOMAINS} - {r["domain"] for r in out}
     if missing:
