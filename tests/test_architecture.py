@@ -39,8 +39,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("scheduling", ("dspark.scheduling.*",)),
     ("serving", ("dspark.serving.*",)),
     ("training", ("dspark.training.*",)),
-    ("study", ("dspark.study.*",)),
-    ("commands", ("dspark.cli", "dspark.generate", "dspark.train", "dspark.bench", "dspark")),
+    ("study", ("dspark.study.*", "dspark.grading.*")),
+    ("commands", ("dspark.cli", "dspark.generate", "dspark.train", "dspark.bench", "dspark.grade", "dspark")),
 )
 
 KERNEL_ALLOWED = {"torch", "triton", "kernels", "__future__"} | set(sys.stdlib_module_names)

@@ -1,0 +1,100 @@
+"""Grade a course assignment (walkthrough/assignments/) on this machine, in minutes, on the CPU.
+
+    python -m dspark.grade N                    # the untouched starter in walkthrough/assignments
+    python -m dspark.grade N my_solution.py     # your file
+    python -m dspark.grade N --reference        # the instructor's solution (the project's own code)
+    python -m dspark.grade --list               # the assignments, one per line
+
+Every check runs in its own process with a time limit (--timeout, seconds), so a
+solution that crashes or hangs loses that check's points and nothing else. The report
+has one line per check -- PASS, or FAIL with the reason ("not implemented", "crashed:
+...", "timed out after Ns", or what is wrong) -- and ends with `score: X/Y`. The exit
+status is 0 whenever grading worked, whatever the score; a bad assignment number, a
+missing file or a file that does not import is one line on stderr and status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from dspark.cli import UsageError, run_main
+from dspark.grading.catalog import ASSIGNMENTS, get_assignment
+from dspark.grading.framework import DEFAULT_TIMEOUT, SolutionError, check_imports, grade
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print its usage over several lines
+        raise UsageError(f"{message} (python -m dspark.grade --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m dspark.grade",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("assignment", nargs="?", help="assignment number (see --list)")
+    parser.add_argument("solution", nargs="?", help="your solution file (default: the untouched starter)")
+    parser.add_argument("--reference", action="store_true", help="grade the instructor's reference solution")
+    parser.add_argument("--list", action="store_true", help="print the assignment numbers and titles")
+    parser.add_argument("--check", action="append", metavar="NAME", help="run only this check (repeatable)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help="seconds each check may run (default: %(default)g)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_intermixed_args(argv)  # options may come before or after the positionals
+    if args.list:
+        for number, assignment in sorted(ASSIGNMENTS.items()):
+            print(f"{number}  {assignment.title}")
+        return 0
+    if args.assignment is None:
+        raise UsageError("which assignment? python -m dspark.grade N [solution.py] (--list names them)")
+    try:
+        number = int(args.assignment)
+    except ValueError:
+        raise UsageError(
+            f"the assignment must be a number, got {args.assignment!r} (--list names them)"
+        ) from None
+    assignment = get_assignment(number)
+    if args.reference and args.solution:
+        raise UsageError("give a solution file or --reference, not both")
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    names = {c.name for c in assignment.checks}
+    unknown = sorted(set(args.check or ()) - names)
+    if unknown:
+        raise UsageError(
+            f"assignment {number} has no check {', '.join(unknown)}; its checks: {', '.join(sorted(names))}"
+        )
+    path = assignment.reference_path if args.reference else Path(args.solution or assignment.starter_path)
+    if not path.is_file():
+        raise UsageError(f"no solution file at {path}")
+
+    try:
+        check_imports(path, args.timeout)
+    except SolutionError as exc:
+        raise UsageError(str(exc)) from None
+    shown = path.resolve().relative_to(Path.cwd()) if path.resolve().is_relative_to(Path.cwd()) else path
+    print(f"assignment {number}: {assignment.title} -- grading {shown}", flush=True)
+    report = grade(
+        assignment,
+        path,
+        args.timeout,
+        args.check,
+        lambda r: print("  " + r.line(), flush=True),
+        check_import=False,
+    )
+    print(f"score: {report.score}/{report.total}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
