@@ -502,7 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     cli.apply_threads(args)
     poisson = getattr(args, "poisson", None)
-    if poisson is not None and not args.requests / poisson <= MAX_ARRIVAL_SPAN_S:  # also catches rate 0
+    if poisson is not None and not poisson > 0:
+        raise UsageError(f"--poisson must be a positive arrival rate, got {poisson:g}")
+    if poisson is not None and args.requests / poisson > MAX_ARRIVAL_SPAN_S:
         raise UsageError(f"--poisson {poisson:g}: {args.requests} requests would take about {args.requests / poisson:.3g} s "
                          f"to arrive; use a rate of at least {args.requests / MAX_ARRIVAL_SPAN_S:.3g} per second")  # fmt: skip
     cli.prepare_outputs(getattr(args, "out", None), args.json)  # fail now, not after the measurement

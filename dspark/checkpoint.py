@@ -79,6 +79,13 @@ def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return record, {k: v.float() for k, v in tensors.items()}
 
 
+def mismatch(exc: RuntimeError) -> str:
+    """The first line of a `load_state_dict` error that names a tensor (not the 50-line list of all)."""
+    lines = [ln.strip().rstrip(".") for ln in str(exc).splitlines()]
+    named = [ln for ln in lines if ln.startswith(("size mismatch", "Missing key", "Unexpected key"))]
+    return (named or lines or ["unknown"])[0][:300]
+
+
 def restore_hint(path: str | Path) -> str:
     """For a shipped asset, how to get the committed file back ('' for any other path)."""
     path = Path(path).resolve()
@@ -97,9 +104,8 @@ def load_target(path: str | Path) -> tuple[Transformer, dict]:
     model = Transformer(config)
     try:
         missing, unexpected = model.load_state_dict(tensors, strict=False)
-    except RuntimeError as exc:  # shape mismatch: name the first offending tensor, not all of them
-        detail = next((ln.strip() for ln in str(exc).splitlines() if "size mismatch" in ln), str(exc)[:200])
-        raise CheckpointError(f"checkpoint {path} does not match its config ({detail})") from None
+    except RuntimeError as exc:  # shape mismatch
+        raise CheckpointError(f"checkpoint {path} does not match its config ({mismatch(exc)})") from None
     tied = {"lm_head.weight"} if config.tie_embeddings else set()
     missing = [m for m in missing if m not in tied]
     if missing or unexpected:

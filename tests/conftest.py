@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 # Triton kernels run on CPU only in the interpreter, which is chosen when a kernel module is
 # imported: set it before anything imports `kernels.*` (tests/test_kernel_*.py).
@@ -12,6 +13,7 @@ import pytest  # noqa: E402
 import torch
 
 from dspark import paths
+from dspark.checkpoint import save_checkpoint
 from dspark.config import ModelConfig
 from dspark.data.tokenizer import Tokenizer
 from dspark.model import Transformer
@@ -37,3 +39,36 @@ def tiny_model() -> Transformer:
 @pytest.fixture(scope="session")
 def tokenizer() -> Tokenizer:
     return Tokenizer.load(paths.TOKENIZER_PATH)
+
+
+@pytest.fixture(scope="session")
+def small_checkpoint(tmp_path_factory, tokenizer) -> Path:
+    """A random model with the shipped tokenizer's vocabulary: fast to load and run."""
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, dim=32, n_layers=2, n_heads=2, n_kv_heads=1,
+                         ffn_hidden=64, max_seq_len=128, tap_layers=(0,))  # fmt: skip
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("ckpt") / "tiny.safetensors"
+    save_checkpoint(Transformer(config), config, path, dtype=torch.float16)
+    return path
+
+
+@pytest.fixture(scope="session")
+def small_drafters(small_checkpoint, tmp_path_factory) -> dict[str, Path]:
+    """Untrained MTP and EAGLE drafters for the small checkpoint."""
+    from dspark.checkpoint import load_target
+    from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
+    from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
+
+    target, _ = load_target(small_checkpoint)
+    out = {}
+    for kind, gamma in (("mtp", 1), ("eagle", 3), ("dspark", 3)):
+        if kind == "dspark":
+            config = ParallelDrafterConfig(kind, gamma, 1, ffn_hidden=32, rank=4)
+            drafter = ParallelDrafter(target, config)
+        else:
+            config = AutoregressiveDrafterConfig(kind, gamma, ffn_hidden=32)
+            drafter = AutoregressiveDrafter(target, config)
+        path = tmp_path_factory.mktemp("drafters") / f"{kind}.safetensors"
+        save_checkpoint(drafter, config, path, dtype=torch.float16)
+        out[kind] = path
+    return out

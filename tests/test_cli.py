@@ -11,26 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from dspark import bench, generate, paths, train
-from dspark.checkpoint import save_checkpoint
 from dspark.cli import run_main
-from dspark.config import ModelConfig
-from dspark.model import Transformer
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def small_checkpoint(tmp_path_factory, tokenizer) -> Path:
-    """A random model with the shipped tokenizer's vocabulary: fast to load and run."""
-    config = ModelConfig(vocab_size=tokenizer.vocab_size, dim=32, n_layers=2, n_heads=2, n_kv_heads=1,
-                         ffn_hidden=64, max_seq_len=128, tap_layers=(0,))  # fmt: skip
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("ckpt") / "tiny.safetensors"
-    save_checkpoint(Transformer(config), config, path, dtype=torch.float16)
-    return path
 
 
 @pytest.mark.parametrize(
@@ -157,28 +142,6 @@ def test_generate_same_seed_same_text(small_checkpoint, capsys):
         run_main(generate.main, [*args, "--seed", seed])
         texts.append(json.loads(capsys.readouterr().out)["text"])
     assert texts[0] == texts[1]
-
-
-@pytest.fixture(scope="module")
-def small_drafters(small_checkpoint, tmp_path_factory) -> dict[str, Path]:
-    """Untrained MTP and EAGLE drafters for the small checkpoint."""
-    from dspark.checkpoint import load_target
-    from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
-    from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
-
-    target, _ = load_target(small_checkpoint)
-    out = {}
-    for kind, gamma in (("mtp", 1), ("eagle", 3), ("dspark", 3)):
-        if kind == "dspark":
-            config = ParallelDrafterConfig(kind, gamma, 1, ffn_hidden=32, rank=4)
-            drafter = ParallelDrafter(target, config)
-        else:
-            config = AutoregressiveDrafterConfig(kind, gamma, ffn_hidden=32)
-            drafter = AutoregressiveDrafter(target, config)
-        path = tmp_path_factory.mktemp("drafters") / f"{kind}.safetensors"
-        save_checkpoint(drafter, config, path, dtype=torch.float16)
-        out[kind] = path
-    return out
 
 
 @pytest.mark.parametrize("kind", ["mtp", "eagle", "dspark"])

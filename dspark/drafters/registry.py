@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from dspark import paths
-from dspark.checkpoint import CheckpointError, config_path, read_checkpoint
+from dspark.checkpoint import CheckpointError, config_path, mismatch, read_checkpoint
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import Drafter, NoDrafter
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
@@ -47,7 +47,7 @@ def load_drafter(path: str | Path, target: Transformer) -> Drafter:
         drafter.load_state_dict(tensors)
     except RuntimeError as exc:
         raise CheckpointError(
-            f"drafter {path} does not fit this target ({str(exc)[:200]}); with another target model pass "
+            f"drafter {path} does not fit this target ({mismatch(exc)}); with another target model pass "
             "--drafter none or a --drafter-checkpoint trained for it"
         ) from None
     return drafter.eval()
