@@ -13,7 +13,7 @@ The public API, in the order the data flows (README "Architecture"):
 
 Everything else (training, the offline study, the simulator, plots) is imported
 from its subpackage: `dspark.training`, `dspark.study`. Plain decoding is
-`dspark.generation.generate`; it is not re-exported here, because
+`dspark.decoding.generate`; it is not re-exported here, because
 `dspark.generate` is the command module (`python -m dspark.generate`).
 """
 
@@ -21,9 +21,9 @@ from dspark import paths
 from dspark.checkpoint import CheckpointError, load_target
 from dspark.config import ModelConfig
 from dspark.data.tokenizer import Tokenizer
+from dspark.decoding import GenerationResult
 from dspark.drafters.base import Drafter, NoDrafter, Proposal, TargetFeatures
 from dspark.drafters.registry import DRAFTER_NAMES, get_calibration, get_drafter
-from dspark.generation import GenerationResult
 from dspark.kv_cache import KVCache
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams, probabilities, sample

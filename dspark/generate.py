@@ -45,8 +45,8 @@ from dspark.checkpoint import load_target
 from dspark.cli import UsageError, run_main
 from dspark.data.corpus import eval_prompts_by_domain
 from dspark.data.tokenizer import Tokenizer
+from dspark.decoding import check_prompts, generate
 from dspark.drafters.registry import get_calibration, get_drafter
-from dspark.generation import check_prompts, generate
 from dspark.sampling import SamplingParams
 from dspark.scheduling.profiler import cpu_profile
 from dspark.scheduling.scheduler import POLICY_NAMES, VerifyScheduler, make_policy

@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "dspark.kv_cache",
             "dspark.checkpoint",
             "dspark.sampling",
-            "dspark.generation",
+            "dspark.decoding",
         ),
     ),
     ("drafters", ("dspark.drafters.*",)),

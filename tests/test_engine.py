@@ -8,8 +8,8 @@ import torch
 from test_parallel_drafter import make
 from test_speculative import GREEDY, prompts
 
+from dspark.decoding import generate
 from dspark.drafters.base import NoDrafter
-from dspark.generation import generate
 from dspark.sampling import SamplingParams
 from dspark.scheduling.scheduler import POLICY_NAMES, ThroughputProfile, VerifyScheduler, make_policy
 from dspark.serving.engine import Engine, Request

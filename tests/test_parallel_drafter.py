@@ -11,9 +11,9 @@ from conftest import TINY
 from stats_helpers import assert_matches
 from test_speculative import GREEDY, MICRO, MICRO_LENGTH, MICRO_PROMPT, RAGGED, micro_target_and_law, prompts
 
+from dspark.decoding import generate
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
-from dspark.generation import generate
 from dspark.sampling import SamplingParams
 from dspark.serving.speculative import speculative_generate
 from dspark.training.packed_blocks import block_losses, block_visibility, packed_blocks

@@ -11,9 +11,9 @@ from conftest import TINY
 from stats_helpers import assert_matches
 
 from dspark.config import ModelConfig
+from dspark.decoding import generate
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import Drafter, NoDrafter, Proposal
-from dspark.generation import generate
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams, probabilities
 from dspark.serving.speculative import speculative_generate

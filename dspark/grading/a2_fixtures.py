@@ -4,7 +4,7 @@ audits its calls, and a recorder of the target's cached passes.
 * `tiny_target()`: a random 3-layer target (vocabulary 97, context 128) whose greedy output
   varies, fast on a CPU.
 * `TruthDrafter`: proposes the true greedy continuation (computed in advance with plain
-  `dspark.generation.generate`), each draft corrupted with probability `noise` by its own
+  `dspark.decoding.generate`), each draft corrupted with probability `noise` by its own
   generator; with noise 0 every draft is accepted, so EOS and max-new-tokens fall inside
   blocks. It also checks what the loop hands it: on its first call for a slot the whole
   prompt, then exactly the tokens committed since (anchor + accepted drafts), the anchor
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from dspark.config import ModelConfig
+from dspark.decoding import generate
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
-from dspark.generation import generate
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 

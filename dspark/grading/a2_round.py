@@ -1,7 +1,7 @@
 """Assignment 2's checks: the speculative round (DESIGN §1, §6, §8; dspark/serving/engine.py).
 
 `emit` on hand-worked blocks; then the student's `speculative_generate` at temperature 0
-must be token-identical to plain greedy decoding (`dspark.generation.generate`) on a tiny
+must be token-identical to plain greedy decoding (`dspark.decoding.generate`) on a tiny
 random target with a drafter that knows the answer (`TruthDrafter`, a2_fixtures.py) and
 with a random DSpark drafter, for verify lengths 0, 1, γ−1 and γ, with EOS and
 max-new-tokens inside a block, and on the shipped model with the shipped DSpark drafter.

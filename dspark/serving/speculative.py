@@ -9,7 +9,7 @@ and the caches roll back to the accepted prefix. Emitted tokens stop at EOS
 and at exactly `max_new_tokens`, even inside a block.
 
 With `NoDrafter` (γ = 0) this is plain decoding. At temperature 0 the output
-is token-identical to `generation.generate` for every drafter and policy (the
+is token-identical to `decoding.generate` for every drafter and policy (the
 tests check it); at T > 0 it follows the target's distribution exactly.
 
 The result carries the rounds' statistics (`RoundStats`, dspark/serving/rounds.py:
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dspark.decoding import GenerationResult, check_prompts
 from dspark.drafters.base import Drafter, Proposal
-from dspark.generation import GenerationResult, check_prompts
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.serving.engine import Engine, Request

@@ -36,8 +36,8 @@ import torch
 
 from dspark.data.corpus import eval_prompts_by_domain
 from dspark.data.tokenizer import Tokenizer
+from dspark.decoding import generate
 from dspark.drafters.base import Drafter, TargetFeatures
-from dspark.generation import generate
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams, probabilities, sample
 from dspark.serving.rounds import RoundStats

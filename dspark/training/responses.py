@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from dspark.data.corpus import DOMAINS
 from dspark.data.tokenizer import Tokenizer
-from dspark.generation import generate
+from dspark.decoding import generate
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 

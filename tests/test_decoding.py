@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import TINY
 
-from dspark.generation import check_prompts, generate
+from dspark.decoding import check_prompts, generate
 from dspark.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
