@@ -31,11 +31,11 @@ from dspark.scheduling.scheduler import (
     POLICY_NAMES,
     Policy,
     ThroughputProfile,
-    VerifyScheduler,
     make_policy,
     prefix_schedule,
     prefix_survival,
 )
+from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.engine import Engine, EngineResult, Request
 from dspark.serving.rounds import RoundStats
 from dspark.serving.speculative import SpeculativeResult, speculative_generate

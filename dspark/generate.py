@@ -49,7 +49,8 @@ from dspark.decoding import check_prompts, generate
 from dspark.drafters.registry import get_calibration, get_drafter
 from dspark.sampling import SamplingParams
 from dspark.scheduling.profiler import cpu_profile
-from dspark.scheduling.scheduler import POLICY_NAMES, VerifyScheduler, make_policy
+from dspark.scheduling.scheduler import POLICY_NAMES, make_policy
+from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.speculative import SpeculativeResult, speculative_generate
 
 

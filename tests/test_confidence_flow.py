@@ -14,13 +14,8 @@ from dspark.drafters.autoregressive import AutoregressiveDrafter, Autoregressive
 from dspark.drafters.base import Proposal, TargetFeatures
 from dspark.drafters.registry import get_calibration, get_drafter, load_calibration
 from dspark.sampling import SamplingParams
-from dspark.scheduling.scheduler import (
-    POLICY_NAMES,
-    VerifyScheduler,
-    make_policy,
-    prefix_schedule,
-    prefix_survival,
-)
+from dspark.scheduling.scheduler import POLICY_NAMES, make_policy, prefix_schedule, prefix_survival
+from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.engine import Engine, Request
 
 CONFIDENCE_POLICIES = [n for n in POLICY_NAMES if make_policy(n).needs_confidence]

@@ -11,7 +11,8 @@ from test_speculative import GREEDY, prompts
 from dspark.decoding import generate
 from dspark.drafters.base import NoDrafter
 from dspark.sampling import SamplingParams
-from dspark.scheduling.scheduler import POLICY_NAMES, ThroughputProfile, VerifyScheduler, make_policy
+from dspark.scheduling.scheduler import POLICY_NAMES, ThroughputProfile, make_policy
+from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.engine import Engine, Request
 
 PROFILE = ThroughputProfile([1 / (1.0 + 0.05 * B) for B in range(1, 257)])

@@ -17,13 +17,13 @@ from dspark.scheduling.scheduler import (
     AsyncPrefixPolicy,
     GoodputPolicy,
     ThroughputProfile,
-    VerifyScheduler,
     expected_rate,
     greedy_path,
     make_policy,
     prefix_schedule,
     prefix_survival,
 )
+from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.speculative import speculative_generate
 from dspark.study.counterexample import counterexample
 

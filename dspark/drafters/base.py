@@ -43,6 +43,9 @@ class Proposal:
     tokens: torch.Tensor  # (R, γ) int64 draft tokens x_1..x_γ after each anchor
     probs: torch.Tensor  # (R, γ, V) fp32 q_k: the exact distributions the tokens were sampled from
     confidence: torch.Tensor | None = None  # (R, γ) c_k in (0, 1) from a trained confidence head, else None
+    # (R,) bool: which rows really drafted this step (None: all). The engine fills the rows of requests that
+    # did not draft (speculate-or-not, dspark/scheduling/step.py) with zeros; they verify nothing.
+    drafted: torch.Tensor | None = None
 
 
 @dataclass

@@ -28,8 +28,8 @@ rate, one length for the whole batch).
 On a GPU, `scheduled_lengths` (used by `PrefixPolicy`) runs survivals, the path and the early
 stop as one Triton kernel (`kernels/prefix_scheduler.py`); this file stays its reference.
 
-`VerifyScheduler` binds a policy to its SPS profile and the drafter's STS
-temperatures; the engine hands it each round's `Proposal` and gets ℓ_r back.
+`VerifyScheduler` (dspark/scheduling/step.py) binds a policy to its SPS profile
+and the drafter's STS temperatures; the engine hands it each round's `Proposal`.
 
 What this file does not do: measure SPS (dspark/scheduling/profiler.py) or calibrate the
 confidences (dspark/scheduling/calibration.py).
@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 import torch
 
 from dspark import backend
-from dspark.drafters.base import Drafter, Proposal
 
 POLICY_NAMES = ("none", "mtp1", "fixed", "threshold", "goodput", "dspark", "dspark-async")
 
@@ -127,17 +126,30 @@ def greedy_path(survivals: torch.Tensor) -> torch.Tensor:
     return torch.stack([r[order], j[order]], dim=1)
 
 
+def step_rate(
+    tokens: float, batch_tokens: int, profile: ThroughputProfile, draft_seconds: float = 0.0
+) -> float:
+    """Expected tokens per second of a step: `tokens` over its target pass of `batch_tokens` plus its
+    drafting time. Without drafting time it is tokens · SPS(B), the paper's Θ, to the last bit."""
+    if draft_seconds == 0:
+        return tokens * profile.sps(batch_tokens)
+    return tokens / (1.0 / profile.sps(batch_tokens) + draft_seconds)
+
+
 def prefix_schedule(
     survivals: torch.Tensor,
     profile: ThroughputProfile,
     early_stop: bool = True,
     budget: int | None = None,
+    draft_seconds: float = 0.0,
 ) -> torch.Tensor:
     """Algorithm 1: (R, γ) survivals -> (R,) verify lengths.
 
     early_stop=True: admit along the greedy path while Θ strictly improves.
     early_stop=False: the retrospective global argmax of Θ along the path (lossy).
-    budget=K: admit exactly the top K of the path (the async variant's second half)."""
+    budget=K: admit exactly the top K of the path (the async variant's second half).
+    draft_seconds: the step's drafting time, already spent; Θ becomes tokens per second of the whole
+    step, τ / (1/SPS(B) + draft_seconds) (0: the paper's τ · SPS(B), computed exactly as before)."""
     R, gamma = survivals.shape
     lengths = torch.zeros(R, dtype=torch.long)
     if R == 0 or gamma == 0:
@@ -147,10 +159,10 @@ def prefix_schedule(
         n_admit = max(0, min(int(budget), len(path)))
     else:
         gains = survivals[path[:, 0], path[:, 1]].tolist()
-        tau, best, n_admit = float(R), R * profile.sps(R), 0
+        tau, best, n_admit = float(R), step_rate(R, R, profile, draft_seconds), 0
         for n, gain in enumerate(gains, start=1):
             tau += gain
-            theta = tau * profile.sps(R + n)
+            theta = step_rate(tau, R + n, profile, draft_seconds)
             if theta > best:
                 best, n_admit = theta, n
             elif early_stop:
@@ -166,11 +178,13 @@ def scheduled_lengths(
     profile: ThroughputProfile,
     early_stop: bool = True,
     budget: int | None = None,
+    draft_seconds: float = 0.0,
 ) -> torch.Tensor:
     """(R, γ) confidences -> (R,) verify lengths: Algorithm 1 on the calibrated survivals.
     The Triton kernel where `backend.use_kernel` says so and the batch fits its one tile
-    (lengths stay on the device), else `prefix_schedule(prefix_survival(...))`."""
-    if backend.use_kernel(confidences):
+    (lengths stay on the device), else `prefix_schedule(prefix_survival(...))`. The kernel
+    knows no drafting time: with `draft_seconds` > 0 the reference runs."""
+    if draft_seconds == 0 and backend.use_kernel(confidences):
         from kernels import prefix_scheduler  # imports Triton: only when a kernel may run
 
         if prefix_scheduler.fits(*confidences.shape):
@@ -178,15 +192,18 @@ def scheduled_lengths(
             temps = None if temperatures is None else temperatures.to(conf.device, torch.float32).contiguous()
             table = profile.table(conf.device)  # (M,)
             return prefix_scheduler.prefix_schedule_triton(conf, temps, table, early_stop, budget)
-    return prefix_schedule(prefix_survival(confidences, temperatures), profile, early_stop, budget)
+    survivals = prefix_survival(confidences, temperatures)
+    return prefix_schedule(survivals, profile, early_stop, budget, draft_seconds)
 
 
-def expected_rate(survivals: torch.Tensor, lengths: torch.Tensor, profile: ThroughputProfile) -> float:
-    """Θ(ℓ) = (Σ_r 1 + Σ_{j<=ℓ_r} a_{r,j}) · SPS(Σ_r 1 + ℓ_r) for any verify lengths."""
+def expected_rate(
+    survivals: torch.Tensor, lengths: torch.Tensor, profile: ThroughputProfile, draft_seconds: float = 0.0
+) -> float:
+    """Θ(ℓ) = (Σ_r 1 + Σ_{j<=ℓ_r} a_{r,j}) / (1/SPS(Σ_r 1 + ℓ_r) + draft_seconds) for any verify lengths."""
     R, gamma = survivals.shape
     keep = torch.arange(gamma)[None, :] < lengths[:, None]
     tau = R + float((survivals * keep).sum())
-    return tau * profile.sps(R + int(lengths.sum())) if R else 0.0
+    return step_rate(tau, R + int(lengths.sum()), profile, draft_seconds) if R else 0.0
 
 
 # ---- policies -------------------------------------------------------------------------------------
@@ -196,8 +213,12 @@ class Policy:
 
     name = "policy"
     needs_confidence = False
+    cost_aware = False  # does it weigh the drafting time (draft_seconds) and decide who drafts?
 
-    def lengths(self, survivals: torch.Tensor, gamma: int, profile: ThroughputProfile) -> torch.Tensor:
+    def lengths(
+        self, survivals: torch.Tensor, gamma: int, profile: ThroughputProfile, draft_seconds: float = 0.0
+    ) -> torch.Tensor:
+        """(R,) verify lengths; `draft_seconds`: this step's drafting time (only cost-aware policies use it)."""
         raise NotImplementedError
 
     def lengths_from_confidence(
@@ -206,10 +227,11 @@ class Policy:
         temperatures: torch.Tensor | None,
         gamma: int,
         profile: ThroughputProfile,
+        draft_seconds: float = 0.0,
     ) -> torch.Tensor:
         """`lengths` from the raw (R, γ) confidences and STS temperatures (None: uncalibrated).
         Policies that can schedule on the device override this."""
-        return self.lengths(prefix_survival(confidences, temperatures), gamma, profile)
+        return self.lengths(prefix_survival(confidences, temperatures), gamma, profile, draft_seconds)
 
     def observe(self, verify_lens: torch.Tensor, accepted: torch.Tensor) -> None:
         """Called after verification (default: nothing to learn)."""
@@ -221,7 +243,7 @@ class FixedPolicy(Policy):
     def __init__(self, name: str, length: int | None) -> None:
         self.name, self.length = name, length
 
-    def lengths(self, survivals, gamma, profile):
+    def lengths(self, survivals, gamma, profile, draft_seconds=0.0):
         n = gamma if self.length is None else min(self.length, gamma)
         return torch.full((survivals.shape[0],), n, dtype=torch.long)
 
@@ -234,7 +256,7 @@ class ThresholdPolicy(Policy):
     def __init__(self, threshold: float = 0.5) -> None:
         self.threshold = threshold
 
-    def lengths(self, survivals, gamma, profile):
+    def lengths(self, survivals, gamma, profile, draft_seconds=0.0):
         return (survivals >= self.threshold).long().cumprod(dim=1).sum(dim=1)
 
 
@@ -247,7 +269,7 @@ class GoodputPolicy(Policy):
     def __init__(self, alpha: float = 0.5, decay: float = 0.9) -> None:
         self.alpha, self.decay = alpha, decay
 
-    def lengths(self, survivals, gamma, profile):
+    def lengths(self, survivals, gamma, profile, draft_seconds=0.0):
         R = survivals.shape[0]
         if R == 0:
             return torch.zeros(0, dtype=torch.long)
@@ -266,15 +288,18 @@ class GoodputPolicy(Policy):
 
 
 class PrefixPolicy(Policy):
-    """DSpark's Algorithm 1 with the early stop (lossless)."""
+    """DSpark's Algorithm 1 with the early stop (lossless); with a drafting time, Θ is per second of
+    the whole step (drafting included), and a VerifyScheduler with a DraftCost decides who drafts."""
 
-    name, needs_confidence = "dspark", True
+    name, needs_confidence, cost_aware = "dspark", True, True
 
-    def lengths(self, survivals, gamma, profile):
-        return prefix_schedule(survivals, profile, early_stop=True)
+    def lengths(self, survivals, gamma, profile, draft_seconds=0.0):
+        return prefix_schedule(survivals, profile, early_stop=True, draft_seconds=draft_seconds)
 
-    def lengths_from_confidence(self, confidences, temperatures, gamma, profile):
-        return scheduled_lengths(confidences, temperatures, profile, early_stop=True)
+    def lengths_from_confidence(self, confidences, temperatures, gamma, profile, draft_seconds=0.0):
+        return scheduled_lengths(
+            confidences, temperatures, profile, early_stop=True, draft_seconds=draft_seconds
+        )
 
 
 class AsyncPrefixPolicy(Policy):
@@ -283,27 +308,35 @@ class AsyncPrefixPolicy(Policy):
     current survivals, every request getting at least `min_length` drafts. Until two
     rounds of history exist it falls back to Algorithm 1 with the early stop."""
 
-    name, needs_confidence = "dspark-async", True
+    name, needs_confidence, cost_aware = "dspark-async", True, True
 
     def __init__(self, min_length: int = 0, lag: int = 2) -> None:
         self.min_length, self.lag = min_length, lag
-        self.history: deque[torch.Tensor] = deque(maxlen=lag)
+        self.history: deque[tuple[torch.Tensor, float]] = deque(maxlen=lag)  # (survivals, draft seconds)
 
-    def budget(self, old: torch.Tensor, requests: int, gamma: int, profile: ThroughputProfile) -> int:
-        admitted = int(prefix_schedule(old, profile, early_stop=False).sum())
+    def budget(
+        self,
+        old: torch.Tensor,
+        requests: int,
+        gamma: int,
+        profile: ThroughputProfile,
+        draft_seconds: float = 0.0,
+    ) -> int:
+        admitted = int(prefix_schedule(old, profile, early_stop=False, draft_seconds=draft_seconds).sum())
         return round(admitted * requests / max(1, old.shape[0]))
 
-    def lengths(self, survivals, gamma, profile):
+    def lengths(self, survivals, gamma, profile, draft_seconds=0.0):
         R = survivals.shape[0]
         if len(self.history) < self.lag:
-            lengths = prefix_schedule(survivals, profile, early_stop=True)
+            lengths = prefix_schedule(survivals, profile, early_stop=True, draft_seconds=draft_seconds)
         else:
-            K = self.budget(self.history[0], R, gamma, profile)
+            old, old_draft_seconds = self.history[0]
+            K = self.budget(old, R, gamma, profile, old_draft_seconds)
             m = min(self.min_length, gamma)
             lengths = torch.full((R,), m, dtype=torch.long)
             if m < gamma:
                 lengths += prefix_schedule(survivals[:, m:], profile, budget=max(0, K - R * m))
-        self.history.append(survivals.clone())
+        self.history.append((survivals.clone(), draft_seconds))
         return lengths
 
 
@@ -324,47 +357,3 @@ def make_policy(name: str, threshold: float = 0.5, min_length: int = 0) -> Polic
     if name == "dspark-async":
         return AsyncPrefixPolicy(min_length)
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
-
-
-class VerifyScheduler:
-    """What the engine asks every round for verify lengths: a policy bound to the SPS
-    profile it optimises against and the STS temperatures that calibrate the drafter's
-    confidences. Everything it uses comes in as an argument: the temperatures here,
-    the round's `Proposal` in `__call__`, the round's outcome in `observe`."""
-
-    def __init__(
-        self, policy: Policy, profile: ThroughputProfile, temperatures: torch.Tensor | None = None
-    ) -> None:
-        self.policy, self.profile, self.temperatures = policy, profile, temperatures
-
-    @classmethod
-    def for_drafter(
-        cls,
-        policy: Policy,
-        drafter: Drafter,
-        profile: ThroughputProfile,
-        temperatures: torch.Tensor | None = None,
-    ) -> VerifyScheduler:
-        """Bind `policy` for `drafter`, refusing up front a drafter whose proposals carry
-        no confidences when the policy ranks by them."""
-        if policy.needs_confidence and not drafter.has_confidence:
-            raise ValueError(
-                f"policy {policy.name!r} ranks drafts by confidence, but the {drafter.name!r} drafter has no "
-                "trained confidence head; use dspark or dspark-rnn, or a policy that ignores confidences "
-                "(none, mtp1, fixed, goodput)"
-            )
-        return cls(policy, profile, temperatures)
-
-    def __call__(self, proposal: Proposal) -> torch.Tensor:
-        """(R,) verify lengths for this round's proposal."""
-        R, gamma = proposal.tokens.shape
-        conf = proposal.confidence
-        if conf is None:
-            if self.policy.needs_confidence:
-                raise ValueError(f"policy {self.policy.name!r} needs confidences; this proposal has none")
-            conf = torch.ones(R, gamma)  # ignored by the policies that do not need confidences
-        return self.policy.lengths_from_confidence(conf, self.temperatures, gamma, self.profile)
-
-    def observe(self, verify_lens: torch.Tensor, accepted: torch.Tensor) -> None:
-        """This round's verify lengths and accepted counts (policies that learn from history)."""
-        self.policy.observe(verify_lens, accepted)

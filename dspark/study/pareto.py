@@ -41,7 +41,8 @@ from dspark.drafters.base import Drafter, NoDrafter
 from dspark.drafters.registry import get_calibration, get_drafter
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
-from dspark.scheduling.scheduler import ThroughputProfile, VerifyScheduler, make_policy
+from dspark.scheduling.scheduler import ThroughputProfile, make_policy
+from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.engine import Engine, EngineResult, Request
 from dspark.serving.rounds import RoundStats
 from dspark.study import offline, tables

@@ -1,0 +1,173 @@
+"""What one drafting pass costs: the other half of a speculative step's time, next to SPS(B).
+
+Algorithm 1 (dspark/scheduling/scheduler.py) prices a step by its target pass,
+1 / SPS(B). Every step that drafts also pays a drafting pass, whatever it then
+verifies. On a GPU that is a small fraction of the step (the paper ignores it);
+on this CPU a DSpark drafting pass costs about as much as a target pass, so a
+scheduler that leaves it out drafts when drafting does not pay.
+
+`DraftCost` is the time of one drafting pass as a function of how many requests
+draft in it, for the block size γ the engine uses:
+
+  * `measure_draft_cost`: real `propose` calls of the drafter on a prefilled
+    context, one new committed token per request per call (the steady state),
+    median of several, at a few request counts; `cpu_draft_cost` caches it
+    under DSPARK_HOME keyed like the SPS profile (target config, drafter
+    config, γ, threads) and measures again on `refresh`.
+  * `roofline_draft_cost`: the same for a modelled GPU (the SPS roofline of
+    dspark/scheduling/profiler.py with the drafter's parameter count): a
+    parallel drafter is one pass over n·γ block tokens, a chain drafter γ
+    passes over n tokens.
+
+What this file does not do: decide anything (dspark/scheduling/cost_aware.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from dspark import paths
+from dspark.drafters.base import Drafter, TargetFeatures
+from dspark.model import Transformer
+from dspark.sampling import SamplingParams
+from dspark.scheduling.profiler import RooflineConfig
+
+DRAFT_POINTS = [1, 2, 4, 8, 16, 32]  # drafting requests measured on the CPU
+
+
+@dataclass
+class DraftCost:
+    """Seconds of one drafting pass with n drafting requests, n = 1..len(seconds_by_requests)."""
+
+    seconds_by_requests: list[float]  # entry n-1: seconds when n requests draft
+    name: str = ""  # where it came from ("cpu-measured dspark", "h200-roofline", "free", ...)
+
+    def __post_init__(self) -> None:
+        if not self.seconds_by_requests or any(not s >= 0 for s in self.seconds_by_requests):
+            raise ValueError("a drafting cost needs non-negative seconds for n = 1, 2, ...")
+
+    @classmethod
+    def free(cls) -> DraftCost:
+        """No drafting cost: the scheduler then behaves exactly as the paper's Algorithm 1."""
+        return cls([0.0], "free")
+
+    @property
+    def is_free(self) -> bool:
+        return not any(self.seconds_by_requests)
+
+    def seconds(self, requests: int) -> float:
+        """T_draft(n); 0 when nobody drafts; beyond the table, proportionally longer."""
+        if requests <= 0:
+            return 0.0
+        table = self.seconds_by_requests
+        if requests <= len(table):
+            return table[requests - 1]
+        return table[-1] * requests / len(table)
+
+    @classmethod
+    def from_points(
+        cls, requests: list[int], seconds: list[float], max_requests: int, name: str = ""
+    ) -> DraftCost:
+        """Interpolate measured times linearly over n = 1..max_requests (flat before the first point,
+        proportional after the last), forced non-decreasing: more drafting requests never cost less."""
+        points = sorted(zip(requests, seconds))
+        xs, ys = [float(n) for n, _ in points], [t for _, t in points]
+        table, longest = [], 0.0
+        for n in range(1, max_requests + 1):
+            if n <= xs[0]:
+                t = ys[0]
+            elif n >= xs[-1]:
+                t = ys[-1] * n / xs[-1]
+            else:
+                i = next(i for i in range(1, len(xs)) if xs[i] >= n)
+                t = ys[i - 1] + (n - xs[i - 1]) / (xs[i] - xs[i - 1]) * (ys[i] - ys[i - 1])
+            longest = max(longest, t)
+            table.append(longest)
+        return cls(table, name)
+
+
+@torch.no_grad()
+def measure_draft_cost(
+    target: Transformer,
+    drafter: Drafter,
+    gamma: int,
+    requests: list[int] = DRAFT_POINTS,
+    context: int = 64,
+    repeats: int = 5,
+) -> DraftCost:
+    """Median seconds of `drafter.propose` at each drafting-request count (resets the drafter)."""
+    cfg = target.config
+    n_max = max(requests)
+    g = torch.Generator().manual_seed(0)
+    cache = target.new_cache(n_max)
+    slots = torch.tensor([cache.allocate() for _ in range(n_max)])
+    prompt = torch.randint(0, cfg.vocab_size, (n_max * context,), generator=g)
+    lens = torch.full((n_max,), context)
+    out = target.forward_cached(prompt, slots, lens, cache, return_taps=True)
+    params = SamplingParams(1.0)
+    drafter.reset(n_max)
+    anchors = torch.randint(0, cfg.vocab_size, (n_max,), generator=g)
+    drafter.propose(slots, prompt, TargetFeatures(out.taps, out.last_hidden), lens, anchors, gamma, params, g)
+    seconds = []
+    for n in requests:
+        one = torch.ones(n, dtype=torch.long)
+        times = []
+        for rep in range(repeats + 1):  # the first call is a warm-up
+            feats = TargetFeatures(out.taps[:n], out.last_hidden[:n])  # one new committed token each
+            t0 = time.perf_counter()
+            drafter.propose(slots[:n], anchors[:n], feats, one, anchors[:n], gamma, params, g)
+            if rep:
+                times.append(time.perf_counter() - t0)
+        seconds.append(statistics.median(times))
+    drafter.reset(n_max)  # forget the dummy context
+    name = f"cpu-measured {drafter.name} γ={gamma} ({torch.get_num_threads()} threads)"
+    return DraftCost.from_points(requests, seconds, n_max, name)
+
+
+def draft_cost_path(key: dict) -> Path:
+    """Cache file of one (target, drafter, γ, threads) combination."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return paths.dspark_home() / "profiles" / f"draft-{digest}.json"
+
+
+def cpu_draft_cost(target: Transformer, drafter: Drafter, gamma: int, refresh: bool = False) -> DraftCost:
+    """The measured drafting cost of `drafter` at γ on this machine, measured once and cached."""
+    if drafter.max_gamma == 0 or gamma == 0:
+        return DraftCost.free()
+    config = asdict(target.config) | {"tap_layers": list(target.config.tap_layers)}
+    key = {
+        "target": config,
+        "drafter": drafter.config.to_dict(),
+        "gamma": gamma,
+        "threads": torch.get_num_threads(),
+    }
+    path = draft_cost_path(key)
+    if path.is_file() and not refresh:
+        record = json.loads(path.read_text())
+        if record.get("key") == key:
+            return DraftCost(record["seconds_by_requests"], record["name"])
+    context = min(64, target.config.max_seq_len // 4)  # each call then appends one token per request
+    cost = measure_draft_cost(target, drafter, gamma, DRAFT_POINTS, context)
+    record = {"key": key, "name": cost.name, "seconds_by_requests": cost.seconds_by_requests}
+    paths.write_text_atomic(path, json.dumps(record) + "\n")
+    return cost
+
+
+def roofline_draft_cost(
+    config: RooflineConfig, drafter_params: float, gamma: int, parallel: bool = True, max_requests: int = 512
+) -> DraftCost:
+    """Drafting on the modelled GPU: the drafter's weights (and the requests' context) read per pass.
+    Parallel drafters: one pass over n·γ tokens; chain drafters: γ passes over n tokens."""
+    drafter = replace(config, params=drafter_params, buckets=[], tokens_per_request=gamma if parallel else 1)
+    seconds = [
+        drafter.seconds(n * gamma) if parallel else gamma * drafter.seconds(n)
+        for n in range(1, max_requests + 1)
+    ]
+    return DraftCost(seconds, f"h200-roofline drafter {drafter_params / 1e9:g}B γ={gamma}")

@@ -1,0 +1,168 @@
+"""One engine step's scheduling decisions: who drafts (speculate or not), then how many to verify.
+
+`VerifyScheduler` is what the engine (dspark/serving/engine.py) talks to each
+step. It binds a verify-length policy (dspark/scheduling/scheduler.py) to the
+SPS profile it optimises against, the STS temperatures that calibrate the
+drafter's confidences and, for the cost-aware policies (`dspark`,
+`dspark-async`), the drafting cost (dspark/scheduling/draft_cost.py). Every
+input is an argument: the temperatures and costs here, the earlier rounds in
+`speculate`, the round's `Proposal` in `__call__`, its outcome in `observe`.
+
+**Speculate or not.** Algorithm 1 chooses verify lengths *after* drafting,
+when the drafting pass is already paid. Where drafting is expensive (on this
+CPU a DSpark drafting pass costs about a target pass) the better decision
+comes first: should request r draft at all this step? A request that does not
+draft takes a plain decode step (its anchor alone) in the same ragged target
+pass and pays nothing for drafts. The decision must not look at this step's
+drafts or confidences (they do not exist yet; and a choice of what to verify
+that depended on the drafts would break losslessness). `drafting_mask` uses
+each request's most recent drafted round:
+
+  1. forecast: that round's calibrated survivals a_{r,j} = Π_{i≤j} c̃_{r,i}
+     stand in for this round's; a request without one (new) gets the mean
+     forecast of the others;
+  2. the forecast verify lengths ℓ̂ and gains G_r = Σ_{j≤ℓ̂_r} a_{r,j} come from
+     cost-aware Algorithm 1 on the forecasts, as if everybody drafted;
+  3. requests sorted by G_r; drafting the top k has the expected rate
+         Θ̂(k) = (R + Σ_top-k G) / (1/SPS(R + Σ_top-k ℓ̂) + T_draft(k)),
+     T_draft(0) = 0; the k with the largest Θ̂ drafts (ties: more drafting).
+
+With free drafting everybody drafts, and the step is exactly the paper's. If
+drafting could not pay even with every draft accepted, nobody drafts: the step
+is plain decoding. Requests that stopped drafting are re-probed every
+`probe_every` steps (their forecast would otherwise never change) -- only while
+drafting can pay at all.
+
+**Then Algorithm 1** runs on the drafting requests' real confidences with the
+step's drafting time in Θ = τ / (1/SPS(B) + T_draft): the drafting time is
+already spent, so it only makes verifying relatively cheaper. The early stop is
+still what keeps it lossless: admitting draft j of request r depends only on
+survivals ranked above it, never on its own acceptance.
+
+What this file does not do: time anything (profiler.py, draft_cost.py) or run
+the step (dspark/serving/engine.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dspark.drafters.base import Drafter, Proposal
+from dspark.scheduling.draft_cost import DraftCost
+from dspark.scheduling.scheduler import Policy, ThroughputProfile, prefix_schedule, prefix_survival, step_rate
+
+PROBE_EVERY = 8  # steps a non-drafting request waits before it drafts once more to refresh its forecast
+
+
+def drafting_can_pay(requests: int, gamma: int, profile: ThroughputProfile, cost: DraftCost) -> bool:
+    """Could drafting beat plain decoding for `requests` requests if every draft were accepted?"""
+    if requests == 0 or gamma == 0:
+        return False
+    best = step_rate(requests * (1 + gamma), requests * (1 + gamma), profile, cost.seconds(requests))
+    return best > step_rate(requests, requests, profile)
+
+
+def drafting_mask(
+    last_confidences: list[list[float] | None],
+    idle_steps: list[int],
+    gamma: int,
+    profile: ThroughputProfile,
+    cost: DraftCost,
+    temperatures: torch.Tensor | None = None,
+    probe_every: int = PROBE_EVERY,
+) -> torch.Tensor:
+    """(R,) bool: which requests draft this step.
+
+    last_confidences[r]: the raw confidences c_1..c_γ of request r's most recent drafted round (None: it
+    has not drafted yet); idle_steps[r]: steps since it last drafted."""
+    R = len(last_confidences)
+    if cost.is_free:
+        return torch.ones(R, dtype=torch.bool)
+    if not drafting_can_pay(R, gamma, profile, cost):
+        return torch.zeros(R, dtype=torch.bool)
+    known = [r for r, c in enumerate(last_confidences) if c]
+    if not known:  # nothing learnt yet: draft to find out
+        return torch.ones(R, dtype=torch.bool)
+    conf = torch.tensor([last_confidences[r][:gamma] for r in known], dtype=torch.float64)  # (K, γ)
+    forecast = torch.empty(R, gamma, dtype=torch.float64)
+    forecast[:] = prefix_survival(conf, temperatures).mean(dim=0)  # new requests: the mean forecast
+    forecast[known] = prefix_survival(conf, temperatures)  # (R, γ)
+    ell = prefix_schedule(forecast, profile, early_stop=True, draft_seconds=cost.seconds(R))  # (R,)
+    keep = torch.arange(gamma)[None, :] < ell[:, None]
+    gain = (forecast * keep).sum(dim=1)  # (R,) expected accepted drafts if r drafts
+    order = torch.argsort(-gain, stable=True)
+    cum_gain = torch.cat([torch.zeros(1, dtype=torch.float64), gain[order].cumsum(0)]).tolist()
+    cum_len = torch.cat([torch.zeros(1, dtype=torch.long), ell[order].cumsum(0)]).tolist()
+    rates = [step_rate(R + cum_gain[k], R + int(cum_len[k]), profile, cost.seconds(k)) for k in range(R + 1)]
+    k = max(range(R + 1), key=lambda i: (rates[i], i))
+    mask = torch.zeros(R, dtype=torch.bool)
+    mask[order[:k]] = True
+    probe = torch.tensor([i >= probe_every for i in idle_steps], dtype=torch.bool)
+    return mask | probe
+
+
+class VerifyScheduler:
+    """What the engine asks every step: who drafts (`speculate`), then how many drafts each request
+    verifies (`__call__`); `observe` hears the outcome. A policy bound to the SPS profile, the STS
+    temperatures and -- for cost-aware policies -- the drafting cost (None or free: the paper's
+    Algorithm 1, every request drafts)."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        profile: ThroughputProfile,
+        temperatures: torch.Tensor | None = None,
+        draft_cost: DraftCost | None = None,
+    ) -> None:
+        self.policy, self.profile, self.temperatures = policy, profile, temperatures
+        self.draft_cost = draft_cost if policy.cost_aware and draft_cost is not None else DraftCost.free()
+
+    def speculate(
+        self, last_confidences: list[list[float] | None], idle_steps: list[int], gamma: int
+    ) -> torch.Tensor:
+        """(R,) bool: which requests draft this step, from their most recent drafted rounds only
+        (`drafting_mask`): never from this step's drafts, so the decision keeps the output exact."""
+        return drafting_mask(
+            last_confidences, idle_steps, gamma, self.profile, self.draft_cost, self.temperatures
+        )
+
+    @classmethod
+    def for_drafter(
+        cls,
+        policy: Policy,
+        drafter: Drafter,
+        profile: ThroughputProfile,
+        temperatures: torch.Tensor | None = None,
+        draft_cost: DraftCost | None = None,
+    ) -> VerifyScheduler:
+        """Bind `policy` for `drafter`, refusing up front a drafter whose proposals carry
+        no confidences when the policy ranks by them."""
+        if policy.needs_confidence and not drafter.has_confidence:
+            raise ValueError(
+                f"policy {policy.name!r} ranks drafts by confidence, but the {drafter.name!r} drafter has no "
+                "trained confidence head; use dspark or dspark-rnn, or a policy that ignores confidences "
+                "(none, mtp1, fixed, goodput)"
+            )
+        return cls(policy, profile, temperatures, draft_cost)
+
+    def __call__(self, proposal: Proposal) -> torch.Tensor:
+        """(R,) verify lengths for this round's proposal; 0 for the rows that did not draft."""
+        R, gamma = proposal.tokens.shape
+        conf = proposal.confidence
+        if conf is None:
+            if self.policy.needs_confidence:
+                raise ValueError(f"policy {self.policy.name!r} needs confidences; this proposal has none")
+            conf = torch.ones(R, gamma)  # ignored by the policies that do not need confidences
+        drafted = proposal.drafted
+        n_drafting = R if drafted is None else int(drafted.sum())  # host sync: a count for the cost table
+        if drafted is not None:
+            conf = conf * drafted[:, None]  # survival 0: never admitted
+        draft_seconds = self.draft_cost.seconds(n_drafting)
+        lengths = self.policy.lengths_from_confidence(
+            conf, self.temperatures, gamma, self.profile, draft_seconds
+        )
+        return lengths if drafted is None else lengths * drafted
+
+    def observe(self, verify_lens: torch.Tensor, accepted: torch.Tensor) -> None:
+        """This round's verify lengths and accepted counts (policies that learn from history)."""
+        self.policy.observe(verify_lens, accepted)
