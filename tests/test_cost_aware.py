@@ -1,0 +1,141 @@
+"""Cost-aware scheduling: the drafting time in Theta, the speculate-or-not decision, the drafting-cost
+profile. Free drafting must reproduce the paper's Algorithm 1 exactly; drafting that cannot pay must
+draft nothing; the decision only ever reads earlier rounds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_engine import PROFILE
+from test_parallel_drafter import make
+
+from dspark.drafters.base import Proposal
+from dspark.scheduling import draft_cost as draft_cost_module
+from dspark.scheduling.draft_cost import DraftCost, cpu_draft_cost, measure_draft_cost, roofline_draft_cost
+from dspark.scheduling.profiler import RooflineConfig
+from dspark.scheduling.scheduler import (
+    ThroughputProfile,
+    expected_rate,
+    make_policy,
+    prefix_schedule,
+    prefix_survival,
+    step_rate,
+)
+from dspark.scheduling.step import VerifyScheduler, drafting_can_pay, drafting_mask
+
+CPU_LIKE = ThroughputProfile([1 / (0.0025 + 0.0001 * B) for B in range(1, 257)])  # ~2.5 ms a pass, flat-ish
+
+
+def rounds(n: int, gamma: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (
+        torch.rand(n, gamma, generator=g, dtype=torch.float64) ** 0.3
+    )  # mostly confident, like a trained head
+
+
+def test_free_drafting_is_the_papers_algorithm_1_to_the_bit():
+    for seed in range(30):
+        conf = rounds(1 + seed % 9, 7, seed)
+        proposal = Proposal(torch.zeros(conf.shape, dtype=torch.long), torch.zeros(*conf.shape, 3), conf)
+        temps = torch.linspace(0.7, 1.4, 7, dtype=torch.float64)
+        for name in ("dspark", "dspark-async"):
+            today = VerifyScheduler(make_policy(name), PROFILE, temps)
+            free = VerifyScheduler(make_policy(name), PROFILE, temps, DraftCost.free())
+            assert torch.equal(today(proposal), free(proposal))
+        assert torch.equal(prefix_schedule(prefix_survival(conf), PROFILE), prefix_schedule(prefix_survival(conf),
+                           PROFILE, draft_seconds=0.0))  # fmt: skip
+    assert drafting_mask([[0.1] * 7, None], [0, 0], 7, PROFILE, DraftCost.free()).all()
+    assert step_rate(3.0, 4, PROFILE) == 3.0 * PROFILE.sps(4)
+
+
+def test_drafting_time_makes_verifying_relatively_cheaper():
+    """Θ = τ / (1/SPS(B) + d): with the drafting time sunk, the early stop admits a superset (a longer
+    prefix of the same greedy path), and Θ of the chosen lengths is the best along that path."""
+    for seed in range(30):
+        survivals = prefix_survival(rounds(6, 7, seed))
+        free = prefix_schedule(survivals, CPU_LIKE)
+        paid = prefix_schedule(survivals, CPU_LIKE, draft_seconds=0.003)
+        assert bool((paid >= free).all())
+        assert expected_rate(survivals, paid, CPU_LIKE, 0.003) >= expected_rate(
+            survivals, free, CPU_LIKE, 0.003
+        )
+
+
+def test_drafting_that_cannot_pay_drafts_nothing():
+    costly = DraftCost([1.0] * 64, "a second per drafting pass")
+    assert not drafting_can_pay(4, 7, CPU_LIKE, costly)
+    mask = drafting_mask([[0.99] * 7] * 4, [0, 0, 50, 50], 7, CPU_LIKE, costly)  # probes too: no
+    assert not mask.any()
+
+
+def test_only_the_requests_worth_their_draft_draft():
+    cost = DraftCost([0.0025 * (1 + 0.05 * n) for n in range(1, 65)], "about a target pass")
+    good, bad = [0.97] * 7, [0.02] * 7
+    mask = drafting_mask([good, bad, good, bad], [0, 0, 0, 0], 7, CPU_LIKE, cost)
+    assert mask.tolist() == [True, False, True, False]
+    mask = drafting_mask([bad, bad], [0, PROBE := 8], 7, CPU_LIKE, cost, probe_every=PROBE)
+    assert mask.tolist() == [False, True]  # the idle one is probed again
+    assert drafting_mask([None, None], [0, 0], 7, CPU_LIKE, cost).all()  # nothing known yet: find out
+
+
+def test_the_decision_reads_only_earlier_rounds():
+    """Same history in, same decision out, whatever the current proposal: the decision is a
+    function of the earlier rounds' confidences and idle counts alone (its signature has no
+    current drafts), and it is deterministic."""
+    cost = DraftCost([0.002] * 64)
+    history = [list(rounds(1, 7, s)[0]) for s in range(5)]
+    first = drafting_mask(history, [0, 1, 2, 3, 9], 7, CPU_LIKE, cost)
+    again = drafting_mask([list(h) for h in history], [0, 1, 2, 3, 9], 7, CPU_LIKE, cost)
+    assert torch.equal(first, again)
+
+
+def test_rows_that_did_not_draft_verify_nothing():
+    conf = torch.full((3, 4), 0.99, dtype=torch.float64)
+    drafted = torch.tensor([True, False, True])
+    proposal = Proposal(torch.zeros(3, 4, dtype=torch.long), torch.zeros(3, 4, 5), conf, drafted)
+    for name in ("fixed", "dspark", "threshold", "mtp1"):
+        lengths = VerifyScheduler(make_policy(name), PROFILE, None, DraftCost([0.001] * 8))(proposal)
+        assert lengths[1] == 0 and bool((lengths[[0, 2]] > 0).all()), name
+
+
+def test_draft_cost_table():
+    cost = DraftCost.from_points([1, 4, 16], [0.002, 0.003, 0.006], 32)
+    assert cost.seconds(0) == 0.0 and cost.seconds(1) == 0.002 and cost.seconds(16) == pytest.approx(0.006)
+    table = cost.seconds_by_requests
+    assert all(a <= b for a, b in zip(table, table[1:])) and len(table) == 32
+    assert cost.seconds(64) == pytest.approx(table[-1] * 2)
+    with pytest.raises(ValueError):
+        DraftCost([-1.0])
+
+
+def test_gpu_drafting_cost_model():
+    parallel = roofline_draft_cost(RooflineConfig(), 0.4e9, 7, parallel=True)
+    chain = roofline_draft_cost(RooflineConfig(), 0.4e9, 7, parallel=False)
+    assert parallel.seconds(1) < chain.seconds(1)  # one pass instead of γ
+    assert parallel.seconds(1) < RooflineConfig().seconds(8)  # a small drafter costs less than the target
+
+
+def test_measured_cost_is_cached_per_drafter_and_refreshed_on_demand(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("DSPARK_HOME", str(tmp_path))
+    calls = []
+    real = draft_cost_module.measure_draft_cost
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(draft_cost_module, "measure_draft_cost", counting)
+    drafter = make(tiny_model, "dspark", gamma=4)
+    first = cpu_draft_cost(tiny_model, drafter, 4)
+    again = cpu_draft_cost(tiny_model, drafter, 4)
+    assert len(calls) == 1 and again == first and len(first.seconds_by_requests) == 32
+    cpu_draft_cost(tiny_model, drafter, 3)  # another γ: another key
+    cpu_draft_cost(tiny_model, drafter, 4, refresh=True)
+    assert len(calls) == 3 and len(list((tmp_path / "profiles").glob("draft-*.json"))) == 2
+
+
+def test_measuring_leaves_the_drafter_reset(tiny_model):
+    drafter = make(tiny_model, "dspark", gamma=4)
+    cost = measure_draft_cost(tiny_model, drafter, 4, [1, 2], context=8, repeats=1)
+    assert len(cost.seconds_by_requests) == 2 and all(s > 0 for s in cost.seconds_by_requests)
+    assert int(drafter.cache.lengths.sum()) == 0
