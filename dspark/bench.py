@@ -47,7 +47,7 @@ from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.registry import default_path, get_drafter, load_calibration
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
-from dspark.scheduling import calibration, profiler
+from dspark.scheduling import calibration, draft_cost, profiler
 from dspark.scheduling.scheduler import POLICY_NAMES
 from dspark.study import kernels as kernel_study
 from dspark.study import offline, pareto, plots, tables
@@ -316,8 +316,18 @@ def bench_simulate(args: argparse.Namespace) -> dict:
     traces = pareto.policy_traces(
         target, tokenizer, args.policies, SamplingParams(args.temperature), args.refresh
     )
-    points = pareto.simulate_points(traces, args.policies, args.concurrency, args.requests, profile)
-    title = f"simulated on the {profile.name} profile: traces of the real drafters, T = {args.temperature:g}"
+    if args.profile == "cpu":  # measured here, like the profile
+        costs = {name: draft_cost.cpu_draft_cost(target, get_drafter(name, target), gamma)
+                 for name, gamma in (("dspark", 7), ("mtp", 1))}  # fmt: skip
+    else:
+        costs = pareto.gpu_draft_costs()
+    points = pareto.simulate_points(traces, args.policies, args.concurrency, args.requests, profile, costs,
+                                    cost_aware=not args.ignore_draft_cost)  # fmt: skip
+    aware = (
+        "ignored by the policies (ablation)" if args.ignore_draft_cost else "weighed by dspark/dspark-async"
+    )
+    title = (f"simulated on the {profile.name} profile: traces of the real drafters, T = {args.temperature:g}; "
+             f"drafting cost {aware}")  # fmt: skip
     report_points(points, args, title, f"simulate_{args.profile}")
     return {"benchmark": "simulate", "profile": args.profile, "points": points}
 
@@ -480,7 +490,9 @@ def build_parser() -> argparse.ArgumentParser:
         "simulate", bench_simulate, "the same frontier simulated on a GPU profile from recorded traces"
     )
     add_frontier_options(p, concurrency=[1, 2, 4, 8, 16, 32, 64, 128, 256], requests=2000)
-    option(p, "--profile", "h200", "SPS profile", choices=profiler.PROFILE_NAMES)
+    option(p, "--profile", "h200", "SPS profile (and drafting cost: measured for cpu, modelled for h200)",
+           choices=profiler.PROFILE_NAMES)  # fmt: skip
+    cli.add_draft_cost(p)
     p.add_argument("--refresh", action="store_true", help="record the drafter traces again")
 
     p = command("kernels", bench_kernels, "each Triton kernel against its PyTorch reference (CUDA GPU)")

@@ -206,6 +206,13 @@ def add_drafter(
     add_gamma(parser, gamma_help)
 
 
+def add_draft_cost(parser: argparse.ArgumentParser) -> None:
+    """--ignore-draft-cost: the ablation of the cost-aware dspark policies."""
+    parser.add_argument("--ignore-draft-cost", action="store_true",
+                        help="ablation: the dspark and dspark-async policies ignore the drafting time and every "
+                        "request drafts every step (the paper's Algorithm 1); the time is still spent")  # fmt: skip
+
+
 def add_seed(parser: argparse.ArgumentParser, default: int = 0, help: str = "random seed") -> None:
     add_option(parser, "--seed", default, help, low=0, high=2**63 - 1)
 

@@ -50,7 +50,7 @@ def test_help(module, argv, capsys):
 
 
 SHARED_OPTIONS = {"--threads", "--checkpoint", "--gamma", "--temperature", "--max-new-tokens", "--drafter",
-                  "--drafter-checkpoint", "--json", "--out", "--seed"}  # fmt: skip
+                  "--drafter-checkpoint", "--json", "--out", "--seed", "--ignore-draft-cost"}  # fmt: skip
 
 
 def test_shared_options_are_declared_only_in_cli():

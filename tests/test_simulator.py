@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from dspark.scheduling.draft_cost import DraftCost
 from dspark.scheduling.scheduler import ThroughputProfile, make_policy
 from dspark.study.pareto import at_matched_throughput
 from dspark.study.simulator import RequestTrace, simulate, traces_from_records
@@ -13,9 +14,7 @@ FLAT = ThroughputProfile([1.0] * 64)  # one step per second whatever the batch
 
 def test_replay_hand_worked():
     trace = RequestTrace(confidences=[[0.9, 0.9], [0.9, 0.9]], accepted=[2, 0], length=5)
-    out = simulate(
-        [trace], make_policy("fixed"), FLAT, concurrency=1, gamma=2, requests=1, draft_overhead=0.0
-    )
+    out = simulate([trace], make_policy("fixed"), FLAT, concurrency=1, gamma=2, requests=1)
     # prefill gives token 1; step 1 verifies 2, accepts 2 -> +3 (4); step 2 accepts 0 -> +1 (5, done)
     assert out["steps"] == 2 and out["throughput"] == pytest.approx(5 / 2)
     assert out["tpot_ms"] == pytest.approx(1000 * 2 / 4) and out["tps_per_user"] == pytest.approx(2.0)
@@ -24,16 +23,16 @@ def test_replay_hand_worked():
 
 def test_replay_min_of_verify_length_and_full_acceptance():
     trace = RequestTrace(confidences=[[0.9, 0.9, 0.9]], accepted=[3], length=9)
-    mtp = simulate([trace], make_policy("mtp1"), FLAT, 1, 3, 1, draft_overhead=0.0)
-    plain = simulate([trace], make_policy("none"), FLAT, 1, 3, 1, draft_overhead=0.0)
+    mtp = simulate([trace], make_policy("mtp1"), FLAT, 1, 3, 1)
+    plain = simulate([trace], make_policy("none"), FLAT, 1, 3, 1)
     assert mtp["steps"] == 4 and mtp["tau"] == 2  # min(1, 3) + 1 per step, cycling through the round
     assert plain["steps"] == 8 and plain["mean_verify_len"] == 0
 
 
 def test_concurrency_shares_steps():
     traces = [RequestTrace([[0.5]], [0], 4)]
-    one = simulate(traces, make_policy("none"), FLAT, 1, 1, 4, draft_overhead=0.0)
-    four = simulate(traces, make_policy("none"), FLAT, 4, 1, 4, draft_overhead=0.0)
+    one = simulate(traces, make_policy("none"), FLAT, 1, 1, 4)
+    four = simulate(traces, make_policy("none"), FLAT, 4, 1, 4)
     assert one["steps"] == 12 and four["steps"] == 3  # 3 decode steps per request
     assert four["throughput"] == pytest.approx(4 * one["throughput"])
     with pytest.raises(ValueError):
@@ -59,3 +58,15 @@ def test_matched_throughput_interpolates_along_the_frontier():
     assert len(rows) == 1  # throughput 10 lies outside DSpark's range
     assert rows[0]["tps_per_user"] == pytest.approx(20 - 6 * (30 - 15) / 30)
     assert rows[0]["gain"] == pytest.approx(17 / 7 - 1)
+
+
+def test_drafting_time_is_paid_and_cost_aware_policies_stop_drafting_when_it_cannot_pay():
+    traces = [RequestTrace([[0.9, 0.8, 0.7]] * 4, [2, 0, 3, 1], 12)]
+    free = simulate(traces, make_policy("dspark"), FLAT, 2, 3, 4)
+    paid = simulate(traces, make_policy("fixed"), FLAT, 2, 3, 4, draft_cost=DraftCost([0.5] * 8))
+    assert free["draft_share"] == 0 and paid["draft_share"] == pytest.approx(0.5 / 1.5)
+    hopeless = DraftCost([100.0] * 8)  # no draft can pay for that
+    aware = simulate(traces, make_policy("dspark"), FLAT, 2, 3, 4, draft_cost=hopeless)
+    plain = simulate(traces, make_policy("none"), FLAT, 2, 3, 4)
+    assert aware["draft_share"] == 0 and aware["mean_verify_len"] == 0
+    assert aware["throughput"] == pytest.approx(plain["throughput"])

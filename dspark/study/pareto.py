@@ -41,6 +41,8 @@ from dspark.drafters.base import Drafter, NoDrafter
 from dspark.drafters.registry import get_calibration, get_drafter
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
+from dspark.scheduling.draft_cost import DraftCost, roofline_draft_cost
+from dspark.scheduling.profiler import RooflineConfig
 from dspark.scheduling.scheduler import ThroughputProfile, make_policy
 from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.engine import Engine, EngineResult, Request
@@ -156,16 +158,30 @@ def simulate_points(
     concurrencies: list[int],
     requests: int,
     profile: ThroughputProfile,
+    draft_costs: dict[str, DraftCost] | None = None,
+    cost_aware: bool = True,
 ) -> list[dict]:
-    """Simulated points; `traces` maps a drafter name to its traces and STS temperatures."""
+    """Simulated points; `traces` maps a drafter name to its traces and STS temperatures, `draft_costs`
+    a drafter name to what its drafting pass costs (default: free; see `gpu_draft_costs`)."""
     points = []
     for policy_name in policies:
         name, gamma = drafter_for(policy_name)
         source, temps = traces["dspark" if name == "none" else name]
+        cost = (draft_costs or {}).get(name)
         for C in concurrencies:
-            point = simulate(source, make_policy(policy_name), profile, C, gamma or 1, requests, temps)
+            point = simulate(source, make_policy(policy_name), profile, C, gamma or 1, requests, temps, cost,
+                             cost_aware)  # fmt: skip
             points.append({"policy": policy_name, "drafter": name, "profile": profile.name, **point})
     return points
+
+
+def gpu_draft_costs(config: RooflineConfig | None = None) -> dict[str, DraftCost]:
+    """Drafting on the modelled H200 next to the 8 B target: DSpark = 2 decoder layers at the target's width
+    + the LM head (about 1.0 B parameters read per pass, one pass over the γ = 7 block); MTP-1 = 1 layer + the
+    LM head (about 0.77 B, one token)."""
+    config = config or RooflineConfig()
+    return {"dspark": roofline_draft_cost(config, 1.0e9, 7, parallel=True),
+            "mtp": roofline_draft_cost(config, 0.77e9, 1, parallel=False)}  # fmt: skip
 
 
 def at_matched_throughput(points: list[dict], policy: str, baseline: str = "mtp1") -> list[dict]:

@@ -9,13 +9,16 @@ verification a round that verifies ℓ drafts accepts exactly min(ℓ, a) of the
 (position k's verdict never depends on later positions), so the replay needs
 no model at all.
 
-Closed loop at concurrency C: C requests are active; each step every active
-request plays its next recorded round, the policy picks ℓ_r from the
-(calibrated) survivals, the step takes 1 / SPS(B) seconds for
-B = Σ_r (1 + ℓ_r) (plus `draft_overhead` of it when drafting), each request
-emits min(ℓ_r, a_r) + 1 tokens, and a request that reaches its recorded
-length leaves and the next one enters. Requests cycle through their rounds if
-short verification makes them need more rounds than were recorded.
+Closed loop at concurrency C: C requests are active; each step a cost-aware
+policy first decides from earlier rounds which requests draft
+(dspark/scheduling/step.py; the others draft nothing), every active request
+plays its next recorded round, the policy picks ℓ_r from the (calibrated)
+survivals of the drafting ones, the step takes 1 / SPS(B) + T_draft(n)
+seconds for B = Σ_r (1 + ℓ_r) and n drafting requests (`DraftCost`, e.g. the
+H200 roofline of dspark/scheduling/draft_cost.py), each request emits
+min(ℓ_r, a_r) + 1 tokens, and a request that reaches its recorded length
+leaves and the next one enters. Requests cycle through their rounds if short
+verification makes them need more rounds than were recorded.
 
 Output: the same metrics as the measured benchmark (throughput, tokens/s per
 user = 1 / TPOT, mean verify length, τ). What this file does not do: model
@@ -29,7 +32,9 @@ from dataclasses import dataclass
 
 import torch
 
+from dspark.scheduling.draft_cost import DraftCost
 from dspark.scheduling.scheduler import Policy, ThroughputProfile, prefix_survival
+from dspark.scheduling.step import drafting_mask
 
 
 @dataclass
@@ -59,33 +64,46 @@ def simulate(
     gamma: int,
     requests: int,
     temperatures: torch.Tensor | None = None,
-    draft_overhead: float = 0.1,
+    draft_cost: DraftCost | None = None,
+    cost_aware: bool = True,
     seed: int = 0,
 ) -> dict:
-    """Serve `requests` requests (drawn from the traces) at closed-loop `concurrency`."""
+    """Serve `requests` requests (drawn from the traces) at closed-loop `concurrency`; every drafting step
+    pays `draft_cost` (None: drafting is free). Cost-aware policies (`dspark`, `dspark-async`) also weigh
+    it and decide who drafts, unless `cost_aware` is False (the ablation: the cost is paid, not seen)."""
+    draft_cost = draft_cost or DraftCost.free()
+    decide = cost_aware and policy.cost_aware and not draft_cost.is_free
     if not traces:
         raise ValueError("no traces to replay")
     g = torch.Generator().manual_seed(seed)
     picks = torch.randint(0, len(traces), (requests,), generator=g).tolist()
     queue = list(range(requests))
     active: list[dict] = []
-    clock, steps, verified, rounds, emitted_total = 0.0, 0, 0, 0, 0
+    clock, steps, verified, rounds, emitted_total, draft_time = 0.0, 0, 0, 0, 0, 0.0
     tpots: list[float] = []
     while queue or active:
         while queue and len(active) < concurrency:
             trace = traces[picks[queue.pop(0)]]
             # the first token comes from the prefill; decoding starts right away
-            active.append({"trace": trace, "round": 0, "emitted": 1, "start": clock})
+            active.append({"trace": trace, "round": 0, "emitted": 1, "start": clock, "last": None, "idle": 0})
+        drafting = torch.ones(len(active), dtype=torch.bool)
+        if decide:  # from the earlier rounds only, as in the engine
+            drafting = drafting_mask([s["last"] for s in active], [s["idle"] for s in active], gamma, profile,
+                                     draft_cost, temperatures)  # fmt: skip
+        n_drafting = int(drafting.sum()) if gamma else 0
         conf = torch.tensor([s["trace"].confidences[s["round"] % len(s["trace"].accepted)] for s in active])
-        lengths = policy.lengths(prefix_survival(conf, temperatures), gamma, profile)
+        draft_seconds = draft_cost.seconds(n_drafting)
+        seen = draft_seconds if decide else 0.0
+        lengths = policy.lengths(prefix_survival(conf * drafting[:, None], temperatures), gamma, profile,
+                                 seen) * drafting  # fmt: skip
         full = torch.tensor([s["trace"].accepted[s["round"] % len(s["trace"].accepted)] for s in active])
         accepted = torch.minimum(lengths, full)
         policy.observe(lengths, accepted)
         B = len(active) + int(lengths.sum())
-        step_time = 1.0 / profile.sps(B)
-        if int(lengths.sum()) > 0:
-            step_time *= 1 + draft_overhead
-        clock += step_time
+        clock += 1.0 / profile.sps(B) + draft_seconds
+        draft_time += draft_seconds
+        for s, c, d in zip(active, conf.tolist(), drafting.tolist()):
+            s["last"], s["idle"] = (c, 0) if d else (s["last"], s["idle"] + 1)
         steps += 1
         verified += int(lengths.sum())
         rounds += len(active)
@@ -110,4 +128,5 @@ def simulate(
         "mean_verify_len": verified / max(1, rounds),
         "tau": emitted_total / max(1, rounds),
         "steps": steps,
+        "draft_share": draft_time / clock if clock else 0.0,  # of all step time, spent drafting
     }
