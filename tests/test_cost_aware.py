@@ -44,7 +44,7 @@ def test_free_drafting_is_the_papers_algorithm_1_to_the_bit():
             assert torch.equal(today(proposal), free(proposal))
         assert torch.equal(prefix_schedule(prefix_survival(conf), PROFILE), prefix_schedule(prefix_survival(conf),
                            PROFILE, draft_seconds=0.0))  # fmt: skip
-    assert drafting_mask([[0.1] * 7, None], [0, 0], 7, PROFILE, DraftCost.free()).all()
+    assert drafting_mask([[[0.1] * 7], []], [0, 0], 7, PROFILE, DraftCost.free()).all()
     assert step_rate(3.0, 4, PROFILE) == 3.0 * PROFILE.sps(4)
 
 
@@ -64,18 +64,23 @@ def test_drafting_time_makes_verifying_relatively_cheaper():
 def test_drafting_that_cannot_pay_drafts_nothing():
     costly = DraftCost([1.0] * 64, "a second per drafting pass")
     assert not drafting_can_pay(4, 7, CPU_LIKE, costly)
-    mask = drafting_mask([[0.99] * 7] * 4, [0, 0, 50, 50], 7, CPU_LIKE, costly)  # probes too: no
+    mask = drafting_mask([[[0.99] * 7]] * 4, [0, 0, 50, 50], 7, CPU_LIKE, costly)
     assert not mask.any()
 
 
 def test_only_the_requests_worth_their_draft_draft():
     cost = DraftCost([0.0025 * (1 + 0.05 * n) for n in range(1, 65)], "about a target pass")
-    good, bad = [0.97] * 7, [0.02] * 7
+    good, bad = [[0.97] * 7, [0.95] * 7], [[0.02] * 7]
     mask = drafting_mask([good, bad, good, bad], [0, 0, 0, 0], 7, CPU_LIKE, cost)
     assert mask.tolist() == [True, False, True, False]
-    mask = drafting_mask([bad, bad], [0, PROBE := 8], 7, CPU_LIKE, cost, probe_every=PROBE)
-    assert mask.tolist() == [False, True]  # the idle one is probed again
-    assert drafting_mask([None, None], [0, 0], 7, CPU_LIKE, cost).all()  # nothing known yet: find out
+    # a request idle for long is judged more and more by the others' recent rounds: it drafts again
+    mask = drafting_mask([good, bad, bad], [0, 0, 40], 7, CPU_LIKE, cost)
+    assert mask.tolist() == [True, False, True]
+    assert drafting_mask([[], []], [0, 0], 7, CPU_LIKE, cost).all()  # nothing known yet: find out
+    assert drafting_mask([good, []], [0, 0], 7, CPU_LIKE, cost).tolist() == [
+        True,
+        True,
+    ]  # new: the others' mean
 
 
 def test_the_decision_reads_only_earlier_rounds():
@@ -83,9 +88,9 @@ def test_the_decision_reads_only_earlier_rounds():
     function of the earlier rounds' confidences and idle counts alone (its signature has no
     current drafts), and it is deterministic."""
     cost = DraftCost([0.002] * 64)
-    history = [list(rounds(1, 7, s)[0]) for s in range(5)]
+    history = [[list(r) for r in rounds(2, 7, s).tolist()] for s in range(5)]
     first = drafting_mask(history, [0, 1, 2, 3, 9], 7, CPU_LIKE, cost)
-    again = drafting_mask([list(h) for h in history], [0, 1, 2, 3, 9], 7, CPU_LIKE, cost)
+    again = drafting_mask([[list(r) for r in h] for h in history], [0, 1, 2, 3, 9], 7, CPU_LIKE, cost)
     assert torch.equal(first, again)
 
 

@@ -16,11 +16,11 @@ draft takes a plain decode step (its anchor alone) in the same ragged target
 pass and pays nothing for drafts. The decision must not look at this step's
 drafts or confidences (they do not exist yet; and a choice of what to verify
 that depended on the drafts would break losslessness). `drafting_mask` uses
-each request's most recent drafted round:
+each request's recent drafted rounds:
 
-  1. forecast: that round's calibrated survivals a_{r,j} = Π_{i≤j} c̃_{r,i}
-     stand in for this round's; a request without one (new) gets the mean
-     forecast of the others;
+  1. forecast: the mean calibrated survivals a_{r,j} = Π_{i≤j} c̃_{r,i} of
+     its last few drafted rounds stand in for this round's; a request
+     without any (new) gets the mean forecast of the others;
   2. the forecast verify lengths ℓ̂ and gains G_r = Σ_{j≤ℓ̂_r} a_{r,j} come from
      cost-aware Algorithm 1 on the forecasts, as if everybody drafted;
   3. requests sorted by G_r; drafting the top k has the expected rate
@@ -29,9 +29,9 @@ each request's most recent drafted round:
 
 With free drafting everybody drafts, and the step is exactly the paper's. If
 drafting could not pay even with every draft accepted, nobody drafts: the step
-is plain decoding. Requests that stopped drafting are re-probed every
-`probe_every` steps (their forecast would otherwise never change) -- only while
-drafting can pay at all.
+is plain decoding. The forecast of a request that has stopped drafting fades
+toward the other requests' (half-life IDLE_HALF_LIFE steps), so it drafts
+again when drafting pays for the others.
 
 **Then Algorithm 1** runs on the drafting requests' real confidences with the
 step's drafting time in Θ = τ / (1/SPS(B) + T_draft): the drafting time is
@@ -51,7 +51,8 @@ from dspark.drafters.base import Drafter, Proposal
 from dspark.scheduling.draft_cost import DraftCost
 from dspark.scheduling.scheduler import Policy, ThroughputProfile, prefix_schedule, prefix_survival, step_rate
 
-PROBE_EVERY = 8  # steps a non-drafting request waits before it drafts once more to refresh its forecast
+RECENT_ROUNDS = 4  # drafted rounds per request the forecast averages over
+IDLE_HALF_LIFE = 4.0  # steps after which an idle request's own forecast counts half (the rest: the others')
 
 
 def drafting_can_pay(requests: int, gamma: int, profile: ThroughputProfile, cost: DraftCost) -> bool:
@@ -62,31 +63,49 @@ def drafting_can_pay(requests: int, gamma: int, profile: ThroughputProfile, cost
     return best > step_rate(requests, requests, profile)
 
 
+def forecast_survivals(
+    history: list[list[list[float]]],
+    idle_steps: list[int],
+    gamma: int,
+    temperatures: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """(R, γ) float64 forecast of this step's survivals from earlier rounds: each request's mean calibrated
+    survivals over its recent drafted rounds, faded toward the other requests' mean the longer it has been
+    idle (half-life IDLE_HALF_LIFE steps); a request that never drafted gets the others' mean. None when no
+    request has drafted yet."""
+    own = [prefix_survival(torch.tensor([c[:gamma] for c in h], dtype=torch.float64), temperatures).mean(0)
+           if h else None for h in history]  # fmt: skip
+    known = [o for o in own if o is not None]
+    if not known:
+        return None
+    population = torch.stack(known).mean(0)  # (γ,)
+    rows = []
+    for o, idle in zip(own, idle_steps):
+        w = 0.0 if o is None else 0.5 ** (idle / IDLE_HALF_LIFE)
+        rows.append(population if o is None else w * o + (1 - w) * population)
+    return torch.stack(rows)
+
+
 def drafting_mask(
-    last_confidences: list[list[float] | None],
+    history: list[list[list[float]]],
     idle_steps: list[int],
     gamma: int,
     profile: ThroughputProfile,
     cost: DraftCost,
     temperatures: torch.Tensor | None = None,
-    probe_every: int = PROBE_EVERY,
 ) -> torch.Tensor:
     """(R,) bool: which requests draft this step.
 
-    last_confidences[r]: the raw confidences c_1..c_γ of request r's most recent drafted round (None: it
-    has not drafted yet); idle_steps[r]: steps since it last drafted."""
-    R = len(last_confidences)
+    history[r]: the raw confidences c_1..c_γ of request r's most recent drafted rounds (at most
+    RECENT_ROUNDS, oldest first; empty: it has not drafted yet); idle_steps[r]: steps since it last drafted."""
+    R = len(history)
     if cost.is_free:
         return torch.ones(R, dtype=torch.bool)
     if not drafting_can_pay(R, gamma, profile, cost):
         return torch.zeros(R, dtype=torch.bool)
-    known = [r for r, c in enumerate(last_confidences) if c]
-    if not known:  # nothing learnt yet: draft to find out
+    forecast = forecast_survivals(history, idle_steps, gamma, temperatures)  # (R, γ)
+    if forecast is None:  # nothing learnt yet: draft to find out
         return torch.ones(R, dtype=torch.bool)
-    conf = torch.tensor([last_confidences[r][:gamma] for r in known], dtype=torch.float64)  # (K, γ)
-    forecast = torch.empty(R, gamma, dtype=torch.float64)
-    forecast[:] = prefix_survival(conf, temperatures).mean(dim=0)  # new requests: the mean forecast
-    forecast[known] = prefix_survival(conf, temperatures)  # (R, γ)
     ell = prefix_schedule(forecast, profile, early_stop=True, draft_seconds=cost.seconds(R))  # (R,)
     keep = torch.arange(gamma)[None, :] < ell[:, None]
     gain = (forecast * keep).sum(dim=1)  # (R,) expected accepted drafts if r drafts
@@ -97,8 +116,7 @@ def drafting_mask(
     k = max(range(R + 1), key=lambda i: (rates[i], i))
     mask = torch.zeros(R, dtype=torch.bool)
     mask[order[:k]] = True
-    probe = torch.tensor([i >= probe_every for i in idle_steps], dtype=torch.bool)
-    return mask | probe
+    return mask
 
 
 class VerifyScheduler:
@@ -117,14 +135,10 @@ class VerifyScheduler:
         self.policy, self.profile, self.temperatures = policy, profile, temperatures
         self.draft_cost = draft_cost if policy.cost_aware and draft_cost is not None else DraftCost.free()
 
-    def speculate(
-        self, last_confidences: list[list[float] | None], idle_steps: list[int], gamma: int
-    ) -> torch.Tensor:
-        """(R,) bool: which requests draft this step, from their most recent drafted rounds only
+    def speculate(self, history: list[list[list[float]]], idle_steps: list[int], gamma: int) -> torch.Tensor:
+        """(R,) bool: which requests draft this step, from their recent drafted rounds only
         (`drafting_mask`): never from this step's drafts, so the decision keeps the output exact."""
-        return drafting_mask(
-            last_confidences, idle_steps, gamma, self.profile, self.draft_cost, self.temperatures
-        )
+        return drafting_mask(history, idle_steps, gamma, self.profile, self.draft_cost, self.temperatures)
 
     @classmethod
     def for_drafter(

@@ -34,7 +34,7 @@ import torch
 
 from dspark.scheduling.draft_cost import DraftCost
 from dspark.scheduling.scheduler import Policy, ThroughputProfile, prefix_survival
-from dspark.scheduling.step import drafting_mask
+from dspark.scheduling.step import RECENT_ROUNDS, drafting_mask
 
 
 @dataclass
@@ -85,10 +85,10 @@ def simulate(
         while queue and len(active) < concurrency:
             trace = traces[picks[queue.pop(0)]]
             # the first token comes from the prefill; decoding starts right away
-            active.append({"trace": trace, "round": 0, "emitted": 1, "start": clock, "last": None, "idle": 0})
+            active.append({"trace": trace, "round": 0, "emitted": 1, "start": clock, "recent": [], "idle": 0})
         drafting = torch.ones(len(active), dtype=torch.bool)
         if decide:  # from the earlier rounds only, as in the engine
-            drafting = drafting_mask([s["last"] for s in active], [s["idle"] for s in active], gamma, profile,
+            drafting = drafting_mask([s["recent"] for s in active], [s["idle"] for s in active], gamma, profile,
                                      draft_cost, temperatures)  # fmt: skip
         n_drafting = int(drafting.sum()) if gamma else 0
         conf = torch.tensor([s["trace"].confidences[s["round"] % len(s["trace"].accepted)] for s in active])
@@ -103,7 +103,9 @@ def simulate(
         clock += 1.0 / profile.sps(B) + draft_seconds
         draft_time += draft_seconds
         for s, c, d in zip(active, conf.tolist(), drafting.tolist()):
-            s["last"], s["idle"] = (c, 0) if d else (s["last"], s["idle"] + 1)
+            s["recent"], s["idle"] = (
+                ([*s["recent"], c][-RECENT_ROUNDS:], 0) if d else (s["recent"], s["idle"] + 1)
+            )
         steps += 1
         verified += int(lengths.sum())
         rounds += len(active)
