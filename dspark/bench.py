@@ -14,14 +14,17 @@
   serve        throughput vs tokens/s per user of the real engine, per policy
   simulate     the same frontier on a GPU profile, replaying recorded rounds
   kernels      each Triton kernel against its PyTorch reference on a CUDA GPU
+  gpu          everything above that matters on a CUDA GPU, in one JSON + markdown report
+               (--dry-run: every section on the CPU at tiny sizes)
 
 The offline-study commands write markdown tables and PNG figures with --out DIR
 (the README's copies live in walkthrough/results/). The measurements themselves
 are library functions (dspark/study/offline.py, pareto.py, kernels.py, ...);
 this file parses the options, calls them and prints.
 
-Numbers are wall-clock on whatever machine runs the command; nothing here is
-asserted by tests. Each measurement repeats `--repeats` times after a warm-up
+Every command that runs a model takes --device cpu|cuda (default: cuda when
+available); the model is moved there after loading. Numbers are wall-clock on
+whatever machine runs the command; nothing here is asserted by tests. Each measurement repeats `--repeats` times after a warm-up
 and reports the median.
 """
 
@@ -43,21 +46,23 @@ from dspark.cli import UsageError, parse_float_list, parse_int_list, parse_name_
 from dspark.cli import add_option as option
 from dspark.data.corpus import DOMAINS, EVAL_PER_DOMAIN
 from dspark.data.tokenizer import Tokenizer
+from dspark.device import model_device
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.registry import default_path, get_drafter, load_calibration
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduling import calibration, draft_cost, profiler
 from dspark.scheduling.scheduler import POLICY_NAMES
+from dspark.study import gpu, offline, pareto, plots, tables
 from dspark.study import kernels as kernel_study
-from dspark.study import offline, pareto, plots, tables
 
 MAX_ARRIVAL_SPAN_S = 3600.0  # bench serve --poisson: the requests must all arrive within an hour
 
 
-def load_model(args: argparse.Namespace) -> tuple[Tokenizer, Transformer]:
-    """The shipped tokenizer and the --checkpoint target."""
-    return Tokenizer.load(paths.TOKENIZER_PATH), load_target(args.checkpoint)[0]
+def load_model(args: argparse.Namespace, device: torch.device | None = None) -> tuple[Tokenizer, Transformer]:
+    """The shipped tokenizer and the --checkpoint target, moved to --device (or `device`)."""
+    device = device or cli.device_of(args)
+    return Tokenizer.load(paths.TOKENIZER_PATH), load_target(args.checkpoint)[0].to(device)
 
 
 def study_prompts(args: argparse.Namespace, tokenizer: Tokenizer, target: Transformer) -> dict:
@@ -258,12 +263,12 @@ def bench_profile(args: argparse.Namespace) -> dict:
     batch tokens, and print it next to the H200 roofline models (smooth, and with CUDA-graph buckets). With
     --out: sps_profiles.png.
     """
-    target, _ = load_target(args.checkpoint)
-    cpu = profiler.cpu_profile(target, refresh=args.refresh)
-    profiles = [cpu, profiler.named_profile("h200"), profiler.named_profile("h200-buckets")]
+    target = load_target(args.checkpoint)[0].to(cli.device_of(args))
+    measured = gpu.device_profile(target, refresh=args.refresh)  # the CPU's, or the GPU's on --device cuda
+    profiles = [measured, profiler.named_profile("h200"), profiler.named_profile("h200-buckets")]
     points = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
-    print("SPS(B): target passes per second at B batch tokens (cpu: measured here and cached; h200: roofline "
-          "model of an 8B bf16 model)\n")  # fmt: skip
+    print("SPS(B): target passes per second at B batch tokens (first: measured here on --device and cached; h200: "
+          "roofline model of an 8B bf16 model)\n")  # fmt: skip
     print("| B | " + " | ".join(p.name for p in profiles) + " |\n|---:|" + "---:|" * len(profiles))
     for b in points:
         cells = [f"{p.sps(b):.1f}" if b <= p.max_tokens else "-" for p in profiles]
@@ -297,10 +302,13 @@ def bench_serve(args: argparse.Namespace) -> dict:
                          "a request's first and last token")  # fmt: skip
     tokenizer, target = load_model(args)
     points = pareto.serve_points(target, tokenizer, args.policies, args.concurrency, args.requests, args.max_new_tokens,
-                                 profiler.cpu_profile(target), SamplingParams(args.temperature),
+                                 gpu.device_profile(target), SamplingParams(args.temperature),
                                  arrival_rate=args.poisson)  # fmt: skip
     mode = f"Poisson arrivals at {args.poisson:g}/s" if args.poisson else "closed loop"
-    title = (f"measured on this CPU ({torch.get_num_threads()} threads, {mode}): {args.requests} requests of up "
+    device = model_device(target)
+    where = (f"this CPU ({torch.get_num_threads()} threads" if device.type == "cpu"
+             else f"{gpu.device_name(device)} (")  # fmt: skip
+    title = (f"measured on {where}, {mode}): {args.requests} requests of up "
              f"to {args.max_new_tokens} tokens, T = {args.temperature:g}")  # fmt: skip
     report_points(points, args, title, "serve")
     return {"benchmark": "serve", "points": points}
@@ -311,6 +319,8 @@ def bench_simulate(args: argparse.Namespace) -> dict:
     DSPARK_HOME) replayed through each policy and a GPU SPS profile (h200: roofline, h200-buckets: with
     CUDA-graph padding). With --out: simulate_<profile>.md and the frontier / load PNGs.
     """
+    if args.profile == "cpu" and cli.device_of(args).type != "cpu":
+        raise UsageError("--profile cpu is measured on the CPU (with its drafting cost): add --device cpu")
     tokenizer, target = load_model(args)
     profile = profiler.named_profile(args.profile, target)
     traces = pareto.policy_traces(
@@ -380,6 +390,34 @@ def bench_kernels(args: argparse.Namespace) -> dict:
             "ok": all("DIFFER" not in row["agreement"] for row in rows)}  # fmt: skip
 
 
+def bench_gpu(args: argparse.Namespace) -> dict:
+    """On a CUDA GPU, in one JSON (--json) and one markdown report (--out DIR/gpu.md): (a) each Triton kernel
+    against its reference at the shipped shapes, (b) SPS(B) measured on the GPU, (c) plain vs speculative
+    decoding at batch 1 per drafter (mtp, eagle, dflash, dspark) and the engine at C = 1, 4, 16, 64, 256 for the
+    policies none, mtp1, fixed, dspark, (d) one target step plain vs torch.compile, and the host syncs per engine
+    step. Sized for about 8 minutes of an H200. --dry-run runs every section on the CPU at tiny sizes (kernels in
+    Triton's interpreter) in seconds: it checks the plumbing, not speed. Without CUDA (and without --dry-run) it
+    exits with a message (status 1).
+    """
+    if args.dry_run:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported: kernels interpreted
+        device, plan = torch.device("cpu"), gpu.DRY_PLAN
+    else:
+        device, plan = cli.device_of(args), gpu.GPU_PLAN
+        if device.type != "cuda":
+            raise UsageError("bench gpu measures a CUDA GPU and there is none here (or --device cpu was given); "
+                             "--dry-run runs every section on the CPU at tiny sizes", status=1)  # fmt: skip
+    where = "the CPU, tiny sizes" if args.dry_run else gpu.device_name(device)
+    print(f"expected run time: about {plan.expected_s} s on {where} "
+          f"(sections: {', '.join(f'{k} ~{v} s' for k, v in gpu.EXPECTED_S.items())} on an H200)")  # fmt: skip
+    tokenizer, target = load_model(args, device)
+    record = gpu.run(target, tokenizer, plan)
+    md = gpu.report(record)
+    print("\n" + md)
+    write_outputs(args, "gpu", md, lambda out: None)
+    return record
+
+
 # ---- options --------------------------------------------------------------------------------------------
 def parse_policy_list(text: str) -> list[str]:
     names = parse_name_list(text)
@@ -395,6 +433,7 @@ def add_study_options(p: argparse.ArgumentParser, prompts_per_domain: int, tempe
            high=EVAL_PER_DOMAIN)  # fmt: skip
     cli.add_sampling(p, max_new_tokens=96, temperature=1.0 if temperature else None)
     cli.add_target(p)
+    cli.add_device(p)
     cli.add_outputs(p, "write the markdown table(s) and PNG figure(s) into DIR")
 
 
@@ -408,6 +447,7 @@ def add_frontier_options(p: argparse.ArgumentParser, concurrency: list[int], req
     option(p, "--requests", requests, "requests per point", low=1)
     cli.add_sampling(p, temperature=1.0)
     cli.add_target(p)
+    cli.add_device(p)
     cli.add_outputs(p, "write the table and the PNG figures into DIR")
 
 
@@ -423,6 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_sampling(p, max_new_tokens=128)
     option(p, "--repeats", 3, "timed runs after one warm-up", low=1)
     cli.add_target(p)
+    cli.add_device(p)
     cli.add_outputs(p)
 
     p = command(
@@ -478,6 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("profile", bench_profile, "the SPS(B) throughput profiles the scheduler uses")
     p.add_argument("--refresh", action="store_true", help="measure again instead of using the cache")
     cli.add_target(p)
+    cli.add_device(p)
     cli.add_outputs(p, "write sps_profiles.png into DIR")
 
     p = command("serve", bench_serve, "throughput vs tokens/s per user of the real engine on this CPU")
@@ -507,6 +549,13 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--compile-only", action="store_true",
                       help="no GPU needed: compile every kernel for --arch down to a cubin and report")  # fmt: skip
     option(p, "--arch", 90, "CUDA compute capability for --compile-only", low=1)
+
+    p = command("gpu", bench_gpu, "kernels, SPS, decoding, engine, torch.compile on a CUDA GPU (one JSON)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="every section on the CPU at tiny sizes, in seconds (plumbing, not speed)")  # fmt: skip
+    cli.add_target(p)
+    cli.add_device(p)
+    cli.add_outputs(p, "write gpu.md into DIR")
     return parser
 
 

@@ -9,7 +9,8 @@ quietly with status 130.
 
 An option that more than one command takes is declared here, once, by a small
 function that adds its group to a parser: `add_threads`, `add_target`,
-`add_drafter` / `add_gamma`, `add_sampling` / `add_seed`, `add_outputs`. So it
+`add_drafter` / `add_gamma`, `add_sampling` / `add_seed`, `add_outputs`, `add_device`
+(`device_of` resolves it). So it
 has the same name, type, default and help in `generate`, every `train` and
 every `bench` subcommand; a command declares in place only what is its own.
 Defaults come from the config dataclasses where one holds them (γ from
@@ -37,6 +38,7 @@ import torch
 
 from dspark import paths
 from dspark.checkpoint import CheckpointError
+from dspark.device import resolve_device
 from dspark.drafters.parallel import ParallelDrafterConfig
 from dspark.drafters.registry import DRAFTER_NAMES
 from dspark.sampling import MIN_TEMPERATURE
@@ -211,6 +213,22 @@ def add_draft_cost(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ignore-draft-cost", action="store_true",
                         help="ablation: the dspark and dspark-async policies ignore the drafting time and every "
                         "request drafts every step (the paper's Algorithm 1); the time is still spent")  # fmt: skip
+
+
+def add_device(parser: argparse.ArgumentParser) -> None:
+    """--device cpu|cuda: where the model runs (default: cuda when available, else cpu)."""
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                        help="where the model runs; it is moved there after loading (default: cuda when "
+                        "available, else cpu)")  # fmt: skip
+
+
+def device_of(args: argparse.Namespace) -> torch.device:
+    """The --device of a command (default: cuda when available, else cpu); a one-line `UsageError`
+    (status 1: this machine cannot do it) when cuda is asked for and missing."""
+    try:
+        return resolve_device(getattr(args, "device", None))
+    except ValueError as exc:
+        raise UsageError(str(exc), status=1) from None
 
 
 def add_seed(parser: argparse.ArgumentParser, default: int = 0, help: str = "random seed") -> None:

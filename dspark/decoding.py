@@ -7,6 +7,10 @@ stops at EOS (kept as its last token), after `max_new_tokens`, or when its
 slot's context is full. This is the baseline every speculative path must
 reproduce token for token at temperature 0.
 
+Tensors live on the model's device; each step reads the sampled tokens back to
+the host once (to emit them and check the stops) and the forward pass once
+(its ragged index, dspark/model.py).
+
 What this file does not do: drafting or verification, scheduling requests
 that arrive over time (that is the serving engine's job).
 """
@@ -18,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dspark.device import model_device, to_host, upload
 from dspark.kv_cache import KVCache
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams, probabilities, sample
@@ -72,11 +77,14 @@ def generate(
     check_prompts(prompts, context)
     generator = generator or torch.Generator().manual_seed(0)
     cache = cache or model.new_cache(len(prompts))
-    slots = torch.tensor([cache.allocate() for _ in prompts])
+    device = model_device(model)
+    slot_list = [cache.allocate() for _ in prompts]
+    slots = upload(slot_list, device)  # (S,)
     try:
         t0 = time.perf_counter()
-        flat = torch.tensor([t for p in prompts for t in p])
-        lens = torch.tensor([len(p) for p in prompts])
+        flat = upload([t for p in prompts for t in p], device)
+        lengths = [len(p) for p in prompts]  # each request's cache length, kept on the host
+        lens = upload(lengths, device)
         logits = model.forward_cached(flat, slots, lens, cache, last_only=True).logits  # (S, V)
         next_tokens = sample(probabilities(logits, params), generator)  # (S,)
         prefill_seconds = time.perf_counter() - t0
@@ -86,28 +94,30 @@ def generate(
         active = list(range(len(prompts)))
         steps, t1 = 0, time.perf_counter()
         while True:
+            tokens = to_host(next_tokens, "decoding: next tokens")  # host sync: emit them, check the stops
             still = []
             for row, i in enumerate(active):
-                token = int(next_tokens[row])
-                out[i].append(token)
-                if eos_id is not None and token == eos_id:
+                out[i].append(tokens[row])
+                if eos_id is not None and tokens[row] == eos_id:
                     reasons[i] = "eos"
                 elif len(out[i]) >= max_new_tokens:
                     reasons[i] = "length"
-                elif int(cache.lengths[slots[i]]) + 1 > context:
+                elif lengths[i] + 1 > context:
                     reasons[i] = "context"
                 else:
                     still.append((row, i))
             if not still:
                 break
             active = [i for _, i in still]
-            feed = torch.tensor([int(next_tokens[row]) for row, _ in still])
-            step_slots = slots[active]
+            feed = next_tokens[upload([row for row, _ in still], device)]  # (S',) the unfinished rows' tokens
+            step_slots = upload([slot_list[i] for i in active], device)
             logits = model.forward_cached(feed, step_slots, torch.ones_like(step_slots), cache).logits
+            for i in active:
+                lengths[i] += 1
             next_tokens = sample(probabilities(logits, params), generator)
             steps += 1
         decode_seconds = time.perf_counter() - t1
     finally:
-        for s in slots.tolist():
+        for s in slot_list:
             cache.free(s)
     return GenerationResult(out, reasons, prefill_seconds, decode_seconds, steps)

@@ -17,11 +17,14 @@ fewer target passes. Tokens that came from accepted drafts are highlighted
 machine's measured SPS profile), `dspark-async`, `threshold`, `goodput`,
 `mtp1` or `none` (see dspark/scheduling/scheduler.py). Any policy is lossless.
 
-`--kernels` picks who runs the four hot paths (Markov head, rejection
+`--device cpu|cuda` picks where the model runs (default: cuda when available,
+else cpu); the target and the drafter are moved there after loading, and the
+same seed gives the same text on either (the random draws come from a CPU
+generator). `--kernels` picks who runs the four hot paths (Markov head, rejection
 sampler, verify attention, prefix scheduler): `auto` (Triton kernels for CUDA
-tensors; this command runs on the CPU, so the PyTorch references),
-`reference`, or `triton`: every hot path on its Triton kernel, here in
-Triton's CPU interpreter (slow; the text is the same, which is the point).
+tensors, the PyTorch references on the CPU), `reference`, or `triton`: every
+hot path on its Triton kernel -- on `--device cpu` in Triton's CPU interpreter
+(slow; the text is the same, which is the point).
 
 `--json` prints ONE JSON object on stdout. For a single prompt its `text` is a
 string and `new_tokens` an integer; for several prompts (or the demo) both are
@@ -48,10 +51,10 @@ from dspark.data.tokenizer import Tokenizer
 from dspark.decoding import check_prompts, generate
 from dspark.drafters.registry import get_calibration, get_drafter
 from dspark.sampling import SamplingParams
-from dspark.scheduling.profiler import cpu_profile
 from dspark.scheduling.scheduler import POLICY_NAMES, make_policy
 from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.speculative import SpeculativeResult, speculative_generate
+from dspark.study.gpu import device_profile
 
 
 def _style(text: str, sgr: int) -> str:
@@ -96,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="survival threshold of --policy threshold (default: %(default)s)")  # fmt: skip
     cli.add_target(parser, tokenizer=True)
     cli.add_threads(parser)
+    cli.add_device(parser)
     parser.add_argument("--kernels", choices=KERNEL_MODES,
                         help="Triton kernels or PyTorch references for the hot paths; triton runs them in "
                         "Triton's interpreter on a CPU (default: $DSPARK_KERNELS, else auto)")  # fmt: skip
@@ -113,17 +117,17 @@ def main(argv: list[str] | None = None) -> None:
         if not prompt.strip():
             raise UsageError("a prompt is empty; give some text or no prompt at all for the demo")
     cli.apply_threads(args)
+    device = cli.device_of(args)  # one line if cuda is asked for and missing
     args.kernels = args.kernels or kernel_mode()  # DSPARK_KERNELS, checked here
     if args.kernels == "triton":
-        os.environ.setdefault(
-            "TRITON_INTERPRET", "1"
-        )  # this command's tensors live on the CPU; before Triton
+        if device.type == "cpu":  # CPU tensors: the kernels run in Triton's interpreter (set before Triton)
+            os.environ.setdefault("TRITON_INTERPRET", "1")
         import kernels
 
         if not kernels.available():
             raise UsageError(f"--kernels triton: Triton is not usable here ({kernels.unavailable_reason()})")
     tokenizer = Tokenizer.load(args.tokenizer)
-    model, _ = load_target(args.checkpoint)
+    model = load_target(args.checkpoint)[0].to(device)
     if model.config.vocab_size != tokenizer.vocab_size:
         raise UsageError(
             f"tokenizer has {tokenizer.vocab_size} tokens but the model expects {model.config.vocab_size}"
@@ -148,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.drafter != "none" and args.policy != "fixed":
         policy = make_policy(args.policy, threshold=args.threshold)
         temperatures = get_calibration(args.drafter, args.drafter_checkpoint)  # STS, stored with the drafter
-        scheduler = VerifyScheduler.for_drafter(policy, drafter, cpu_profile(model), temperatures)
+        scheduler = VerifyScheduler.for_drafter(policy, drafter, device_profile(model), temperatures)
         verify_fn, observe_fn = scheduler, scheduler.observe
     with kernels_as(args.kernels):
         if args.drafter == "none":
@@ -171,6 +175,7 @@ def main(argv: list[str] | None = None) -> None:
             "temperature": args.temperature,
             "seed": args.seed,
             "kernels": args.kernels,
+            "device": device.type,
             "prefill_s": round(result.prefill_seconds, 4),
             "decode_s": round(result.decode_seconds, 4),
         }
@@ -198,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         how = f"drafter {args.drafter}, gamma {gamma}, policy {args.policy}"
     print(
         f"{result.new_tokens} new tokens for {len(prompts)} prompt(s), {mode}, "
-        f"{result.tokens_per_s:.1f} tokens/s ({how}, batch {len(prompts)})"
+        f"{result.tokens_per_s:.1f} tokens/s ({how}, batch {len(prompts)}, on {device.type})"
     )
     if speculative:
         stats = result.stats

@@ -16,12 +16,20 @@ keys/values at positions `lengths[slot] + 0..block_len-1` and then calls
 `advance`. Rolling back after rejected drafts is just lowering `lengths`: the
 stale entries beyond the length are never read and get overwritten later.
 
+Everything lives on the `device` given at construction (`Transformer.new_cache` passes
+the model's). The hot paths never call `check_room` or `rollback`, which read the
+lengths back to the host: a pass checks the room in its ragged index
+(`model.RaggedIndex`) and the engine rolls back all requests at once by writing
+`lengths[slots]` on the device.
+
 What this file does not do: attention itself (see `model.py`), or paging.
 """
 
 from __future__ import annotations
 
 import torch
+
+from dspark.device import to_host
 
 
 class KVCache:
@@ -86,9 +94,11 @@ class KVCache:
     # ---- lengths --------------------------------------------------------------
     def check_room(self, slots: torch.Tensor, block_lens: torch.Tensor) -> None:
         """Raise if appending `block_lens` tokens to `slots` would overflow."""
-        new_len = self.lengths[slots] + block_lens
-        if bool((new_len > self.max_seq_len).any()):
-            worst = int(new_len.max())
+        if slots.numel() == 0:
+            return
+        # host sync: an overflow must stop here (the ragged index of a pass does the same check, in its one read)
+        worst = to_host((self.lengths[slots] + block_lens).max(), "kv cache: check room")
+        if worst > self.max_seq_len:
             raise ValueError(f"sequence of {worst} tokens exceeds the context of {self.max_seq_len}")
 
     def advance(self, slots: torch.Tensor, block_lens: torch.Tensor) -> None:
@@ -97,7 +107,7 @@ class KVCache:
 
     def rollback(self, slot: int, new_length: int) -> None:
         """Forget everything of `slot` from position `new_length` on."""
-        current = int(self.lengths[slot])
+        current = to_host(self.lengths[slot], "kv cache: check a rollback")  # host sync: the check below
         if not 0 <= new_length <= current:
             raise ValueError(f"cannot roll slot {slot} back to {new_length} (length {current})")
         self.lengths[slot] = new_length

@@ -33,6 +33,7 @@ from torch import nn
 
 from dspark import backend
 from dspark.config import ModelConfig
+from dspark.device import to_host
 from dspark.kv_cache import KVCache
 
 
@@ -172,7 +173,8 @@ class RaggedIndex:
     """Index bookkeeping for one ragged forward, shared by all layers.
 
     Built before the cache lengths advance: `positions` are where the new
-    tokens go.
+    tokens go. It reads the host once (the shapes of the pass and the numbers
+    the checks need) and refuses a block that would overflow the cache.
 
     slots (S,) cache slots; block_lens (S,); tokens are flat, slot-major.
     Request r (0..S-1) owns flat tokens cu_seqlens[r]..cu_seqlens[r+1]-1;
@@ -181,24 +183,33 @@ class RaggedIndex:
 
     def __init__(self, slots: torch.Tensor, block_lens: torch.Tensor, cache: KVCache) -> None:
         device = slots.device
-        self.n_slots = slots.shape[0]
-        self.block_max = int(block_lens.max())
+        self.n_slots = S = slots.shape[0]
         self.slots = slots  # (S,)
         self.starts = starts = cache.lengths[slots]  # (S,) positions already in the cache
-        self.slot_index = torch.repeat_interleave(torch.arange(self.n_slots, device=device), block_lens)
+        contiguous = (slots == slots[0] + torch.arange(S, device=device)).all()
+        facts = torch.stack([block_lens.max(), (starts + block_lens).max(), block_lens.sum(), block_lens.min(),
+                             slots[0], contiguous.long()])  # fmt: skip
+        # host sync: the pass's shapes (longest block, longest key range) and what the checks need
+        self.block_max, self.kv_len, self.n_tokens, shortest, first_slot, contiguous = to_host(
+            facts, "ragged index: shapes and checks"
+        )
+        if shortest < 0:
+            raise ValueError("block lengths must be >= 0")
+        if self.kv_len > cache.max_seq_len:  # before anything is written
+            raise ValueError(f"sequence of {self.kv_len} tokens exceeds the context of {cache.max_seq_len}")
+        self.shortest_block = shortest
+        request = torch.arange(S, device=device)
+        self.slot_index = torch.repeat_interleave(request, block_lens, output_size=self.n_tokens)  # (N,)
         ends = torch.cumsum(block_lens, 0)
         self.cu_seqlens = torch.cat([ends.new_zeros(1), ends])  # (S+1,) flat offset of each block
         first = self.cu_seqlens[:-1]  # (S,) flat index of each block start
-        self.offsets = torch.arange(self.slot_index.shape[0], device=device) - first[self.slot_index]
+        self.offsets = torch.arange(self.n_tokens, device=device) - first[self.slot_index]
         self.positions = starts[self.slot_index] + self.offsets  # (N,) absolute positions
         self.token_slot = slots[self.slot_index]  # (N,) cache slot of every token
-        self.kv_len = int((starts + block_lens).max())  # L: keys to read per slot
-        key_pos = torch.arange(self.kv_len, device=device)
+        key_pos = torch.arange(self.kv_len, device=device)  # L: keys to read per slot
         query_pos = starts[:, None] + torch.arange(self.block_max, device=device)  # (S, Tb)
         self.mask = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]  # (S, 1, Tb, L)
-        first_slot = int(slots[0])
-        contiguous = bool((slots == torch.arange(first_slot, first_slot + self.n_slots, device=device)).all())
-        self._slot_range = (first_slot, first_slot + self.n_slots) if contiguous else None
+        self._slot_range = (first_slot, first_slot + S) if contiguous else None
 
     def take_slots(self, layer_cache: torch.Tensor) -> torch.Tensor:
         """(n_slots_total, Hkv, T, hd) -> (S, Hkv, L, hd); a view when slots are contiguous."""
@@ -300,10 +311,11 @@ class Transformer(nn.Module):
         """
         if tokens.dim() != 1 or slots.dim() != 1 or slots.shape != block_lens.shape:
             raise ValueError("tokens must be (N,), slots and block_lens both (S,)")
-        if int(block_lens.sum()) != tokens.shape[0] or bool((block_lens < 1).any()):
+        if slots.shape[0] == 0:
             raise ValueError("block_lens must be >= 1 and sum to the number of tokens")
-        cache.check_room(slots, block_lens)
-        rb = RaggedIndex(slots, block_lens, cache)
+        rb = RaggedIndex(slots, block_lens, cache)  # checks the context (one host read)
+        if rb.n_tokens != tokens.shape[0] or rb.shortest_block < 1:
+            raise ValueError("block_lens must be >= 1 and sum to the number of tokens")
         taps_at = self.config.tap_layers if return_taps else ()
         x, taps = run_blocks_cached(
             self.blocks, self.embed(tokens), rb, cache, self.rope_cos, self.rope_sin, taps_at

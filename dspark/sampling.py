@@ -11,7 +11,10 @@ Temperature 0 means greedy: the probability vector is one-hot on the argmax
 (ties go to the lowest token id, as `torch.argmax` documents), so greedy and
 sampled decoding share every code path.
 
-What this file does not do: rejection sampling (a later verify module) or any
+Everything is made on the device of the probabilities; sampling reads nothing back
+to the host.
+
+What this file does not do: rejection sampling (dspark/verify.py) or any
 randomness without a generator.
 """
 
@@ -20,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from dspark.device import generator_uniforms
 
 MIN_TEMPERATURE = 1e-6  # below this, logits / T can overflow fp32 (at 1e-39 it does)
 
@@ -79,14 +84,13 @@ def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tens
     idx = torch.searchsorted(cdf.contiguous(), target.contiguous(), right=True).squeeze(-1)
     V = probs.shape[-1]
     chosen = probs.gather(-1, idx.clamp(max=V - 1).unsqueeze(-1)).squeeze(-1)
-    stray = (idx >= V) | (chosen <= 0)
-    if bool(stray.any()):  # u·total rounded onto/past the end: cap at the last positive token
-        last_positive = V - 1 - (probs > 0).flip(-1).float().argmax(-1)
-        idx = torch.where(stray, torch.minimum(idx, last_positive), idx)
-    return idx
+    stray = (idx >= V) | (chosen <= 0)  # u·total rounded onto/past the end: cap at the last positive token
+    # applied unconditionally (a no-op where nothing strays), so there is no host sync to ask whether to
+    last_positive = V - 1 - (probs > 0).flip(-1).float().argmax(-1)
+    return torch.where(stray, torch.minimum(idx, last_positive), idx)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """(..., V) probs -> (...) ids, uniforms drawn from `generator`."""
-    uniforms = torch.rand(probs.shape[:-1], generator=generator, device=probs.device)
-    return sample_from_probs(probs, uniforms)
+    """(..., V) probs -> (...) ids on probs' device, uniforms drawn from `generator` on its own device
+    (the same tokens on every device for the same seed, dspark/device.py)."""
+    return sample_from_probs(probs, generator_uniforms(tuple(probs.shape[:-1]), generator, probs.device))

@@ -7,7 +7,9 @@
   calibrate  fit the confidence head's Sequential Temperature Scaling on held-out rounds
 
 Outputs go under DSPARK_HOME (default ~/.cache/dspark); `--ship` copies the
-compact result into `dspark/assets/`, which is what gets committed.
+compact result into `dspark/assets/`, which is what gets committed. The commands
+that only run the target (responses, calibrate) take --device cpu|cuda; training
+(target, drafter) runs on the CPU.
 """
 
 from __future__ import annotations
@@ -132,12 +134,13 @@ def cmd_responses(args: argparse.Namespace) -> None:
     """
     from dspark.training.responses import regenerate
 
+    device = cli.device_of(args)
     if args.per_domain == 0 and args.val_per_domain == 0:
         raise UsageError("--per-domain and --val-per-domain are both 0: there is nothing to generate")
     corpus = Path(args.data) / "corpus.jsonl"
     if not corpus.is_file():
         raise UsageError(f"no corpus in {args.data}; run `python -m dspark.train data` first")
-    target, _ = load_target(args.checkpoint)
+    target = load_target(args.checkpoint)[0].to(device)
     tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -188,7 +191,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     from dspark.study import offline
 
     tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
-    target, _ = load_target(args.checkpoint)
+    target = load_target(args.checkpoint)[0].to(cli.device_of(args))
     path = Path(args.drafter_checkpoint) if args.drafter_checkpoint else default_path(args.drafter)
     drafter = get_drafter(args.drafter, target, path)
     if not drafter.has_confidence:
@@ -269,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_sampling(p, max_new_tokens=160, tokens_help="response length cap")
     option(p, "--batch-size", 32, "prompts generated together", low=1)
     cli.add_threads(p)
+    cli.add_device(p)
 
     kinds = [name for name in DRAFTER_NAMES if name != "none"]
     p = command("drafter", cmd_drafter, f"train a drafter ({', '.join(kinds)})")
@@ -293,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_target(p)
     cli.add_sampling(p, temperature=1.0, max_new_tokens=96, tokens_help="tokens per prompt")
     cli.add_threads(p)
+    cli.add_device(p)
     return parser
 
 

@@ -22,7 +22,9 @@ and the residual of a rejection is the target's one-hot argmax.
 `verify_reference` is the PyTorch ground truth the kernel is tested against.
 
 This is a pure function: all randomness comes in as uniforms, so the same
-uniforms always give the same answer (and tests can inject them). Indexing:
+uniforms always give the same answer (and tests can inject them). Its tensors
+are made on the inputs' device; the reference reads one thing back to the host,
+the check that every verify length is in 0..γ. Indexing:
 `target_probs[:, k]` is the distribution for draft position k+1.
 """
 
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from dspark.backend import use_kernel
+from dspark.device import generator_uniforms, to_host
 from dspark.sampling import sample_from_probs
 
 
@@ -54,7 +57,10 @@ def check_verify_inputs(
         raise ValueError(f"draft_probs must be {(R, gamma, V)}, got {tuple(draft_probs.shape)}")
     if target_probs.shape != (R, gamma + 1, V):
         raise ValueError(f"target_probs must be {(R, gamma + 1, V)}, got {tuple(target_probs.shape)}")
-    if verify_lens.shape != (R,) or bool(((verify_lens < 0) | (verify_lens > gamma)).any()):
+    if verify_lens.shape != (R,):
+        raise ValueError(f"verify_lens must be (R,) with values in 0..{gamma}")
+    # host sync: a verify length outside 0..γ must stop here (the reference only; the kernel trusts its caller)
+    if to_host(((verify_lens < 0) | (verify_lens > gamma)).any(), "verify: check the verify lengths"):
         raise ValueError(f"verify_lens must be (R,) with values in 0..{gamma}")
     if draft_probs.dtype != torch.float32 or target_probs.dtype != torch.float32:
         raise ValueError("probabilities must be float32 (the dtype the tokens were sampled with)")
@@ -131,7 +137,9 @@ def verify_reference(
 def draw_uniforms(
     n_requests: int, gamma: int, generator: torch.Generator, device: torch.device | str = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fresh accept (R, γ) and resample (R,) uniforms for one verification round."""
-    accept = torch.rand(n_requests, gamma, generator=generator, device=device)
-    resample = torch.rand(n_requests, generator=generator, device=device)
+    """Fresh accept (R, γ) and resample (R,) uniforms for one verification round, on `device`
+    (drawn on the generator's own device and moved: the same draws on every device)."""
+    device = torch.device(device)
+    accept = generator_uniforms((n_requests, gamma), generator, device)  # (R, γ)
+    resample = generator_uniforms((n_requests,), generator, device)  # (R,)
     return accept, resample

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Lowest first. "pkg.*" is the subpackage: its __init__.py and every module in it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("paths and backend", ("dspark.paths", "dspark.backend")),
+    ("paths, backend and device", ("dspark.paths", "dspark.backend", "dspark.device")),
     ("data", ("dspark.data.*",)),
     (
         "target and plain decoding",

@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
         (bench, ["serve"]),
         (bench, ["simulate"]),
         (bench, ["kernels"]),
+        (bench, ["gpu"]),
         (train, ["calibrate"]),
     ],  # fmt: skip
 )
@@ -50,7 +51,7 @@ def test_help(module, argv, capsys):
 
 
 SHARED_OPTIONS = {"--threads", "--checkpoint", "--gamma", "--temperature", "--max-new-tokens", "--drafter",
-                  "--drafter-checkpoint", "--json", "--out", "--seed", "--ignore-draft-cost"}  # fmt: skip
+                  "--drafter-checkpoint", "--json", "--out", "--seed", "--ignore-draft-cost", "--device"}  # fmt: skip
 
 
 def test_shared_options_are_declared_only_in_cli():

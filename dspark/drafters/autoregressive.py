@@ -17,7 +17,9 @@ that has its own KV cache, and the target's frozen embedding and LM head:
 
 Per request the drafter caches one entry per committed position. Entries built
 from its own drafts are rolled back at the next call, so only entries made
-from real target features survive.
+from real target features survive. Its tensors live on its weights' device;
+each of its ragged passes (one for the committed entries, then one per
+drafted token after the first) reads its shapes back to the host once.
 
 What this file does not do: training (dspark/training/drafters.py, later) or
 verification.
@@ -104,15 +106,14 @@ class AutoregressiveDrafter(Drafter):
         self.cache = KVCache.for_model(
             self.layer_config, n_slots, self.w_in.weight.dtype, self.w_in.weight.device
         )
-        self.committed = torch.zeros(n_slots, dtype=torch.long)
+        self.committed = torch.zeros(n_slots, dtype=torch.long, device=self.w_in.weight.device)
 
     def release(self, slot: int) -> None:
         self.cache.lengths[slot] = 0
         self.committed[slot] = 0
 
     def _run(self, x: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-        self.cache.check_room(slots, lens)
-        rb = RaggedIndex(slots, lens, self.cache)
+        rb = RaggedIndex(slots, lens, self.cache)  # host sync: the pass's shapes (and the room check)
         g, _ = run_blocks_cached(self.layers, x, rb, self.cache, self.rope_cos, self.rope_sin)
         self.cache.advance(slots, lens)
         return g
@@ -138,9 +139,8 @@ class AutoregressiveDrafter(Drafter):
             tokens.append(x)
             probs.append(q)
             if k + 1 < gamma:  # feed back: own output as the feature of the drafted position
-                g_last = self._run(self.entries(x, g_last), slots, torch.ones(R, dtype=torch.long))
+                g_last = self._run(self.entries(x, g_last), slots, torch.ones_like(slots))
         if not tokens:
-            return Proposal(
-                torch.zeros(R, 0, dtype=torch.long), torch.zeros(R, 0, self.target.config.vocab_size)
-            )
+            V = self.target.config.vocab_size
+            return Proposal(slots.new_zeros(R, 0), torch.zeros(R, 0, V, device=slots.device))
         return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1))

@@ -17,6 +17,9 @@ attributes to learn what it proposed. `has_confidence` says up front whether
 its proposals carry confidences, so that a policy that needs them can refuse
 the drafter before anything runs.
 
+Every tensor a drafter makes lives on its inputs' device (that of `slots`,
+= its own weights' and the target's; dspark/device.py).
+
 At prefill the committed positions are the whole prompt. Drafters keep any
 per-request state they need (their own KV caches, context features) indexed by
 the target's cache slot, and are responsible for discarding whatever they
@@ -103,4 +106,4 @@ class NoDrafter(Drafter):
 
     def propose(self, slots, committed_tokens, features, committed_lens, anchors, gamma, params, generator):
         R = slots.shape[0]
-        return Proposal(torch.zeros(R, 0, dtype=torch.long), torch.zeros(R, 0, self.vocab_size))
+        return Proposal(slots.new_zeros(R, 0), torch.zeros(R, 0, self.vocab_size, device=slots.device))

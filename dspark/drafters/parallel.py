@@ -32,6 +32,9 @@ the verify-length policy. DFlash (rank 0) has no trained confidence head
 (its `confidence` module exists so the three kinds share one layout, but its
 loss never trains it): its proposals carry `confidence=None`.
 
+Its tensors live on its weights' device (the target's). One round reads the host once:
+the ragged index of the context it appends (shapes, room, longest context).
+
 What this file does not do: training (dspark/training/packed_blocks.py) or calibration.
 """
 
@@ -45,6 +48,7 @@ from torch import nn
 
 from dspark.backend import use_kernel
 from dspark.data.tokenizer import MASK, SPECIAL_TOKENS
+from dspark.device import generator_uniforms, to_host
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
 from dspark.kv_cache import KVCache
 from dspark.model import Block, RaggedIndex, RMSNorm, Transformer, apply_rope, rope_table
@@ -253,29 +257,33 @@ class ParallelDrafter(Drafter):
 
     def append_context(
         self, slots: torch.Tensor, features: TargetFeatures, committed_lens: torch.Tensor
-    ) -> None:
-        """Write the context keys/values of newly committed positions into every layer's cache."""
-        self.cache.check_room(slots, committed_lens)
-        rb = RaggedIndex(slots, committed_lens, self.cache)
+    ) -> int:
+        """Write the context keys/values of newly committed positions into every layer's cache.
+        Returns the longest context of these slots afterwards (read on the host with the index)."""
+        rb = RaggedIndex(slots, committed_lens, self.cache)  # host sync: shapes, room check, longest context
         h_ctx = self.context_features(features)
         for i, layer in enumerate(self.layers):
             k, v = self.context_kv(layer, h_ctx, rb.positions)
             self.cache.keys[i][rb.token_slot, :, rb.positions] = k
             self.cache.values[i][rb.token_slot, :, rb.positions] = v
         self.cache.advance(slots, committed_lens)
+        return rb.kv_len
 
-    def draft_block(self, slots: torch.Tensor, anchors: torch.Tensor, gamma: int):
-        """One backbone pass over [anchor, MASK x (γ-1)] per request: (h (R, γ, dim), U (R, γ, V))."""
-        R = slots.shape[0]
+    def draft_block(self, slots: torch.Tensor, anchors: torch.Tensor, gamma: int, longest: int | None = None):
+        """One backbone pass over [anchor, MASK x (γ-1)] per request: (h (R, γ, dim), U (R, γ, V)).
+        `longest`: the longest context of these slots if the caller knows it (else read here)."""
+        R, device = slots.shape[0], slots.device
         ctx_len = self.cache.lengths[slots]  # (R,) = the anchor's position
-        L = int(ctx_len.max())
-        block = torch.full((R, gamma), self.mask_id, dtype=torch.long)
+        # host sync (only without `longest`; `propose` has it from append_context): the key range to read
+        L = longest if longest is not None else to_host(ctx_len.max(), "parallel drafter: longest context")
+        block = torch.full((R, gamma), self.mask_id, dtype=torch.long, device=device)
         block[:, 0] = anchors
-        block_pos = ctx_len[:, None] + torch.arange(gamma)  # (R, γ)
+        block_pos = ctx_len[:, None] + torch.arange(gamma, device=device)  # (R, γ)
         ctx_k = [self.cache.keys[i][slots, :, :L] for i in range(len(self.layers))]
         ctx_v = [self.cache.values[i][slots, :, :L] for i in range(len(self.layers))]
-        before_anchor = (torch.arange(L)[None, :] < ctx_len[:, None])[:, None, :].expand(R, gamma, L)
-        inside = torch.ones(R, gamma, gamma, dtype=torch.bool)  # bidirectional inside the block
+        before_anchor = torch.arange(L, device=device)[None, :] < ctx_len[:, None]  # (R, L)
+        before_anchor = before_anchor[:, None, :].expand(R, gamma, L)
+        inside = torch.ones(R, gamma, gamma, dtype=torch.bool, device=device)  # bidirectional in the block
         h = self.backbone(block, block_pos, ctx_k, ctx_v, torch.cat([before_anchor, inside], dim=-1))
         return h, self.target.lm_head(self.out_norm(h))
 
@@ -283,11 +291,13 @@ class ParallelDrafter(Drafter):
     def propose(self, slots, committed_tokens, features, committed_lens, anchors, gamma, params, generator):
         if self.cache is None:
             raise RuntimeError("call reset(n_slots) before propose")
-        self.append_context(slots, features, committed_lens)
-        h, u = self.draft_block(slots, anchors, gamma)
+        longest = self.append_context(slots, features, committed_lens)
+        h, u = self.draft_block(slots, anchors, gamma, longest)
         # uniforms[:, k] draws draft k of every request; drawn position-major, the order a left-to-right
-        # loop would draw them, so every head consumes the generator alike (rank-0 DSpark == DFlash)
-        uniforms = torch.rand(gamma, slots.shape[0], generator=generator).T.contiguous()  # (R, γ)
+        # loop would draw them, so every head consumes the generator alike (rank-0 DSpark == DFlash);
+        # on the generator's device, then moved (the same draws on every device)
+        uniforms = generator_uniforms((gamma, slots.shape[0]), generator, slots.device).T  # (R, γ)
+        uniforms = uniforms.contiguous()
         if self.config.rank == 0:  # DFlash: no dependence between positions, sample the block at once
             q = probabilities(u, params)  # (R, γ, V)
             return Proposal(sample_from_probs(q, uniforms), q)

@@ -20,6 +20,7 @@ import torch
 
 from dspark import paths
 from dspark.checkpoint import CheckpointError, config_path, mismatch, read_checkpoint
+from dspark.device import model_device
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import Drafter, NoDrafter
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
@@ -34,7 +35,7 @@ def default_path(name: str) -> Path:
 
 
 def load_drafter(path: str | Path, target: Transformer) -> Drafter:
-    """Rebuild a trained drafter for `target` from its checkpoint."""
+    """Rebuild a trained drafter for `target` from its checkpoint, on the target's device."""
     record, tensors = read_checkpoint(path)
     try:
         if record["config"].get("kind") in PARALLEL_KINDS:
@@ -50,7 +51,7 @@ def load_drafter(path: str | Path, target: Transformer) -> Drafter:
             f"drafter {path} does not fit this target ({mismatch(exc)}); with another target model pass "
             "--drafter none or a --drafter-checkpoint trained for it"
         ) from None
-    return drafter.eval()
+    return drafter.to(model_device(target)).eval()  # a drafter lives where its target does
 
 
 def load_calibration(path: str | Path) -> torch.Tensor | None:

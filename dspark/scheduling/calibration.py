@@ -18,6 +18,10 @@ reliability curve behind the diagrams. The temperatures are stored in the
 drafter checkpoint's JSON twin (`calibration.sts_temperatures`) and applied by
 `scheduler.prefix_survival`.
 
+Tensors are made on the device of the recorded arrays (the engine's records are
+host lists, so usually the CPU); the metrics are Python numbers, read back as they
+are computed (offline, not per engine step).
+
 What this file does not do: choose verify lengths (dspark/scheduling/scheduler.py).
 """
 
@@ -30,6 +34,7 @@ import torch
 
 from dspark import paths
 from dspark.checkpoint import config_path
+from dspark.device import generator_uniforms
 from dspark.scheduling.scheduler import prefix_survival
 
 FIT_PROMPTS = (40, 80)  # eval prompts [40, 80) per domain fit STS; benchmarks report on [0, 40)
@@ -54,8 +59,8 @@ def ece_noise_floor(pred: torch.Tensor, draws: int = 20, seed: int = 0) -> float
     bias at this sample size, the level below which a measured ECE means nothing."""
     if pred.numel() == 0:
         return float("nan")
-    g = torch.Generator().manual_seed(seed)
-    return sum(ece(pred, (torch.rand(pred.shape, generator=g, dtype=torch.float64) < pred).double())
+    g = torch.Generator().manual_seed(seed)  # on the CPU, whatever pred's device: the same draws everywhere
+    return sum(ece(pred, (generator_uniforms(tuple(pred.shape), g, pred.device, torch.float64) < pred).double())
                for _ in range(draws)) / draws  # fmt: skip
 
 
@@ -72,21 +77,22 @@ def auroc(score: torch.Tensor, label: torch.Tensor) -> float | None:
 
 def fit_sts(conf: torch.Tensor, events: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(γ,) temperatures, fitted left to right (each with the earlier ones fixed)."""
-    gamma = conf.shape[1]
-    temps = torch.ones(gamma, dtype=torch.float64)
+    gamma, device = conf.shape[1], conf.device
+    grid = TEMPERATURE_GRID.to(device)
+    temps = torch.ones(gamma, dtype=torch.float64, device=device)
     logit = torch.logit(conf.double().clamp(1e-12, 1 - 1e-12))
-    prefix = torch.ones(conf.shape[0], dtype=torch.float64)  # Π_{i<k} c̃_i
+    prefix = torch.ones(conf.shape[0], dtype=torch.float64, device=device)  # Π_{i<k} c̃_i
     for k in range(gamma):
         m = mask[:, k]
         if int(m.sum()) == 0:
             break
         errors = torch.tensor(
-            [ece(prefix[m] * torch.sigmoid(logit[m, k] / t), events[m, k]) for t in TEMPERATURE_GRID]
+            [ece(prefix[m] * torch.sigmoid(logit[m, k] / t), events[m, k]) for t in grid], device=device
         )
         # ECE is a noisy, flat objective at late positions: among the temperatures within
         # TOLERANCE of the best, take the one closest to 1 (the least change to the head)
         near_best = (errors <= errors.min() + TOLERANCE).nonzero().flatten()
-        temps[k] = TEMPERATURE_GRID[near_best[TEMPERATURE_GRID[near_best].log().abs().argmin()]]
+        temps[k] = grid[near_best[grid[near_best].log().abs().argmin()]]
         prefix = prefix * torch.sigmoid(logit[:, k] / temps[k])
     return temps
 

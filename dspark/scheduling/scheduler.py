@@ -30,6 +30,8 @@ stop as one Triton kernel (`kernels/prefix_scheduler.py`); this file stays its r
 
 `VerifyScheduler` (dspark/scheduling/step.py) binds a policy to its SPS profile
 and the drafter's STS temperatures; the engine hands it each round's `Proposal`.
+Lengths are made on the device of the confidences (STS temperatures are moved
+there); the host is read only where a policy decides in Python (`# host sync`).
 
 What this file does not do: measure SPS (dspark/scheduling/profiler.py) or calibrate the
 confidences (dspark/scheduling/calibration.py).
@@ -43,6 +45,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dspark import backend
+from dspark.device import to_host
 
 POLICY_NAMES = ("none", "mtp1", "fixed", "threshold", "goodput", "dspark", "dspark-async")
 
@@ -108,7 +111,7 @@ def prefix_survival(confidences: torch.Tensor, temperatures: torch.Tensor | None
     c = confidences.double()
     if temperatures is not None:
         logit = torch.logit(c.clamp(1e-12, 1 - 1e-12))
-        c = torch.sigmoid(logit / temperatures.double()[: c.shape[1]])
+        c = torch.sigmoid(logit / temperatures.to(c.device, torch.float64)[: c.shape[1]])
     return c.cumprod(dim=1)
 
 
@@ -116,8 +119,8 @@ def greedy_path(survivals: torch.Tensor) -> torch.Tensor:
     """All (r, j) in admission order: descending survival, ties by position, then request.
     Returns (R·γ, 2) [r, j] rows with j 0-based."""
     R, gamma = survivals.shape
-    r = torch.arange(R).repeat_interleave(gamma)
-    j = torch.arange(gamma).repeat(R)
+    r = torch.arange(R, device=survivals.device).repeat_interleave(gamma)
+    j = torch.arange(gamma, device=survivals.device).repeat(R)
     a = survivals.flatten()
     # lexicographic sort: by -a, then j, then r (stable sorts applied from the last key to the first)
     order = torch.argsort(r, stable=True)
@@ -151,14 +154,15 @@ def prefix_schedule(
     draft_seconds: the step's drafting time, already spent; Θ becomes tokens per second of the whole
     step, τ / (1/SPS(B) + draft_seconds) (0: the paper's τ · SPS(B), computed exactly as before)."""
     R, gamma = survivals.shape
-    lengths = torch.zeros(R, dtype=torch.long)
+    lengths = torch.zeros(R, dtype=torch.long, device=survivals.device)
     if R == 0 or gamma == 0:
         return lengths
     path = greedy_path(survivals)
     if budget is not None:
         n_admit = max(0, min(int(budget), len(path)))
     else:
-        gains = survivals[path[:, 0], path[:, 1]].tolist()
+        # host sync: the walk runs in Python here (on a GPU the Triton kernel walks on the device instead)
+        gains = to_host(survivals[path[:, 0], path[:, 1]], "scheduler: Algorithm 1's walk")
         tau, best, n_admit = float(R), step_rate(R, R, profile, draft_seconds), 0
         for n, gain in enumerate(gains, start=1):
             tau += gain
@@ -168,7 +172,7 @@ def prefix_schedule(
             elif early_stop:
                 break
     admitted = path[:n_admit]
-    lengths.index_add_(0, admitted[:, 0], torch.ones(n_admit, dtype=torch.long))
+    lengths.index_add_(0, admitted[:, 0], torch.ones(n_admit, dtype=torch.long, device=lengths.device))
     return lengths
 
 
@@ -201,7 +205,7 @@ def expected_rate(
 ) -> float:
     """Θ(ℓ) = (Σ_r 1 + Σ_{j<=ℓ_r} a_{r,j}) / (1/SPS(Σ_r 1 + ℓ_r) + draft_seconds) for any verify lengths."""
     R, gamma = survivals.shape
-    keep = torch.arange(gamma)[None, :] < lengths[:, None]
+    keep = torch.arange(gamma, device=survivals.device)[None, :] < lengths[:, None]
     tau = R + float((survivals * keep).sum())
     return step_rate(tau, R + int(lengths.sum()), profile, draft_seconds) if R else 0.0
 
@@ -245,7 +249,7 @@ class FixedPolicy(Policy):
 
     def lengths(self, survivals, gamma, profile, draft_seconds=0.0):
         n = gamma if self.length is None else min(self.length, gamma)
-        return torch.full((survivals.shape[0],), n, dtype=torch.long)
+        return torch.full((survivals.shape[0],), n, dtype=torch.long, device=survivals.device)
 
 
 class ThresholdPolicy(Policy):
@@ -272,19 +276,20 @@ class GoodputPolicy(Policy):
     def lengths(self, survivals, gamma, profile, draft_seconds=0.0):
         R = survivals.shape[0]
         if R == 0:
-            return torch.zeros(0, dtype=torch.long)
+            return torch.zeros(0, dtype=torch.long, device=survivals.device)
         a = min(self.alpha, 1 - 1e-9)
 
         def rate(k: int) -> float:
             return R * (1 - a ** (k + 1)) / (1 - a) * profile.sps(R * (k + 1))
 
         k = max(range(gamma + 1), key=rate)
-        return torch.full((R,), k, dtype=torch.long)
+        return torch.full((R,), k, dtype=torch.long, device=survivals.device)
 
     def observe(self, verify_lens, accepted):
-        verified = int(verify_lens.sum())
+        # host sync: α is a Python number that picks k on the host
+        verified, hits = to_host(torch.stack([verify_lens.sum(), accepted.sum()]), "scheduler: goodput's EMA")
         if verified:
-            self.alpha = self.decay * self.alpha + (1 - self.decay) * int(accepted.sum()) / verified
+            self.alpha = self.decay * self.alpha + (1 - self.decay) * hits / verified
 
 
 class PrefixPolicy(Policy):
@@ -322,7 +327,8 @@ class AsyncPrefixPolicy(Policy):
         profile: ThroughputProfile,
         draft_seconds: float = 0.0,
     ) -> int:
-        admitted = int(prefix_schedule(old, profile, early_stop=False, draft_seconds=draft_seconds).sum())
+        admitted = prefix_schedule(old, profile, early_stop=False, draft_seconds=draft_seconds).sum()
+        admitted = to_host(admitted, "scheduler: async budget")  # host sync: K is a Python number
         return round(admitted * requests / max(1, old.shape[0]))
 
     def lengths(self, survivals, gamma, profile, draft_seconds=0.0):
@@ -333,7 +339,7 @@ class AsyncPrefixPolicy(Policy):
             old, old_draft_seconds = self.history[0]
             K = self.budget(old, R, gamma, profile, old_draft_seconds)
             m = min(self.min_length, gamma)
-            lengths = torch.full((R,), m, dtype=torch.long)
+            lengths = torch.full((R,), m, dtype=torch.long, device=survivals.device)
             if m < gamma:
                 lengths += prefix_schedule(survivals[:, m:], profile, budget=max(0, K - R * m))
         self.history.append((survivals.clone(), draft_seconds))

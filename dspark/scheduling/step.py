@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import torch
 
+from dspark.device import to_host
 from dspark.drafters.base import Drafter, Proposal
 from dspark.scheduling.draft_cost import DraftCost
 from dspark.scheduling.scheduler import Policy, ThroughputProfile, prefix_schedule, prefix_survival, step_rate
@@ -166,9 +167,10 @@ class VerifyScheduler:
         if conf is None:
             if self.policy.needs_confidence:
                 raise ValueError(f"policy {self.policy.name!r} needs confidences; this proposal has none")
-            conf = torch.ones(R, gamma)  # ignored by the policies that do not need confidences
+            conf = torch.ones(R, gamma, device=proposal.tokens.device)  # ignored by these policies
         drafted = proposal.drafted
-        n_drafting = R if drafted is None else int(drafted.sum())  # host sync: a count for the cost table
+        # host sync (only when some rows did not draft): a count for the cost table
+        n_drafting = R if drafted is None else to_host(drafted.sum(), "step: drafting requests")
         if drafted is not None:
             conf = conf * drafted[:, None]  # survival 0: never admitted
         draft_seconds = self.draft_cost.seconds(n_drafting)

@@ -28,6 +28,15 @@ global throughput and the round statistics (`EngineResult.stats`,
 dspark/serving/rounds.py). `speculative_generate` (dspark/serving/speculative.py) is this
 engine with every prompt admitted at once.
 
+Device: every tensor lives on the target's device (`model_device(target)`); the
+bookkeeping (slots, anchors, cache lengths, verify lengths) stays on the host,
+where it is decided, and is uploaded without waiting for the device
+(dspark/device.py). Each step reads the device back at a few counted points
+(`EngineResult.host_syncs`, README "On a GPU"): the ragged index of each pass
+(its shapes), the verify lengths (they shape the target pass), the policy's
+own decisions where it walks in Python, and the round's outcome (tokens to
+emit, stops to check) in one read.
+
 What this file does not do: choose verify lengths (policies) or simulate a GPU
 (the trace-driven simulator).
 """
@@ -38,9 +47,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 
+from dspark.device import host_syncs, model_device, to_host, upload
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams, probabilities, sample
@@ -86,6 +97,13 @@ class EngineResult:
     seconds: float  # wall time of the whole run
     prefill_seconds: float  # spent in prefill passes
     steps: int  # speculative steps (one target verification pass each)
+    host_syncs: list[int] = field(default_factory=list)  # per step: device-to-host reads (dspark/device.py)
+    prefill_host_syncs: int = 0  # the same, in all prefill passes together
+
+    @property
+    def host_syncs_per_step(self) -> float:
+        """Mean device-to-host reads per step (each waits for the device; README, "On a GPU")."""
+        return sum(self.host_syncs) / len(self.host_syncs) if self.host_syncs else 0.0
 
     @property
     def output_tokens(self) -> int:
@@ -157,8 +175,11 @@ class Engine:
         # per active request: slot, anchor, and the tokens/features committed since the drafter's last call
         active: list[int] = []
         slot_of, anchor_of, limit_of = {}, {}, {}
+        length_of: dict[int, int] = {}  # the request's target-cache length, kept on the host (no reads)
         pending: dict[int, tuple[torch.Tensor, TargetFeatures]] = {}
         start, prefill_seconds, steps = time.perf_counter(), 0.0, 0
+        step_syncs, prefill_syncs = [], 0
+        device = model_device(target)
 
         def now() -> float:
             return time.perf_counter() - start
@@ -203,81 +224,94 @@ class Engine:
                 limit_of[i] = min(requests[i].max_new_tokens, context - len(requests[i].prompt) + 1)
                 admitted.append(i)
             if admitted:
-                t0 = time.perf_counter()
-                lens = torch.tensor([len(requests[i].prompt) for i in admitted])
-                flat = torch.tensor([t for i in admitted for t in requests[i].prompt])
-                slots = torch.tensor([slot_of[i] for i in admitted])
-                res = target.forward_cached(flat, slots, lens, cache, return_taps=True)
-                first = sample(probabilities(res.logits[torch.cumsum(lens, 0) - 1], self.params), generator)
-                feats = TargetFeatures(res.taps, res.last_hidden).split(lens.tolist())
-                for row, (i, toks) in enumerate(zip(admitted, flat.split(lens.tolist()))):
+                t0, syncs_before = time.perf_counter(), host_syncs()
+                lens = [len(requests[i].prompt) for i in admitted]
+                flat = upload([t for i in admitted for t in requests[i].prompt], device)
+                slots = upload([slot_of[i] for i in admitted], device)
+                res = target.forward_cached(flat, slots, upload(lens, device), cache, return_taps=True)
+                last = upload(list(accumulate(lens)), device) - 1  # (S,) each prompt's last position
+                first = sample(probabilities(res.logits[last], self.params), generator)  # (S,)
+                first = to_host(first, "engine: first tokens")  # host sync: emit them, check EOS
+                feats = TargetFeatures(res.taps, res.last_hidden).split(lens)
+                for row, (i, toks) in enumerate(zip(admitted, flat.split(lens))):
                     records[i].first_token = now()
-                    anchor_of[i] = int(first[row])
+                    anchor_of[i], length_of[i] = first[row], lens[row]
                     if emit(i, [anchor_of[i]], [False]):
                         finish(i)
                     else:
                         pending[i] = (toks, feats[row])
                         active.append(i)
                 prefill_seconds += time.perf_counter() - t0
+                prefill_syncs += host_syncs() - syncs_before
             if not active:
                 if queue:  # Poisson mode: idle until the next arrival
                     time.sleep(max(0.0, requests[queue[0]].arrival - now()))
                 continue
 
             # 2. draft
-            slots = torch.tensor([slot_of[i] for i in active])
-            anchors = torch.tensor([anchor_of[i] for i in active])
+            R, syncs_before = len(active), host_syncs()
+            slots = upload([slot_of[i] for i in active], device)
+            anchors = upload([anchor_of[i] for i in active], device)
             committed = torch.cat([pending[i][0] for i in active])
-            lens = torch.tensor([len(pending[i][0]) for i in active])
+            lens = upload([len(pending[i][0]) for i in active], device)
             features = TargetFeatures(torch.cat([pending[i][1].taps for i in active]),
                                       torch.cat([pending[i][1].last_hidden for i in active]))  # fmt: skip
             proposal = drafter.propose(
                 slots, committed, features, lens, anchors, gamma, self.params, generator
             )
-            drafts, round_conf = proposal.tokens, proposal.confidence  # (R, γ), (R, γ) or None
+            drafts = proposal.tokens  # (R, γ)
 
-            # 3. verify lengths, capped by the context left after the anchor
-            room = context - cache.lengths[slots] - 1
-            wanted = self.verify_len_fn(proposal) if self.verify_len_fn else torch.full_like(room, gamma)
-            if bool(((wanted < 0) | (wanted > gamma)).any()):
+            # 3. verify lengths, capped by the context left after the anchor (known on the host)
+            wanted = [gamma] * R  # γ = 0 (plain decoding): nothing to ask
+            if self.verify_len_fn and gamma > 0:  # host sync: the lengths decide the shape of the target pass
+                wanted = to_host(self.verify_len_fn(proposal).long(), "engine: verify lengths")
+            if any(not 0 <= w <= gamma for w in wanted):
                 raise ValueError(f"verify lengths must be in 0..{gamma}")
-            verify_lens = torch.minimum(wanted.long(), room)  # (R,)
+            ells = [min(w, context - length_of[i] - 1) for w, i in zip(wanted, active)]
+            verify_lens = upload(ells, device)  # (R,)
 
             # 4. one ragged target pass over anchor + ℓ_r drafts of every request, then verify
-            block_lens = verify_lens + 1
-            keep = torch.arange(gamma + 1)[None, :] < block_lens[:, None]  # (R, γ+1)
-            blocks = torch.cat([anchors[:, None], drafts], dim=1)[keep]  # (N,) flat, request-major
-            start_len = cache.lengths[slots].clone()
-            res = target.forward_cached(blocks, slots, block_lens, cache, return_taps=True)
+            block_lens = [ell + 1 for ell in ells]
+            # (N,) where each verified token sits in the (R, γ+1) blocks: an index, not a mask (no sync)
+            keep = upload([r * (gamma + 1) + k for r, n in enumerate(block_lens) for k in range(n)], device)
+            blocks = torch.cat([anchors[:, None], drafts], dim=1).flatten()[keep]  # (N,) flat, request-major
+            res = target.forward_cached(blocks, slots, upload(block_lens, device), cache, return_taps=True)
             steps += 1
-            target_probs = torch.zeros(len(active), gamma + 1, target.config.vocab_size)
-            target_probs[keep] = probabilities(res.logits, self.params)
+            V = target.config.vocab_size
+            target_probs = torch.zeros(R, gamma + 1, V, device=device)  # (R, γ+1, V)
+            target_probs.view(-1, V)[keep] = probabilities(res.logits, self.params)
             result = verify(drafts, proposal.probs, target_probs, verify_lens,
-                            *draw_uniforms(len(active), gamma, generator))  # fmt: skip
+                            *draw_uniforms(R, gamma, generator, device))  # fmt: skip
             if self.observe_fn is not None:
                 self.observe_fn(verify_lens, result.accepted)
 
-            # 5. roll back, emit, commit, finish
-            feats = TargetFeatures(res.taps, res.last_hidden).split(block_lens.tolist())
+            # 5. roll back (on the device: anchor + accepted drafts stay), emit, commit, finish
+            cache.lengths[slots] -= verify_lens - result.accepted
+            outcome = [result.accepted[:, None], result.next_token[:, None], drafts]
+            if proposal.confidence is not None:
+                outcome.append(proposal.confidence)
+            # host sync: the round's outcome (accepted count, next token, drafts, confidences; int64 values
+            # and fp32 confidences are exact in fp64) -- emitting tokens and stopping are decided here
+            outcome = to_host(torch.cat([t.double() for t in outcome], dim=1), "engine: the round's outcome")
+            feats = TargetFeatures(res.taps, res.last_hidden).split(block_lens)
             still = []
-            for r, (i, toks) in enumerate(zip(active, blocks.split(block_lens.tolist()))):
-                a = int(result.accepted[r])
+            for r, (i, toks) in enumerate(zip(active, blocks.split(block_lens))):
+                a, next_token = int(outcome[r][0]), int(outcome[r][1])
                 rec = records[i]
-                rec.verify_lens.append(int(verify_lens[r]))
+                rec.verify_lens.append(ells[r])
                 rec.accepted.append(a)
-                if round_conf is not None:
-                    rec.confidences.append(round_conf[r].tolist())
-                cache.rollback(slot_of[i], int(start_len[r]) + a + 1)  # anchor + accepted drafts stay
-                anchor_of[i] = int(result.next_token[r])
+                if proposal.confidence is not None:
+                    rec.confidences.append(outcome[r][2 + gamma :])
+                length_of[i] += a + 1
+                anchor_of[i] = next_token
                 n_before = len(rec.tokens)
-                finished = emit(i, [*drafts[r, :a].tolist(), anchor_of[i]], [True] * a + [False])
-                rec.emitted.append(
-                    len(rec.tokens) - n_before
-                )  # a + 1, or fewer if EOS/the limit cut the round
+                finished = emit(i, [*map(int, outcome[r][2 : 2 + a]), next_token], [True] * a + [False])
+                rec.emitted.append(len(rec.tokens) - n_before)  # a + 1, fewer if EOS/the limit cut it
                 if finished:
                     finish(i)
                 else:
                     pending[i] = (toks[: a + 1], feats[r].take(a + 1))
                     still.append(i)
             active = still
-        return EngineResult(records, now(), prefill_seconds, steps)
+            step_syncs.append(host_syncs() - syncs_before)
+        return EngineResult(records, now(), prefill_seconds, steps, step_syncs, prefill_syncs)

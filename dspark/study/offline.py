@@ -37,6 +37,7 @@ import torch
 from dspark.data.corpus import eval_prompts_by_domain
 from dspark.data.tokenizer import Tokenizer
 from dspark.decoding import generate
+from dspark.device import model_device
 from dspark.drafters.base import Drafter, TargetFeatures
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams, probabilities, sample
@@ -128,37 +129,47 @@ def round_latency(
 
     if not isinstance(drafter, ParallelDrafter):
         raise ValueError(f"round_latency times the parallel drafters (dflash, dspark*), not {drafter.name!r}")
-    n = len(prompts)
+    n, device = len(prompts), model_device(target)
     cache = target.new_cache(n)
     drafter.reset(cache.n_slots)
-    slots = torch.tensor([cache.allocate() for _ in prompts])
-    lens = torch.tensor([len(p) for p in prompts])
-    flat = torch.tensor([t for p in prompts for t in p])
+    slots = torch.tensor([cache.allocate() for _ in prompts], device=device)
+    lens = torch.tensor([len(p) for p in prompts], device=device)
+    flat = torch.tensor([t for p in prompts for t in p], device=device)
     res = target.forward_cached(flat, slots, lens, cache, return_taps=True)
     anchors = sample(probabilities(res.logits[torch.cumsum(lens, 0) - 1], params), torch.Generator())
     generator = torch.Generator().manual_seed(0)
     features, committed, committed_lens = TargetFeatures(res.taps, res.last_hidden), flat, lens
     draft_ms, verify_ms = [], []
     start = cache.lengths[slots].clone()
+    wait(device)
     for rep in range(repeats + 1):  # the first round is a warm-up (and appends the prompt context)
         t0 = time.perf_counter()
         drafts = drafter.propose(
             slots, committed, features, committed_lens, anchors, gamma, params, generator
         ).tokens
+        wait(device)  # the clock reads what the device did
         t1 = time.perf_counter()
         blocks = torch.cat([anchors[:, None], drafts], dim=1).flatten()
-        target.forward_cached(blocks, slots, torch.full((n,), gamma + 1), cache, return_taps=True)
+        block_lens = torch.full((n,), gamma + 1, device=device)
+        target.forward_cached(blocks, slots, block_lens, cache, return_taps=True)
+        wait(device)
         t2 = time.perf_counter()
         for s, length in zip(slots.tolist(), start.tolist()):
             cache.rollback(s, length)
         # nothing new is committed, so later rounds append no context to the drafter
-        committed, committed_lens = flat[:0], torch.zeros(n, dtype=torch.long)
+        committed, committed_lens = flat[:0], torch.zeros(n, dtype=torch.long, device=device)
         features = TargetFeatures(features.taps[:0], features.last_hidden[:0])
         if rep:
             draft_ms.append(1000 * (t1 - t0))
             verify_ms.append(1000 * (t2 - t1))
     draft, verify = statistics.median(draft_ms), statistics.median(verify_ms)
     return {"batch": n, "gamma": gamma, "draft_ms": draft, "verify_ms": verify, "round_ms": draft + verify}
+
+
+def wait(device: torch.device) -> None:
+    """Let a CUDA device finish what was queued, so the wall clock measures it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 # ---- the measurements behind `python -m dspark.bench ar|offline|depth|gamma|threshold|calibration` ----
