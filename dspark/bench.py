@@ -303,7 +303,7 @@ def bench_serve(args: argparse.Namespace) -> dict:
     tokenizer, target = load_model(args)
     points = pareto.serve_points(target, tokenizer, args.policies, args.concurrency, args.requests, args.max_new_tokens,
                                  gpu.device_profile(target), SamplingParams(args.temperature),
-                                 arrival_rate=args.poisson)  # fmt: skip
+                                 arrival_rate=args.poisson, cost_aware=not args.ignore_draft_cost)  # fmt: skip
     mode = f"Poisson arrivals at {args.poisson:g}/s" if args.poisson else "closed loop"
     device = model_device(target)
     where = (f"this CPU ({torch.get_num_threads()} threads" if device.type == "cpu"
@@ -527,6 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_sampling(p, max_new_tokens=64)
     p.add_argument("--poisson", type=cli.number(float, 0), metavar="RATE",
                    help="requests arrive as a Poisson process at RATE per second (default: closed loop)")  # fmt: skip
+    cli.add_draft_cost(p)
 
     p = command(
         "simulate", bench_simulate, "the same frontier simulated on a GPU profile from recorded traces"

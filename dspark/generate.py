@@ -49,8 +49,10 @@ from dspark.cli import UsageError, run_main
 from dspark.data.corpus import eval_prompts_by_domain
 from dspark.data.tokenizer import Tokenizer
 from dspark.decoding import check_prompts, generate
+from dspark.device import model_device
 from dspark.drafters.registry import get_calibration, get_drafter
 from dspark.sampling import SamplingParams
+from dspark.scheduling.draft_cost import cpu_draft_cost
 from dspark.scheduling.scheduler import POLICY_NAMES, make_policy
 from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.speculative import SpeculativeResult, speculative_generate
@@ -99,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="survival threshold of --policy threshold (default: %(default)s)")  # fmt: skip
     cli.add_target(parser, tokenizer=True)
     cli.add_threads(parser)
+    cli.add_draft_cost(parser)
     cli.add_device(parser)
     parser.add_argument("--kernels", choices=KERNEL_MODES,
                         help="Triton kernels or PyTorch references for the hot paths; triton runs them in "
@@ -148,18 +151,21 @@ def main(argv: list[str] | None = None) -> None:
     drafter = get_drafter(args.drafter, model, args.drafter_checkpoint)
     gamma = cli.resolve_gamma(args.gamma, drafter, args.drafter)
     generator = torch.Generator().manual_seed(args.seed)
-    verify_fn = observe_fn = None
+    verify_fn = observe_fn = speculate_fn = None
     if args.drafter != "none" and args.policy != "fixed":
         policy = make_policy(args.policy, threshold=args.threshold)
         temperatures = get_calibration(args.drafter, args.drafter_checkpoint)  # STS, stored with the drafter
-        scheduler = VerifyScheduler.for_drafter(policy, drafter, device_profile(model), temperatures)
-        verify_fn, observe_fn = scheduler, scheduler.observe
+        cost = None  # the drafting time: measured (and cached) on a CPU; not yet on a GPU
+        if policy.cost_aware and not args.ignore_draft_cost and model_device(model).type == "cpu":
+            cost = cpu_draft_cost(model, drafter, gamma)
+        scheduler = VerifyScheduler.for_drafter(policy, drafter, device_profile(model), temperatures, cost)
+        verify_fn, observe_fn, speculate_fn = scheduler, scheduler.observe, scheduler.speculate
     with kernels_as(args.kernels):
         if args.drafter == "none":
             result = generate(model, prompts, args.max_new_tokens, params, generator, eos_id=tokenizer.eos_id)
         else:
             result = speculative_generate(model, drafter, prompts, args.max_new_tokens, params, gamma, generator,
-                                          tokenizer.eos_id, verify_fn, observe_fn)  # fmt: skip
+                                          tokenizer.eos_id, verify_fn, observe_fn, speculate_fn)  # fmt: skip
     replies = [tokenizer.decode(t) for t in result.tokens]
     speculative = isinstance(result, SpeculativeResult)
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_engine import PROFILE
+from test_engine import LENGTHS, PROFILE
 from test_parallel_drafter import make
+from test_speculative import GREEDY, prompts
 
+from dspark.decoding import generate
 from dspark.drafters.base import Proposal
+from dspark.sampling import SamplingParams
 from dspark.scheduling import draft_cost as draft_cost_module
 from dspark.scheduling.draft_cost import DraftCost, cpu_draft_cost, measure_draft_cost, roofline_draft_cost
 from dspark.scheduling.profiler import RooflineConfig
@@ -144,3 +147,149 @@ def test_measuring_leaves_the_drafter_reset(tiny_model):
     cost = measure_draft_cost(tiny_model, drafter, 4, [1, 2], context=8, repeats=1)
     assert len(cost.seconds_by_requests) == 2 and all(s > 0 for s in cost.seconds_by_requests)
     assert int(drafter.cache.lengths.sum()) == 0
+
+
+# ---- the engine with speculate-or-not ---------------------------------------------------------------
+def run_engine(model, drafter, scheduler, concurrency, requests, params=None, seed=0, speculate=True):
+    from dspark.serving.engine import Engine
+
+    engine = Engine(model, drafter, params or GREEDY, drafter.max_gamma, concurrency, None, scheduler,
+                    scheduler.observe, scheduler.speculate if speculate else None)  # fmt: skip
+    return engine.run(requests, torch.Generator().manual_seed(seed))
+
+
+def requests_for(lengths, seed):
+    from dspark.serving.engine import Request
+
+    ps = prompts(lengths, seed=seed)
+    return ps, [Request(p, 6 + 3 * i) for i, p in enumerate(ps)]
+
+
+MIXED = DraftCost([0.05 + 0.05 * n for n in range(1, 1025)], "a twentieth of a pass, and as much per request")
+
+
+@pytest.mark.parametrize("concurrency", [1, 3, 16])
+def test_hopeless_drafting_drafts_nothing_and_is_plain_decoding(tiny_model, concurrency):
+    drafter = make(tiny_model, "dspark", gamma=4)
+    ps, reqs = requests_for(LENGTHS, seed=11)
+    for name in ("dspark", "dspark-async"):
+        scheduler = VerifyScheduler.for_drafter(
+            make_policy(name), drafter, PROFILE, None, DraftCost([100.0] * 64)
+        )
+        result = run_engine(tiny_model, drafter, scheduler, concurrency, reqs)
+        assert result.drafted_rounds == 0 and all(ell == 0 for r in result.records for ell in r.verify_lens)
+        for p, req, rec in zip(ps, reqs, result.records):
+            assert rec.tokens == generate(tiny_model, [p], req.max_new_tokens, GREEDY).tokens[0]
+
+
+def test_free_drafting_is_todays_engine(tiny_model):
+    drafter = make(tiny_model, "dspark", gamma=4)
+    _, reqs = requests_for(LENGTHS, seed=3)
+    sampled = SamplingParams(1.0)
+    outcomes = []
+    for cost, speculate in ((None, False), (DraftCost.free(), True)):
+        scheduler = VerifyScheduler.for_drafter(make_policy("dspark"), drafter, PROFILE, None, cost)
+        result = run_engine(tiny_model, drafter, scheduler, 3, reqs, sampled, seed=5, speculate=speculate)
+        outcomes.append([(r.tokens, r.verify_lens, r.accepted, r.confidences) for r in result.records])
+    assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("concurrency", [1, 3, 16])
+def test_mixed_drafting_is_token_identical_to_plain_decoding(tiny_model, concurrency):
+    drafter = make(tiny_model, "dspark", gamma=4)
+    with torch.no_grad():  # spread the confidences, so that some requests are worth drafting and some not
+        torch.nn.init.normal_(drafter.confidence.weight, std=2.0)
+    ps, reqs = requests_for(LENGTHS, seed=7)
+    shares = []
+    for base in (0.05, 0.5, 1.0):  # drafting costs: between them, rounds with and without drafts
+        cost = DraftCost([base + 0.05 * n for n in range(1, 1025)])
+        scheduler = VerifyScheduler.for_drafter(make_policy("dspark"), drafter, PROFILE, None, cost)
+        result = run_engine(tiny_model, drafter, scheduler, concurrency, reqs)
+        shares.append(result.drafted_rounds / sum(len(r.accepted) for r in result.records))
+        for p, req, rec in zip(ps, reqs, result.records):
+            assert rec.tokens == generate(tiny_model, [p], req.max_new_tokens, GREEDY).tokens[0]
+            assert len(rec.confidences) == len(rec.accepted)  # [] for the rounds without drafts
+    assert any(0 < share < 1 for share in shares)  # the case under test happened
+
+
+def test_the_decision_never_sees_the_current_round(tiny_model):
+    """Perturb the confidences the drafter returns from step K on: the decisions of steps 1..K (made
+    before step K's drafts exist) are unchanged; later ones may change (they read step K)."""
+    K = 3
+
+    def decisions(perturb: bool):
+        drafter = make(tiny_model, "dspark", gamma=4)
+        with torch.no_grad():
+            torch.nn.init.normal_(drafter.confidence.weight, std=2.0)
+        scheduler = VerifyScheduler.for_drafter(make_policy("dspark"), drafter, PROFILE, None, MIXED)
+        log, propose = [], drafter.propose
+
+        def speculate(history, idle, gamma):
+            log.append(scheduler.speculate(history, idle, gamma).tolist())
+            return torch.tensor(log[-1])
+
+        def perturbed(*args, **kwargs):
+            p = propose(*args, **kwargs)
+            if perturb and len(log) >= K:
+                return Proposal(p.tokens, p.probs, 1 - p.confidence, p.drafted)
+            return p
+
+        drafter.propose = perturbed
+        from dspark.serving.engine import Engine
+
+        _, reqs = requests_for(LENGTHS, seed=7)
+        Engine(tiny_model, drafter, GREEDY, 4, 6, None, scheduler, scheduler.observe, speculate).run(reqs)
+        return log
+
+    base, changed = decisions(False), decisions(True)
+    assert base[:K] == changed[:K]
+    assert base != changed  # the perturbation does reach later decisions: the check is not vacuous
+
+
+def test_mixed_drafting_follows_the_target_law():
+    """Chi-square against the exact law of a vocab-5 target, with speculate-or-not mixing drafting and
+    plain rows in the same passes."""
+    from stats_helpers import assert_matches
+    from test_scheduler import linear_profile
+    from test_speculative import MICRO_LENGTH, MICRO_PROMPT, micro_target_and_law
+
+    from dspark.serving.speculative import speculative_generate
+
+    target, joint = micro_target_and_law()
+    drafter = make(target, "dspark", gamma=3, rank=4)
+    with torch.no_grad():
+        torch.nn.init.normal_(drafter.confidence.weight, std=2.0)
+    profile = linear_profile(1.0, 0.004, max_tokens=4096)
+    cost = DraftCost([0.002 * n for n in range(1, 1025)])
+    counts, drafted, g = torch.zeros(5**MICRO_LENGTH), [], torch.Generator().manual_seed(7)
+    for _ in range(40):  # 40 batches of 300: small batches are where some requests draft and others not
+        scheduler = VerifyScheduler.for_drafter(make_policy("dspark"), drafter, profile, None, cost)
+
+        def speculate(history, idle, gamma, scheduler=scheduler):
+            mask = scheduler.speculate(history, idle, gamma)
+            drafted.append(mask.float().mean().item())
+            return mask
+
+        result = speculative_generate(target, drafter, [MICRO_PROMPT] * 300, MICRO_LENGTH, SamplingParams(1.0), 3,
+                                      g, None, scheduler, scheduler.observe, speculate)  # fmt: skip
+        for toks in result.tokens:
+            counts[toks[0] * 25 + toks[1] * 5 + toks[2]] += 1
+    assert any(0 < d < 1 for d in drafted)  # some steps mixed drafting and plain rows
+    assert_matches(counts, joint.flatten())
+
+
+def test_cost_aware_engine_is_device_aware(tiny_model):
+    from test_device import on_meta
+
+    drafter = make(tiny_model, "dspark", gamma=4)
+    with torch.no_grad():
+        torch.nn.init.normal_(drafter.confidence.weight, std=2.0)
+    _, reqs = requests_for(LENGTHS, seed=7)
+
+    def run():
+        scheduler = VerifyScheduler.for_drafter(make_policy("dspark"), drafter, PROFILE, None, MIXED)
+        result = run_engine(tiny_model, drafter, scheduler, 3, reqs, SamplingParams(1.0), seed=2)
+        return [(r.tokens, r.verify_lens) for r in result.records], result.drafted_rounds
+
+    expected, got = on_meta(run)
+    assert got == expected and 0 < expected[1]

@@ -52,6 +52,7 @@ from dspark.drafters.base import Drafter, Proposal
 from dspark.scheduling.draft_cost import DraftCost
 from dspark.scheduling.scheduler import Policy, ThroughputProfile, prefix_schedule, prefix_survival, step_rate
 
+HOST = torch.device("cpu")  # who drafts is a host-side decision made from host-side records
 RECENT_ROUNDS = 4  # drafted rounds per request the forecast averages over
 IDLE_HALF_LIFE = 4.0  # steps after which an idle request's own forecast counts half (the rest: the others')
 
@@ -74,7 +75,7 @@ def forecast_survivals(
     survivals over its recent drafted rounds, faded toward the other requests' mean the longer it has been
     idle (half-life IDLE_HALF_LIFE steps); a request that never drafted gets the others' mean. None when no
     request has drafted yet."""
-    own = [prefix_survival(torch.tensor([c[:gamma] for c in h], dtype=torch.float64), temperatures).mean(0)
+    own = [prefix_survival(torch.tensor([c[:gamma] for c in h], dtype=torch.float64, device=HOST), temperatures).mean(0)
            if h else None for h in history]  # fmt: skip
     known = [o for o in own if o is not None]
     if not known:
@@ -101,21 +102,21 @@ def drafting_mask(
     RECENT_ROUNDS, oldest first; empty: it has not drafted yet); idle_steps[r]: steps since it last drafted."""
     R = len(history)
     if cost.is_free:
-        return torch.ones(R, dtype=torch.bool)
+        return torch.ones(R, dtype=torch.bool, device=HOST)
     if not drafting_can_pay(R, gamma, profile, cost):
-        return torch.zeros(R, dtype=torch.bool)
+        return torch.zeros(R, dtype=torch.bool, device=HOST)
     forecast = forecast_survivals(history, idle_steps, gamma, temperatures)  # (R, γ)
     if forecast is None:  # nothing learnt yet: draft to find out
-        return torch.ones(R, dtype=torch.bool)
+        return torch.ones(R, dtype=torch.bool, device=HOST)
     ell = prefix_schedule(forecast, profile, early_stop=True, draft_seconds=cost.seconds(R))  # (R,)
-    keep = torch.arange(gamma)[None, :] < ell[:, None]
+    keep = torch.arange(gamma, device=HOST)[None, :] < ell[:, None]
     gain = (forecast * keep).sum(dim=1)  # (R,) expected accepted drafts if r drafts
     order = torch.argsort(-gain, stable=True)
-    cum_gain = torch.cat([torch.zeros(1, dtype=torch.float64), gain[order].cumsum(0)]).tolist()
-    cum_len = torch.cat([torch.zeros(1, dtype=torch.long), ell[order].cumsum(0)]).tolist()
+    cum_gain = torch.cat([torch.zeros(1, dtype=torch.float64, device=HOST), gain[order].cumsum(0)]).tolist()
+    cum_len = torch.cat([torch.zeros(1, dtype=torch.long, device=HOST), ell[order].cumsum(0)]).tolist()
     rates = [step_rate(R + cum_gain[k], R + int(cum_len[k]), profile, cost.seconds(k)) for k in range(R + 1)]
     k = max(range(R + 1), key=lambda i: (rates[i], i))
-    mask = torch.zeros(R, dtype=torch.bool)
+    mask = torch.zeros(R, dtype=torch.bool, device=HOST)
     mask[order[:k]] = True
     return mask
 

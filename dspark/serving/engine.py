@@ -55,6 +55,7 @@ from dspark.device import host_syncs, model_device, to_host, upload
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams, probabilities, sample
+from dspark.scheduling.step import RECENT_ROUNDS
 from dspark.serving.rounds import RoundStats
 from dspark.verify import draw_uniforms, verify
 
@@ -99,6 +100,8 @@ class EngineResult:
     steps: int  # speculative steps (one target verification pass each)
     host_syncs: list[int] = field(default_factory=list)  # per step: device-to-host reads (dspark/device.py)
     prefill_host_syncs: int = 0  # the same, in all prefill passes together
+    draft_seconds: float = 0.0  # wall time spent in the drafter's propose calls (all steps)
+    drafted_rounds: int = 0  # request-rounds in which the request drafted (speculate_fn said yes)
 
     @property
     def host_syncs_per_step(self) -> float:
@@ -133,18 +136,23 @@ class Engine:
         eos_id: int | None = None,
         verify_len_fn: Callable[[Proposal], torch.Tensor] | None = None,
         observe_fn: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+        speculate_fn: Callable[[list[list[list[float]]], list[int], int], torch.Tensor] | None = None,
     ) -> None:
         """`verify_len_fn(proposal) -> (R,)` picks ℓ_r (default: all γ), e.g. a
         `VerifyScheduler`; it must depend only on the proposal and earlier rounds, or
         losslessness is lost. `observe_fn(verify_lens, accepted)` hears each step's
-        outcome (a VerifyScheduler's `observe`)."""
+        outcome (a VerifyScheduler's `observe`). `speculate_fn(history, idle_steps, γ) -> (R,)
+        bool` decides before drafting which requests draft this step (default: all), from
+        each one's recent drafted rounds' confidences and its steps since it last drafted
+        (a VerifyScheduler's `speculate`); the others take a plain decode step in the
+        same target pass and their committed tokens wait for the drafter's next call."""
         if not 0 <= gamma <= drafter.max_gamma:
             raise ValueError(f"gamma must be in 0..{drafter.max_gamma} for drafter {drafter.name!r}")
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         self.target, self.drafter, self.params, self.gamma = target, drafter, params, gamma
         self.concurrency, self.eos_id = concurrency, eos_id
-        self.verify_len_fn, self.observe_fn = verify_len_fn, observe_fn
+        self.verify_len_fn, self.observe_fn, self.speculate_fn = verify_len_fn, observe_fn, speculate_fn
         self.cache = target.new_cache(concurrency)
         self.drafter.reset(self.cache.n_slots)
 
@@ -176,8 +184,10 @@ class Engine:
         active: list[int] = []
         slot_of, anchor_of, limit_of = {}, {}, {}
         length_of: dict[int, int] = {}  # the request's target-cache length, kept on the host (no reads)
+        recent_of: dict[int, list[list[float]]] = {}  # confidences of its last drafted rounds (speculate_fn)
+        idle_of: dict[int, int] = {}  # steps since it last drafted
         pending: dict[int, tuple[torch.Tensor, TargetFeatures]] = {}
-        start, prefill_seconds, steps = time.perf_counter(), 0.0, 0
+        start, prefill_seconds, steps, draft_seconds, drafted_rounds = time.perf_counter(), 0.0, 0, 0.0, 0
         step_syncs, prefill_syncs = [], 0
         device = model_device(target)
 
@@ -235,7 +245,7 @@ class Engine:
                 feats = TargetFeatures(res.taps, res.last_hidden).split(lens)
                 for row, (i, toks) in enumerate(zip(admitted, flat.split(lens))):
                     records[i].first_token = now()
-                    anchor_of[i], length_of[i] = first[row], lens[row]
+                    anchor_of[i], length_of[i], recent_of[i], idle_of[i] = first[row], lens[row], [], 0
                     if emit(i, [anchor_of[i]], [False]):
                         finish(i)
                     else:
@@ -248,17 +258,19 @@ class Engine:
                     time.sleep(max(0.0, requests[queue[0]].arrival - now()))
                 continue
 
-            # 2. draft
+            # 2. who drafts (decided from earlier rounds only), then draft
             R, syncs_before = len(active), host_syncs()
+            drafting = [True] * R
+            if self.speculate_fn is not None and gamma > 0:
+                mask = self.speculate_fn([recent_of[i] for i in active], [idle_of[i] for i in active], gamma)
+                drafting = [bool(d) for d in mask.tolist()]  # a host-side decision (CPU tensor)
             slots = upload([slot_of[i] for i in active], device)
             anchors = upload([anchor_of[i] for i in active], device)
-            committed = torch.cat([pending[i][0] for i in active])
-            lens = upload([len(pending[i][0]) for i in active], device)
-            features = TargetFeatures(torch.cat([pending[i][1].taps for i in active]),
-                                      torch.cat([pending[i][1].last_hidden for i in active]))  # fmt: skip
-            proposal = drafter.propose(
-                slots, committed, features, lens, anchors, gamma, self.params, generator
-            )
+            t_draft = time.perf_counter()
+            proposal = self.draft([r for r in range(R) if drafting[r]], active, slot_of, anchor_of, pending,
+                                  generator, R)  # fmt: skip
+            draft_seconds += time.perf_counter() - t_draft
+            drafted_rounds += sum(drafting) if gamma > 0 else 0
             drafts = proposal.tokens  # (R, γ)
 
             # 3. verify lengths, capped by the context left after the anchor (known on the host)
@@ -267,7 +279,9 @@ class Engine:
                 wanted = to_host(self.verify_len_fn(proposal).long(), "engine: verify lengths")
             if any(not 0 <= w <= gamma for w in wanted):
                 raise ValueError(f"verify lengths must be in 0..{gamma}")
-            ells = [min(w, context - length_of[i] - 1) for w, i in zip(wanted, active)]
+            ells = [
+                min(w, context - length_of[i] - 1) if d else 0 for w, i, d in zip(wanted, active, drafting)
+            ]
             verify_lens = upload(ells, device)  # (R,)
 
             # 4. one ragged target pass over anchor + ℓ_r drafts of every request, then verify
@@ -301,7 +315,11 @@ class Engine:
                 rec.verify_lens.append(ells[r])
                 rec.accepted.append(a)
                 if proposal.confidence is not None:
-                    rec.confidences.append(outcome[r][2 + gamma :])
+                    conf = outcome[r][2 + gamma :] if drafting[r] else []  # [] for a round without drafts
+                    rec.confidences.append(conf)
+                    if drafting[r]:
+                        recent_of[i] = [*recent_of[i], conf][-RECENT_ROUNDS:]
+                idle_of[i] = 0 if drafting[r] else idle_of[i] + 1
                 length_of[i] += a + 1
                 anchor_of[i] = next_token
                 n_before = len(rec.tokens)
@@ -310,8 +328,51 @@ class Engine:
                 if finished:
                     finish(i)
                 else:
-                    pending[i] = (toks[: a + 1], feats[r].take(a + 1))
+                    new = (toks[: a + 1], feats[r].take(a + 1))
+                    pending[i] = new if drafting[r] else concat_pending(pending[i], new)  # waits for a draft
                     still.append(i)
             active = still
             step_syncs.append(host_syncs() - syncs_before)
-        return EngineResult(records, now(), prefill_seconds, steps, step_syncs, prefill_syncs)
+        return EngineResult(records, now(), prefill_seconds, steps, step_syncs, prefill_syncs, draft_seconds,
+                            drafted_rounds)  # fmt: skip
+
+    def draft(
+        self, rows: list[int], active: list[int], slot_of, anchor_of, pending, generator, R: int
+    ) -> Proposal:
+        """The drafter's proposal for the requests at `rows` of `active` (all of them: one plain call),
+        with their committed tokens and features since its last call; rows that do not draft are zeros
+        and `drafted` marks them."""
+        device, gamma, V = model_device(self.target), self.gamma, self.target.config.vocab_size
+        who = [active[r] for r in rows]
+        proposal = self.drafter.propose(
+            upload([slot_of[i] for i in who], device),
+            torch.cat([pending[i][0] for i in who]) if who else torch.zeros(0, dtype=torch.long, device=device),
+            TargetFeatures(torch.cat([pending[i][1].taps for i in who]),
+                           torch.cat([pending[i][1].last_hidden for i in who])) if who else None,  # fmt: skip
+            upload([len(pending[i][0]) for i in who], device),
+            upload([anchor_of[i] for i in who], device),
+            gamma, self.params, generator,
+        ) if who else None  # fmt: skip
+        if len(rows) == R:
+            return proposal
+        tokens = torch.zeros(R, gamma, dtype=torch.long, device=device)  # (R, γ)
+        probs = torch.zeros(R, gamma, V, device=device)  # (R, γ, V)
+        conf = torch.zeros(R, gamma, device=device) if self.drafter.has_confidence else None  # (R, γ)
+        if proposal is not None:
+            index = upload(rows, device)
+            tokens[index], probs[index] = proposal.tokens, proposal.probs
+            if conf is not None:
+                conf[index] = proposal.confidence.to(conf.dtype)
+        drafted = torch.zeros(R, dtype=torch.bool, device=device)
+        drafted[upload(rows, device)] = True
+        return Proposal(tokens, probs, conf, drafted)
+
+
+def concat_pending(
+    old: tuple[torch.Tensor, TargetFeatures], new: tuple[torch.Tensor, TargetFeatures]
+) -> tuple[torch.Tensor, TargetFeatures]:
+    """Committed tokens and features of two steps, in order (a request that did not draft keeps them)."""
+    (t0, f0), (t1, f1) = old, new
+    return torch.cat([t0, t1]), TargetFeatures(
+        torch.cat([f0.taps, f1.taps]), torch.cat([f0.last_hidden, f1.last_hidden])
+    )

@@ -87,6 +87,8 @@ class RoundStats:
         conf, events, mask = [], [], []
         for L, A, C in zip(self.verify_lens, self.accepted, self.confidences):
             for ell, a, c in zip(L, A, C):
+                if not c:  # a round in which the request did not draft
+                    continue
                 k = torch.arange(1, len(c) + 1)
                 conf.append(torch.tensor(c, dtype=torch.float64))
                 events.append((k <= a).double())

@@ -51,6 +51,7 @@ def speculative_generate(
     eos_id: int | None = None,
     verify_len_fn: Callable[[Proposal], torch.Tensor] | None = None,
     observe_fn: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+    speculate_fn: Callable[[list[list[list[float]]], list[int], int], torch.Tensor] | None = None,
 ) -> SpeculativeResult:
     """Generate for every prompt with `drafter` proposing `gamma` tokens per round:
     the serving engine (dspark/serving/engine.py) with every prompt admitted at once.
@@ -63,7 +64,9 @@ def speculative_generate(
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     check_prompts(prompts, target.config.max_seq_len)
-    engine = Engine(target, drafter, params, gamma, len(prompts), eos_id, verify_len_fn, observe_fn)
+    engine = Engine(
+        target, drafter, params, gamma, len(prompts), eos_id, verify_len_fn, observe_fn, speculate_fn
+    )
     run = engine.run([Request(p, max_new_tokens) for p in prompts], generator)
     recs = run.records
     return SpeculativeResult(

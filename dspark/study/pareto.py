@@ -37,11 +37,12 @@ from tqdm import tqdm
 
 from dspark import paths
 from dspark.data.tokenizer import Tokenizer
+from dspark.device import model_device
 from dspark.drafters.base import Drafter, NoDrafter
 from dspark.drafters.registry import get_calibration, get_drafter
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
-from dspark.scheduling.draft_cost import DraftCost, roofline_draft_cost
+from dspark.scheduling.draft_cost import DraftCost, cpu_draft_cost, roofline_draft_cost
 from dspark.scheduling.profiler import RooflineConfig
 from dspark.scheduling.scheduler import ThroughputProfile, make_policy
 from dspark.scheduling.step import VerifyScheduler
@@ -71,9 +72,12 @@ def serve_points(
     params: SamplingParams,
     seed: int = 0,
     arrival_rate: float | None = None,
+    cost_aware: bool = True,
 ) -> list[dict]:
     """Measured points of the real engine on this machine: closed loop, or with
-    `arrival_rate` requests/s arriving as a Poisson process (C then caps the active ones)."""
+    `arrival_rate` requests/s arriving as a Poisson process (C then caps the active ones).
+    The cost-aware policies weigh the drafter's measured drafting time (CPU, cached) unless
+    `cost_aware` is False (the ablation)."""
     pool = [
         p
         for ps in offline.prompts_by_domain(tokenizer, 40, 0, target.config.max_seq_len).values()
@@ -96,9 +100,13 @@ def serve_points(
             )
         drafter = drafters[name]
         for C in concurrencies:
-            scheduler = VerifyScheduler.for_drafter(make_policy(policy_name), drafter, profile,
-                                                    get_calibration(name))  # fmt: skip
-            engine = Engine(target, drafter, params, gamma, C, tokenizer.eos_id, scheduler, scheduler.observe)
+            policy = make_policy(policy_name)
+            cost = None
+            if cost_aware and policy.cost_aware and model_device(target).type == "cpu":
+                cost = cpu_draft_cost(target, drafter, gamma)
+            scheduler = VerifyScheduler.for_drafter(policy, drafter, profile, get_calibration(name), cost)
+            engine = Engine(target, drafter, params, gamma, C, tokenizer.eos_id, scheduler, scheduler.observe,
+                            scheduler.speculate)  # fmt: skip
             engine.run([Request(prompts[0], 4)] * min(C, 2))  # warm-up
             result = engine.run([Request(p, max_new_tokens, a) for p, a in zip(prompts, arrivals)],
                                 torch.Generator().manual_seed(seed), bar.update)  # fmt: skip
@@ -119,6 +127,9 @@ def serve_metrics(result: EngineResult) -> dict:
         "ttft_ms": 1000 * statistics.mean(r.ttft for r in served) if served else float("nan"),
         "mean_verify_len": stats.mean_verify_len,
         "tau": stats.tau,
+        "draft_share": result.draft_seconds / result.seconds if result.seconds else 0.0,
+        "drafting_rounds": result.drafted_rounds
+        / max(1, stats.rounds),  # share of request-rounds that drafted
         "completed": len(served),
         "rejected": len(result.records) - len(served),
     }
