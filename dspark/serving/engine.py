@@ -266,19 +266,20 @@ class Engine:
                 drafting = [bool(d) for d in mask.tolist()]  # a host-side decision (CPU tensor)
             slots = upload([slot_of[i] for i in active], device)
             anchors = upload([anchor_of[i] for i in active], device)
+            g = gamma if any(drafting) else 0  # nobody drafts: a plain decode step, shaped as one (γ = 0)
             t_draft = time.perf_counter()
             proposal = self.draft([r for r in range(R) if drafting[r]], active, slot_of, anchor_of, pending,
-                                  generator, R)  # fmt: skip
+                                  generator, R, g)  # fmt: skip
             draft_seconds += time.perf_counter() - t_draft
-            drafted_rounds += sum(drafting) if gamma > 0 else 0
+            drafted_rounds += sum(drafting) if g > 0 else 0
             drafts = proposal.tokens  # (R, γ)
 
             # 3. verify lengths, capped by the context left after the anchor (known on the host)
-            wanted = [gamma] * R  # γ = 0 (plain decoding): nothing to ask
-            if self.verify_len_fn and gamma > 0:  # host sync: the lengths decide the shape of the target pass
+            wanted = [g] * R  # γ = 0 (plain decoding): nothing to ask
+            if self.verify_len_fn and g > 0:  # host sync: the lengths decide the shape of the target pass
                 wanted = to_host(self.verify_len_fn(proposal).long(), "engine: verify lengths")
-            if any(not 0 <= w <= gamma for w in wanted):
-                raise ValueError(f"verify lengths must be in 0..{gamma}")
+            if any(not 0 <= w <= g for w in wanted):
+                raise ValueError(f"verify lengths must be in 0..{g}")
             ells = [
                 min(w, context - length_of[i] - 1) if d else 0 for w, i, d in zip(wanted, active, drafting)
             ]
@@ -287,15 +288,15 @@ class Engine:
             # 4. one ragged target pass over anchor + ℓ_r drafts of every request, then verify
             block_lens = [ell + 1 for ell in ells]
             # (N,) where each verified token sits in the (R, γ+1) blocks: an index, not a mask (no sync)
-            keep = upload([r * (gamma + 1) + k for r, n in enumerate(block_lens) for k in range(n)], device)
+            keep = upload([r * (g + 1) + k for r, n in enumerate(block_lens) for k in range(n)], device)
             blocks = torch.cat([anchors[:, None], drafts], dim=1).flatten()[keep]  # (N,) flat, request-major
             res = target.forward_cached(blocks, slots, upload(block_lens, device), cache, return_taps=True)
             steps += 1
             V = target.config.vocab_size
-            target_probs = torch.zeros(R, gamma + 1, V, device=device)  # (R, γ+1, V)
+            target_probs = torch.zeros(R, g + 1, V, device=device)  # (R, γ+1, V)
             target_probs.view(-1, V)[keep] = probabilities(res.logits, self.params)
             result = verify(drafts, proposal.probs, target_probs, verify_lens,
-                            *draw_uniforms(R, gamma, generator, device))  # fmt: skip
+                            *draw_uniforms(R, g, generator, device))  # fmt: skip
             if self.observe_fn is not None:
                 self.observe_fn(verify_lens, result.accepted)
 
@@ -315,7 +316,7 @@ class Engine:
                 rec.verify_lens.append(ells[r])
                 rec.accepted.append(a)
                 if proposal.confidence is not None:
-                    conf = outcome[r][2 + gamma :] if drafting[r] else []  # [] for a round without drafts
+                    conf = outcome[r][2 + g :] if drafting[r] else []  # [] for a round without drafts
                     rec.confidences.append(conf)
                     if drafting[r]:
                         recent_of[i] = [*recent_of[i], conf][-RECENT_ROUNDS:]
@@ -337,12 +338,12 @@ class Engine:
                             drafted_rounds)  # fmt: skip
 
     def draft(
-        self, rows: list[int], active: list[int], slot_of, anchor_of, pending, generator, R: int
+        self, rows: list[int], active: list[int], slot_of, anchor_of, pending, generator, R: int, gamma: int
     ) -> Proposal:
         """The drafter's proposal for the requests at `rows` of `active` (all of them: one plain call),
         with their committed tokens and features since its last call; rows that do not draft are zeros
-        and `drafted` marks them."""
-        device, gamma, V = model_device(self.target), self.gamma, self.target.config.vocab_size
+        and `drafted` marks them. `gamma` 0: nobody drafts, an empty (R, 0) proposal."""
+        device, V = model_device(self.target), self.target.config.vocab_size
         who = [active[r] for r in rows]
         proposal = self.drafter.propose(
             upload([slot_of[i] for i in who], device),
