@@ -17,7 +17,6 @@ named checks only, so the file stays well under a minute on 2 cores.
 from __future__ import annotations
 
 import multiprocessing
-import time
 from pathlib import Path
 
 import pytest
@@ -133,12 +132,10 @@ def test_a_crashing_solution_is_reported_per_check(capsys):
 
 
 def test_a_hanging_solution_times_out_on_that_check_only(capsys):
-    start = time.perf_counter()
     status, lines, _ = cli(capsys, "5", str(SOLUTIONS / "hanging.py"), "--timeout", "1")
     assert status == 0 and lines[-1] == f"score: {ASSIGNMENTS[5].points - 1}/{ASSIGNMENTS[5].points}"
     assert "survival_is_the_cumulative_product: timed out after 1s" in lines[1]
     assert all(line.startswith("PASS") for line in lines[2:-1])
-    assert time.perf_counter() - start < 20
     assert not multiprocessing.active_children()  # the hanging child was killed
 
 
