@@ -293,3 +293,21 @@ def test_cost_aware_engine_is_device_aware(tiny_model):
 
     expected, got = on_meta(run)
     assert got == expected and 0 < expected[1]
+
+
+def test_realism_scales_the_forecasts_and_never_collapses_on_one_round():
+    """The scheduler learns how far the survival forecasts overstate the drafts that are then accepted;
+    with REALISM_PRIOR tokens of pseudo-evidence, one unlucky round does not stop drafting for good."""
+    from dspark.scheduling.step import REALISM_PRIOR
+
+    scheduler = VerifyScheduler(make_policy("dspark"), CPU_LIKE, None, DraftCost([0.001] * 64))
+    assert scheduler.realism == 1.0
+    conf = torch.full((2, 4), 0.9, dtype=torch.float64)
+    proposal = Proposal(torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, 5), conf)
+    lengths = scheduler(proposal)
+    predicted = float((prefix_survival(conf) * (torch.arange(4) < lengths[:, None])).sum())
+    scheduler.observe(lengths, torch.zeros(2, dtype=torch.long))  # nothing accepted
+    assert scheduler.realism == pytest.approx(REALISM_PRIOR / (predicted + REALISM_PRIOR))
+    assert 0 < scheduler.realism < 1
+    scheduler.observe(lengths, lengths)  # a round nobody drafted (no verify lengths asked): ignored
+    assert scheduler.realism == pytest.approx(REALISM_PRIOR / (predicted + REALISM_PRIOR))

@@ -54,6 +54,7 @@ from dspark.scheduling.scheduler import Policy, ThroughputProfile, prefix_schedu
 
 HOST = torch.device("cpu")  # who drafts is a host-side decision made from host-side records
 RECENT_ROUNDS = 4  # drafted rounds per request the forecast averages over
+REALISM_PRIOR = 4.0  # tokens of pseudo-evidence that the forecasts are right, before any round is seen
 IDLE_HALF_LIFE = 4.0  # steps after which an idle request's own forecast counts half (the rest: the others')
 
 
@@ -95,11 +96,13 @@ def drafting_mask(
     profile: ThroughputProfile,
     cost: DraftCost,
     temperatures: torch.Tensor | None = None,
+    realism: float = 1.0,
 ) -> torch.Tensor:
     """(R,) bool: which requests draft this step.
 
     history[r]: the raw confidences c_1..c_γ of request r's most recent drafted rounds (at most
-    RECENT_ROUNDS, oldest first; empty: it has not drafted yet); idle_steps[r]: steps since it last drafted."""
+    RECENT_ROUNDS, oldest first; empty: it has not drafted yet); idle_steps[r]: steps since it last drafted;
+    realism: accepted drafts per forecast one so far (`VerifyScheduler.realism`), which scales the gains."""
     R = len(history)
     if cost.is_free:
         return torch.ones(R, dtype=torch.bool, device=HOST)
@@ -110,7 +113,7 @@ def drafting_mask(
         return torch.ones(R, dtype=torch.bool, device=HOST)
     ell = prefix_schedule(forecast, profile, early_stop=True, draft_seconds=cost.seconds(R))  # (R,)
     keep = torch.arange(gamma, device=HOST)[None, :] < ell[:, None]
-    gain = (forecast * keep).sum(dim=1)  # (R,) expected accepted drafts if r drafts
+    gain = realism * (forecast * keep).sum(dim=1)  # (R,) expected accepted drafts if r drafts
     order = torch.argsort(-gain, stable=True)
     cum_gain = torch.cat([torch.zeros(1, dtype=torch.float64, device=HOST), gain[order].cumsum(0)]).tolist()
     cum_len = torch.cat([torch.zeros(1, dtype=torch.long, device=HOST), ell[order].cumsum(0)]).tolist()
@@ -136,11 +139,22 @@ class VerifyScheduler:
     ) -> None:
         self.policy, self.profile, self.temperatures = policy, profile, temperatures
         self.draft_cost = draft_cost if policy.cost_aware and draft_cost is not None else DraftCost.free()
+        self.accepted_total = self.predicted_total = 0.0  # over every drafted round: realised vs forecast
+        self._predicted: torch.Tensor | None = None  # (R,) this round's survival-predicted accepted drafts
 
     def speculate(self, history: list[list[list[float]]], idle_steps: list[int], gamma: int) -> torch.Tensor:
         """(R,) bool: which requests draft this step, from their recent drafted rounds only
         (`drafting_mask`): never from this step's drafts, so the decision keeps the output exact."""
-        return drafting_mask(history, idle_steps, gamma, self.profile, self.draft_cost, self.temperatures)
+        return drafting_mask(
+            history, idle_steps, gamma, self.profile, self.draft_cost, self.temperatures, self.realism
+        )
+
+    @property
+    def realism(self) -> float:
+        """Accepted drafts per survival-predicted one over every drafted round so far, with REALISM_PRIOR
+        tokens of pseudo-evidence for 1: an online correction of the forecasts' optimism (the requests that
+        draft are those whose recent confidences were high), which never collapses on one unlucky round."""
+        return (self.accepted_total + REALISM_PRIOR) / (self.predicted_total + REALISM_PRIOR)
 
     @classmethod
     def for_drafter(
@@ -178,8 +192,17 @@ class VerifyScheduler:
         lengths = self.policy.lengths_from_confidence(
             conf, self.temperatures, gamma, self.profile, draft_seconds
         )
-        return lengths if drafted is None else lengths * drafted
+        lengths = lengths if drafted is None else lengths * drafted
+        if not self.draft_cost.is_free:  # what the survivals predicted for the verified drafts (realism)
+            survivals = prefix_survival(conf, self.temperatures)  # (R, γ)
+            keep = torch.arange(gamma, device=survivals.device)[None, :] < lengths[:, None]
+            self._predicted = (survivals * keep).sum(dim=1)  # (R,) 0 for the rows that did not draft
+        return lengths
 
     def observe(self, verify_lens: torch.Tensor, accepted: torch.Tensor) -> None:
-        """This round's verify lengths and accepted counts (policies that learn from history)."""
+        """This round's verify lengths and accepted counts (policies that learn from history; realism)."""
         self.policy.observe(verify_lens, accepted)
+        predicted, self._predicted = self._predicted, None  # None: nobody drafted this round
+        if predicted is not None:  # host sync (cost-aware only): two sums for the realism ratio
+            self.accepted_total += float(accepted.sum())
+            self.predicted_total += float(predicted.sum())

@@ -186,7 +186,8 @@ class Engine:
         length_of: dict[int, int] = {}  # the request's target-cache length, kept on the host (no reads)
         recent_of: dict[int, list[list[float]]] = {}  # confidences of its last drafted rounds (speculate_fn)
         idle_of: dict[int, int] = {}  # steps since it last drafted
-        pending: dict[int, tuple[torch.Tensor, TargetFeatures]] = {}
+        # per request: (tokens, features) chunks committed since the drafter's last call (one per step)
+        pending: dict[int, list[tuple[torch.Tensor, TargetFeatures]]] = {}
         start, prefill_seconds, steps, draft_seconds, drafted_rounds = time.perf_counter(), 0.0, 0, 0.0, 0
         step_syncs, prefill_syncs = [], 0
         device = model_device(target)
@@ -249,7 +250,7 @@ class Engine:
                     if emit(i, [anchor_of[i]], [False]):
                         finish(i)
                     else:
-                        pending[i] = (toks, feats[row])
+                        pending[i] = [(toks, feats[row])]
                         active.append(i)
                 prefill_seconds += time.perf_counter() - t0
                 prefill_syncs += host_syncs() - syncs_before
@@ -330,7 +331,7 @@ class Engine:
                     finish(i)
                 else:
                     new = (toks[: a + 1], feats[r].take(a + 1))
-                    pending[i] = new if drafting[r] else concat_pending(pending[i], new)  # waits for a draft
+                    pending[i] = [new] if drafting[r] else [*pending[i], new]  # waits for its next draft
                     still.append(i)
             active = still
             step_syncs.append(host_syncs() - syncs_before)
@@ -347,10 +348,10 @@ class Engine:
         who = [active[r] for r in rows]
         proposal = self.drafter.propose(
             upload([slot_of[i] for i in who], device),
-            torch.cat([pending[i][0] for i in who]) if who else torch.zeros(0, dtype=torch.long, device=device),
-            TargetFeatures(torch.cat([pending[i][1].taps for i in who]),
-                           torch.cat([pending[i][1].last_hidden for i in who])) if who else None,  # fmt: skip
-            upload([len(pending[i][0]) for i in who], device),
+            torch.cat([t for i in who for t, _ in pending[i]]),
+            TargetFeatures(torch.cat([f.taps for i in who for _, f in pending[i]]),
+                           torch.cat([f.last_hidden for i in who for _, f in pending[i]])),  # fmt: skip
+            upload([sum(len(t) for t, _ in pending[i]) for i in who], device),
             upload([anchor_of[i] for i in who], device),
             gamma, self.params, generator,
         ) if who else None  # fmt: skip
@@ -367,13 +368,3 @@ class Engine:
         drafted = torch.zeros(R, dtype=torch.bool, device=device)
         drafted[upload(rows, device)] = True
         return Proposal(tokens, probs, conf, drafted)
-
-
-def concat_pending(
-    old: tuple[torch.Tensor, TargetFeatures], new: tuple[torch.Tensor, TargetFeatures]
-) -> tuple[torch.Tensor, TargetFeatures]:
-    """Committed tokens and features of two steps, in order (a request that did not draft keeps them)."""
-    (t0, f0), (t1, f1) = old, new
-    return torch.cat([t0, t1]), TargetFeatures(
-        torch.cat([f0.taps, f1.taps]), torch.cat([f0.last_hidden, f1.last_hidden])
-    )

@@ -34,7 +34,7 @@ import torch
 
 from dspark.scheduling.draft_cost import DraftCost
 from dspark.scheduling.scheduler import Policy, ThroughputProfile, prefix_survival
-from dspark.scheduling.step import RECENT_ROUNDS, drafting_mask
+from dspark.scheduling.step import REALISM_PRIOR, RECENT_ROUNDS, drafting_mask
 
 
 @dataclass
@@ -80,6 +80,7 @@ def simulate(
     queue = list(range(requests))
     active: list[dict] = []
     clock, steps, verified, rounds, emitted_total, draft_time = 0.0, 0, 0, 0, 0, 0.0
+    totals = [0.0, 0.0]  # accepted and survival-predicted drafts over the drafted rounds: the realism ratio
     tpots: list[float] = []
     while queue or active:
         while queue and len(active) < concurrency:
@@ -88,16 +89,21 @@ def simulate(
             active.append({"trace": trace, "round": 0, "emitted": 1, "start": clock, "recent": [], "idle": 0})
         drafting = torch.ones(len(active), dtype=torch.bool)
         if decide:  # from the earlier rounds only, as in the engine
+            realism = (totals[0] + REALISM_PRIOR) / (totals[1] + REALISM_PRIOR)  # as VerifyScheduler.realism
             drafting = drafting_mask([s["recent"] for s in active], [s["idle"] for s in active], gamma, profile,
-                                     draft_cost, temperatures)  # fmt: skip
+                                     draft_cost, temperatures, realism)  # fmt: skip
         n_drafting = int(drafting.sum()) if gamma else 0
         conf = torch.tensor([s["trace"].confidences[s["round"] % len(s["trace"].accepted)] for s in active])
         draft_seconds = draft_cost.seconds(n_drafting)
         seen = draft_seconds if decide else 0.0
-        lengths = policy.lengths(prefix_survival(conf * drafting[:, None], temperatures), gamma, profile,
-                                 seen) * drafting  # fmt: skip
+        survivals = prefix_survival(conf * drafting[:, None], temperatures)  # (R, γ)
+        lengths = policy.lengths(survivals, gamma, profile, seen) * drafting
         full = torch.tensor([s["trace"].accepted[s["round"] % len(s["trace"].accepted)] for s in active])
         accepted = torch.minimum(lengths, full)
+        if decide:
+            keep = torch.arange(gamma)[None, :] < lengths[:, None]
+            totals[0] += int(accepted.sum())
+            totals[1] += float((survivals * keep).sum())
         policy.observe(lengths, accepted)
         B = len(active) + int(lengths.sum())
         clock += 1.0 / profile.sps(B) + draft_seconds
