@@ -38,6 +38,7 @@ from dspark.drafters.base import Drafter, TargetFeatures
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduling.profiler import RooflineConfig
+from dspark.scheduling.scheduler import interpolated_times
 
 DRAFT_POINTS = [1, 2, 4, 8, 16, 32]  # drafting requests measured on the CPU
 
@@ -77,20 +78,7 @@ class DraftCost:
     ) -> DraftCost:
         """Interpolate measured times linearly over n = 1..max_requests (flat before the first point,
         proportional after the last), forced non-decreasing: more drafting requests never cost less."""
-        points = sorted(zip(requests, seconds))
-        xs, ys = [float(n) for n, _ in points], [t for _, t in points]
-        table, longest = [], 0.0
-        for n in range(1, max_requests + 1):
-            if n <= xs[0]:
-                t = ys[0]
-            elif n >= xs[-1]:
-                t = ys[-1] * n / xs[-1]
-            else:
-                i = next(i for i in range(1, len(xs)) if xs[i] >= n)
-                t = ys[i - 1] + (n - xs[i - 1]) / (xs[i] - xs[i - 1]) * (ys[i] - ys[i - 1])
-            longest = max(longest, t)
-            table.append(longest)
-        return cls(table, name)
+        return cls(interpolated_times(requests, seconds, max_requests), name)
 
 
 @torch.no_grad()

@@ -88,21 +88,28 @@ class ThroughputProfile:
         """Interpolate measured step times linearly over B = 1..max_tokens (held
         flat before the first point, proportional after the last) and force
         SPS to be non-increasing in B, as a larger pass is never faster."""
-        points = sorted(zip(batch_tokens, seconds_per_step))
-        xs, ys = [float(b) for b, _ in points], [t for _, t in points]
-        sps, slowest = [], 0.0
-        for B in range(1, max_tokens + 1):
-            if B <= xs[0]:
-                t = ys[0]
-            elif B >= xs[-1]:
-                t = ys[-1] * B / xs[-1]
-            else:
-                i = next(i for i in range(1, len(xs)) if xs[i] >= B)
-                w = (B - xs[i - 1]) / (xs[i] - xs[i - 1])
-                t = ys[i - 1] + w * (ys[i] - ys[i - 1])
-            slowest = max(slowest, t)
-            sps.append(1.0 / slowest)
-        return cls(sps, name)
+        return cls([1.0 / t for t in interpolated_times(batch_tokens, seconds_per_step, max_tokens)], name)
+
+
+def interpolated_times(sizes: list[int], seconds: list[float], max_size: int) -> list[float]:
+    """Measured times at some sizes (batch tokens, drafting requests) -> a time for every size 1..max_size:
+    linear between the points, flat before the first, proportional after the last, and forced
+    non-decreasing (more work is never faster)."""
+    points = sorted(zip(sizes, seconds))
+    xs, ys = [float(b) for b, _ in points], [t for _, t in points]
+    times, longest = [], 0.0
+    for B in range(1, max_size + 1):
+        if B <= xs[0]:
+            t = ys[0]
+        elif B >= xs[-1]:
+            t = ys[-1] * B / xs[-1]
+        else:
+            i = next(i for i in range(1, len(xs)) if xs[i] >= B)
+            w = (B - xs[i - 1]) / (xs[i] - xs[i - 1])
+            t = ys[i - 1] + w * (ys[i] - ys[i - 1])
+        longest = max(longest, t)
+        times.append(longest)
+    return times
 
 
 def prefix_survival(confidences: torch.Tensor, temperatures: torch.Tensor | None = None) -> torch.Tensor:

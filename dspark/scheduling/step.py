@@ -58,6 +58,11 @@ REALISM_PRIOR = 4.0  # tokens of pseudo-evidence that the forecasts are right, b
 IDLE_HALF_LIFE = 4.0  # steps after which an idle request's own forecast counts half (the rest: the others')
 
 
+def realism_ratio(accepted: float, predicted: float) -> float:
+    """Accepted drafts per survival-predicted one, with REALISM_PRIOR tokens of pseudo-evidence for 1."""
+    return (accepted + REALISM_PRIOR) / (predicted + REALISM_PRIOR)
+
+
 def drafting_can_pay(requests: int, gamma: int, profile: ThroughputProfile, cost: DraftCost) -> bool:
     """Could drafting beat plain decoding for `requests` requests if every draft were accepted?"""
     if requests == 0 or gamma == 0:
@@ -154,7 +159,7 @@ class VerifyScheduler:
         """Accepted drafts per survival-predicted one over every drafted round so far, with REALISM_PRIOR
         tokens of pseudo-evidence for 1: an online correction of the forecasts' optimism (the requests that
         draft are those whose recent confidences were high), which never collapses on one unlucky round."""
-        return (self.accepted_total + REALISM_PRIOR) / (self.predicted_total + REALISM_PRIOR)
+        return realism_ratio(self.accepted_total, self.predicted_total)
 
     @classmethod
     def for_drafter(
@@ -188,15 +193,15 @@ class VerifyScheduler:
         n_drafting = R if drafted is None else to_host(drafted.sum(), "step: drafting requests")
         if drafted is not None:
             conf = conf * drafted[:, None]  # survival 0: never admitted
-        draft_seconds = self.draft_cost.seconds(n_drafting)
-        lengths = self.policy.lengths_from_confidence(
-            conf, self.temperatures, gamma, self.profile, draft_seconds
-        )
+        if self.draft_cost.is_free:  # the paper's scheduler (on the device kernel where it applies)
+            lengths = self.policy.lengths_from_confidence(conf, self.temperatures, gamma, self.profile)
+            return lengths if drafted is None else lengths * drafted
+        # cost-aware (the kernel knows no drafting time): the survivals once, for the lengths and for realism
+        survivals = prefix_survival(conf, self.temperatures)  # (R, γ)
+        lengths = self.policy.lengths(survivals, gamma, self.profile, self.draft_cost.seconds(n_drafting))
         lengths = lengths if drafted is None else lengths * drafted
-        if not self.draft_cost.is_free:  # what the survivals predicted for the verified drafts (realism)
-            survivals = prefix_survival(conf, self.temperatures)  # (R, γ)
-            keep = torch.arange(gamma, device=survivals.device)[None, :] < lengths[:, None]
-            self._predicted = (survivals * keep).sum(dim=1)  # (R,) 0 for the rows that did not draft
+        keep = torch.arange(gamma, device=survivals.device)[None, :] < lengths[:, None]
+        self._predicted = (survivals * keep).sum(dim=1)  # (R,) what the survivals predicted: 0 where no draft
         return lengths
 
     def observe(self, verify_lens: torch.Tensor, accepted: torch.Tensor) -> None:

@@ -269,8 +269,9 @@ class Engine:
             anchors = upload([anchor_of[i] for i in active], device)
             g = gamma if any(drafting) else 0  # nobody drafts: a plain decode step, shaped as one (γ = 0)
             t_draft = time.perf_counter()
-            proposal = self.draft([r for r in range(R) if drafting[r]], active, slot_of, anchor_of, pending,
-                                  generator, R, g)  # fmt: skip
+            proposal = self.draft(
+                [r for r in range(R) if drafting[r]], active, slots, anchors, pending, generator, g
+            )
             draft_seconds += time.perf_counter() - t_draft
             drafted_rounds += sum(drafting) if g > 0 else 0
             drafts = proposal.tokens  # (R, γ)
@@ -339,32 +340,40 @@ class Engine:
                             drafted_rounds)  # fmt: skip
 
     def draft(
-        self, rows: list[int], active: list[int], slot_of, anchor_of, pending, generator, R: int, gamma: int
+        self,
+        rows: list[int],
+        active: list[int],
+        slots: torch.Tensor,
+        anchors: torch.Tensor,
+        pending: dict[int, list[tuple[torch.Tensor, TargetFeatures]]],
+        generator: torch.Generator,
+        gamma: int,
     ) -> Proposal:
-        """The drafter's proposal for the requests at `rows` of `active` (all of them: one plain call),
-        with their committed tokens and features since its last call; rows that do not draft are zeros
-        and `drafted` marks them. `gamma` 0: nobody drafts, an empty (R, 0) proposal."""
-        device, V = model_device(self.target), self.target.config.vocab_size
+        """The drafter's proposal for the requests at `rows` of `active` (slots and anchors: (R,), every
+        active request's), with their committed tokens and features since its last call. All rows: the
+        drafter's own proposal; otherwise the rows that do not draft are zeros and `drafted` marks them.
+        `gamma` 0: nobody drafts, an empty (R, 0) proposal."""
+        device, V, R = model_device(self.target), self.target.config.vocab_size, len(active)
+        everyone = len(rows) == R
+        index = None if everyone else upload(rows, device)  # (D,) the drafting rows
         who = [active[r] for r in rows]
         proposal = self.drafter.propose(
-            upload([slot_of[i] for i in who], device),
+            slots if everyone else slots[index],
             torch.cat([t for i in who for t, _ in pending[i]]),
             TargetFeatures(torch.cat([f.taps for i in who for _, f in pending[i]]),
                            torch.cat([f.last_hidden for i in who for _, f in pending[i]])),  # fmt: skip
             upload([sum(len(t) for t, _ in pending[i]) for i in who], device),
-            upload([anchor_of[i] for i in who], device),
+            anchors if everyone else anchors[index],
             gamma, self.params, generator,
         ) if who else None  # fmt: skip
-        if len(rows) == R:
+        if everyone:
             return proposal
         tokens = torch.zeros(R, gamma, dtype=torch.long, device=device)  # (R, γ)
         probs = torch.zeros(R, gamma, V, device=device)  # (R, γ, V)
         conf = torch.zeros(R, gamma, device=device) if self.drafter.has_confidence else None  # (R, γ)
+        drafted = torch.zeros(R, dtype=torch.bool, device=device)
         if proposal is not None:
-            index = upload(rows, device)
-            tokens[index], probs[index] = proposal.tokens, proposal.probs
+            tokens[index], probs[index], drafted[index] = proposal.tokens, proposal.probs, True
             if conf is not None:
                 conf[index] = proposal.confidence.to(conf.dtype)
-        drafted = torch.zeros(R, dtype=torch.bool, device=device)
-        drafted[upload(rows, device)] = True
         return Proposal(tokens, probs, conf, drafted)

@@ -99,12 +99,14 @@ def serve_points(
                 NoDrafter(target.config.vocab_size) if name == "none" else get_drafter(name, target)
             )
         drafter = drafters[name]
+        cost = None  # measured once per policy (cached), before any engine resets the drafter
+        if cost_aware and make_policy(policy_name).cost_aware and model_device(target).type == "cpu":
+            cost = cpu_draft_cost(target, drafter, gamma)
+        temperatures = get_calibration(name)
         for C in concurrencies:
-            policy = make_policy(policy_name)
-            cost = None
-            if cost_aware and policy.cost_aware and model_device(target).type == "cpu":
-                cost = cpu_draft_cost(target, drafter, gamma)
-            scheduler = VerifyScheduler.for_drafter(policy, drafter, profile, get_calibration(name), cost)
+            scheduler = VerifyScheduler.for_drafter(
+                make_policy(policy_name), drafter, profile, temperatures, cost
+            )
             engine = Engine(target, drafter, params, gamma, C, tokenizer.eos_id, scheduler, scheduler.observe,
                             scheduler.speculate)  # fmt: skip
             engine.run([Request(prompts[0], 4)] * min(C, 2))  # warm-up

@@ -34,7 +34,7 @@ import torch
 
 from dspark.scheduling.draft_cost import DraftCost
 from dspark.scheduling.scheduler import Policy, ThroughputProfile, prefix_survival
-from dspark.scheduling.step import REALISM_PRIOR, RECENT_ROUNDS, drafting_mask
+from dspark.scheduling.step import RECENT_ROUNDS, drafting_mask, realism_ratio
 
 
 @dataclass
@@ -89,9 +89,8 @@ def simulate(
             active.append({"trace": trace, "round": 0, "emitted": 1, "start": clock, "recent": [], "idle": 0})
         drafting = torch.ones(len(active), dtype=torch.bool)
         if decide:  # from the earlier rounds only, as in the engine
-            realism = (totals[0] + REALISM_PRIOR) / (totals[1] + REALISM_PRIOR)  # as VerifyScheduler.realism
             drafting = drafting_mask([s["recent"] for s in active], [s["idle"] for s in active], gamma, profile,
-                                     draft_cost, temperatures, realism)  # fmt: skip
+                                     draft_cost, temperatures, realism_ratio(*totals))  # fmt: skip
         n_drafting = int(drafting.sum()) if gamma else 0
         conf = torch.tensor([s["trace"].confidences[s["round"] % len(s["trace"].accepted)] for s in active])
         draft_seconds = draft_cost.seconds(n_drafting)
