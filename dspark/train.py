@@ -3,6 +3,7 @@
   data       build the offline corpus, the tokenizer and the token arrays
   target     pre-train the target model (resumable)
   responses  answer training prompts again with the target (drafter data)
+  features   cache the target's features of those responses (what drafter training reads)
   drafter    train a drafter (mtp | eagle | dflash | dspark | dspark-rnn) on those responses
   calibrate  fit the confidence head's Sequential Temperature Scaling on held-out rounds
 
@@ -149,16 +150,56 @@ def cmd_responses(args: argparse.Namespace) -> None:
     print(f"{n} target responses in {out}")
 
 
+def feature_caches(args: argparse.Namespace, target) -> tuple:
+    """(train, val) feature sources for `train drafter`/`train features`: the caches under --features-dir,
+    (re)built when missing or stale; with --live, live target passes instead."""
+    from dspark.training.feature_cache import LiveFeatures, ensure_feature_cache
+    from dspark.training.responses import load_responses
+
+    sets = [load_responses(Path(args.responses), split) for split in ("train", "val")]
+    if getattr(args, "live", False):
+        return tuple(LiveFeatures(target, records) for records in sets)
+    root = Path(args.features_dir) / Path(args.responses).stem
+    caches = []
+    for split, records in zip(("train", "val"), sets):
+        t0 = time.perf_counter()
+        caches.append(ensure_feature_cache(target, records, root / split))
+        print(f"feature cache {root / split}: {len(records)} sequences, {int(caches[-1].index[:, 1].sum()):,} "
+              f"tokens, taps {list(target.config.tap_layers)} ({time.perf_counter() - t0:.0f}s)")  # fmt: skip
+    return tuple(caches)
+
+
+def load_training_target(args: argparse.Namespace):
+    """The frozen target, with --taps overriding the tap layers its drafters read."""
+    target, _ = load_target(args.checkpoint)
+    if args.taps:
+        try:
+            target.config.tap_layers = tuple(args.taps)
+            target.config.__post_init__()
+        except ValueError as exc:
+            raise UsageError(f"--taps: {exc}") from None
+    return target
+
+
+def cmd_features(args: argparse.Namespace) -> None:
+    """Run the target once over the regenerated responses and store, per token, its tap features and final
+    hidden state (fp16, memory-mapped) under --features-dir; `train drafter` reads them. A cache made for
+    another target, other taps or other responses is detected and rebuilt.
+    """
+    feature_caches(args, load_training_target(args))
+
+
 def cmd_drafter(args: argparse.Namespace) -> None:
-    """Train a drafter on the target-regenerated responses (the target stays frozen). EAGLE uses training-time
+    """Train a drafter on the target-regenerated responses (the target stays frozen), reading the target's
+    features from the feature cache (built on first use). The budget is --epochs over the supervised
+    positions (every response position anchors once per epoch) for every drafter. EAGLE uses training-time
     test: it is unrolled on its own outputs for --gamma steps. The parallel drafters (dflash, dspark,
     dspark-rnn) train on --anchors packed blocks per sequence; dspark adds the three-term loss of the paper.
     """
     from dspark.training.drafters import train_drafter
-    from dspark.training.responses import load_responses
 
-    target, target_meta = load_target(args.checkpoint)
-    train_set, val_set = (load_responses(Path(args.responses), split) for split in ("train", "val"))
+    target = load_training_target(args)
+    train_set, val_set = feature_caches(args, target)
     gamma = 1 if args.kind == "mtp" else args.gamma
     torch.manual_seed(args.seed)
     if args.kind in PARALLEL_KINDS:
@@ -169,19 +210,24 @@ def cmd_drafter(args: argparse.Namespace) -> None:
         layers = args.layers or AUTOREGRESSIVE.n_layers
         config = AutoregressiveDrafterConfig(args.kind, gamma, layers, target.config.ffn_hidden)
         drafter = AutoregressiveDrafter(target, config)
-    tc = DrafterTrainConfig(steps=args.steps, batch_size=args.batch_size, unroll=gamma, anchors_per_seq=args.anchors,
-                            lr=args.lr, eval_every=args.eval_every, seed=args.seed)  # fmt: skip
+    tc = DrafterTrainConfig(epochs=args.epochs, steps=args.steps, batch_size=args.batch_size, unroll=gamma,
+                            anchors_per_seq=args.anchors, lr=args.lr, eval_every=args.eval_every,
+                            position_decay=args.position_decay, ce_weight=args.ce_weight, soft_ce=args.soft_ce,
+                            bf16=args.bf16, seed=args.seed)  # fmt: skip
     out = Path(args.out) if args.out else default_path(args.kind)
-    meta = {"target_checkpoint": Path(args.checkpoint).name, "responses": len(train_set)}
+    meta = {"target_checkpoint": Path(args.checkpoint).name, "tap_layers": list(target.config.tap_layers),
+            "responses": len(train_set), "features": "live" if args.live else "cache"}  # fmt: skip
     meta = train_drafter(drafter, target, train_set, val_set, tc, out, meta)
     acc = " ".join(f"{a:.3f}" for a in meta["val_expected_acceptance"])
-    print(f"saved {out}; validation expected acceptance per step: {acc}")
+    print(f"saved {out}; {meta['epochs']:.2f} epochs, {meta['seconds'] / 60:.1f} min, "
+          f"{meta['anchors_per_s']:.0f} anchors/s; validation expected acceptance per position: {acc}")  # fmt: skip
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
     """Decode eval prompts 40..79 of every domain with full verification, record each round's confidences and
-    accepted length, fit one temperature per position left to right (each minimising the ECE of the prefix
-    survival with the earlier ones fixed) and store them in the drafter checkpoint's JSON. `python -m
+    accepted length, fit one temperature per position left to right on half of the rounds (each minimising the
+    ECE of the prefix survival with the earlier ones fixed), keep it only where the other half's ECE improves
+    and enough rounds reach the position (else T = 1), and store them in the drafter checkpoint's JSON. `python -m
     dspark.bench calibration` then reports on prompts 0..39.
     """
 
@@ -206,15 +252,16 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     rounds = offline.record_rounds(target, drafter, tokenizer, last - first, SamplingParams(args.temperature), gamma,
                                    args.max_new_tokens, start=first, on_domain=progress)  # fmt: skip
     conf, events, mask = rounds.calibration_arrays()
-    temps = calibration.fit_sts(conf, events, mask)
+    temps, reasons = calibration.select_sts(conf, events, mask)
     rows = calibration.position_metrics(conf, events, mask, temps)
     info = {"rounds": int(conf.shape[0]), "gamma": gamma, "temperature": args.temperature,
-            "prompts": f"eval prompts {first}..{last - 1} of each domain"}  # fmt: skip
+            "prompts": f"eval prompts {first}..{last - 1} of each domain",
+            "selection": "fitted on even rounds, kept where odd rounds' ECE improves", "reasons": reasons}  # fmt: skip
     calibration.save_temperatures(path, temps, info)
-    print("\n| k | T_k | ECE before | ECE after (in-sample) | AUROC |\n|---:|---:|---:|---:|---:|")
-    for t, r in zip(temps.tolist(), rows):
+    print("\n| k | T_k | why | ECE before | ECE after (in-sample) | AUROC |\n|---:|---:|---|---:|---:|---:|")
+    for t, r, why in zip(temps.tolist(), rows, reasons):
         auc = "-" if r["auroc"] is None else f"{r['auroc']:.3f}"
-        print(f"| {r['k']} | {t:.3f} | {100 * r['ece_before']:.1f}% | {100 * r['ece_after']:.1f}% | {auc} |")
+        print(f"| {r['k']} | {t:.3f} | {why} | {100 * r['ece_before']:.1f}% | {100 * r['ece_after']:.1f}% | {auc} |")
     print(f"\nstored the STS temperatures in {calibration.config_path(path)}")
 
 
@@ -222,7 +269,10 @@ def add_optimizer(
     p: argparse.ArgumentParser, config: TrainConfig | DrafterTrainConfig, batch: str, evals: str
 ) -> None:
     """--steps, --batch-size, --lr, --eval-every and --seed, with `config`'s defaults."""
-    option(p, "--steps", config.steps, "optimizer steps", low=1)
+    if isinstance(config, DrafterTrainConfig):
+        option(p, "--steps", config.steps, "optimizer steps, 0 = as many as --epochs takes", low=0)
+    else:
+        option(p, "--steps", config.steps, "optimizer steps", low=1)
     option(p, "--batch-size", config.batch_size, f"{batch} per step", low=1)
     option(p, "--lr", config.lr, "peak learning rate", low=0)
     option(p, "--eval-every", config.eval_every, f"steps between {evals}", low=1)
@@ -274,11 +324,24 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_threads(p)
     cli.add_device(p)
 
+    def add_features(p: argparse.ArgumentParser) -> None:
+        option(p, "--responses", responses, "responses file")
+        option(p, "--features-dir", str(paths.dspark_home() / "features"), "where feature caches live")
+        p.add_argument("--taps", type=int, nargs="*",
+                       help="target layers the drafters read (default: the target's own tap_layers)")  # fmt: skip
+        cli.add_target(p)
+        cli.add_threads(p)
+
+    p = command("features", cmd_features, "cache the target's features of the responses (drafter input)")
+    add_features(p)
+
     kinds = [name for name in DRAFTER_NAMES if name != "none"]
     p = command("drafter", cmd_drafter, f"train a drafter ({', '.join(kinds)})")
     p.add_argument("--kind", choices=kinds, required=True, help="which drafter")
-    option(p, "--responses", responses, "responses file")
-    cli.add_target(p)
+    add_features(p)
+    p.add_argument(
+        "--live", action="store_true", help="recompute the target's features every step (no cache)"
+    )
     cli.add_outputs(p, "drafter checkpoint (default: dspark/assets/drafter_<kind>.safetensors)", None, "PATH",
                     json=None)  # fmt: skip
     cli.add_gamma(p, "draft block length (EAGLE: unrolled steps; mtp: always 1)", default=PARALLEL.gamma)
@@ -286,9 +349,25 @@ def build_parser() -> argparse.ArgumentParser:
                    f"for mtp/eagle, {PARALLEL.n_layers} for the parallel ones)")  # fmt: skip
     option(p, "--rank", PARALLEL.rank, "DSpark sequential-head rank r", low=1)
     dc = DrafterTrainConfig()
-    option(p, "--anchors", dc.anchors_per_seq, "parallel drafters: blocks per sequence", low=1)
+    option(
+        p, "--epochs", dc.epochs, "epochs over the supervised positions (the budget of every drafter)", low=0
+    )
+    option(
+        p, "--anchors", dc.anchors_per_seq, "parallel drafters: anchors per sequence and pass, 0 = all", low=0
+    )
+    option(
+        p,
+        "--position-decay",
+        dc.position_decay,
+        "parallel drafters: position weight exp(-(k-1)/decay)",
+        low=0.01,
+    )
+    option(p, "--ce-weight", dc.ce_weight, "dspark: cross-entropy weight (TV gets 1 - it)", low=0, high=1)
+    p.add_argument(
+        "--soft-ce", action="store_true", help="dspark: cross-entropy against the target's distribution"
+    )
+    p.add_argument("--bf16", action="store_true", help="drafter forward under bf16 autocast (losses in fp32)")
     add_optimizer(p, dc, "sequences", "validations")
-    cli.add_threads(p)
 
     p = command(
         "calibrate", cmd_calibrate, "fit Sequential Temperature Scaling of a drafter's confidence head"

@@ -108,3 +108,30 @@ def test_ece_noise_floor_shrinks_with_more_rounds():
     # a calibrated predictor's measured ECE is of the size of the floor, not zero
     events = (torch.rand(300, generator=g, dtype=torch.float64) < small).double()
     assert ece(small, events) < 3 * floor_small
+
+
+def test_selected_sts_keeps_what_helps_and_falls_back_to_one():
+    from dspark.scheduling.calibration import select_sts
+
+    # plenty of rounds, a clearly overconfident head at positions 1-2: the fitted temperatures stay
+    conf, events, mask = synthetic_rounds(20_000, 3, [2.5, 2.0, 1.0]).calibration_arrays()
+    temps, reasons = select_sts(conf, events, mask)
+    assert temps[0] == pytest.approx(2.5, rel=0.25) and temps[1] == pytest.approx(2.0, rel=0.3)
+    assert reasons[0].startswith("T = 2") and "held-out ECE" in reasons[0]
+
+    # too few rounds reach the late positions: T = 1 there, whatever the fit says
+    conf, events, mask = synthetic_rounds(300, 4, [3.0, 3.0, 3.0, 3.0]).calibration_arrays()
+    temps, reasons = select_sts(conf, events, mask, min_survivors=100)
+    reached = [int(mask[::2, k].sum()) if k == 0 else int(events[::2, k - 1].sum()) for k in range(4)]
+    for k in range(4):
+        if reached[k] < 100:
+            assert temps[k] == 1.0 and "reach position" in reasons[k]
+    assert any(r < 100 for r in reached) and reached[0] >= 100
+
+    # the fitting half is overconfident, the checking half is not: the fit would make held-out ECE worse
+    over = synthetic_rounds(8_000, 2, [3.0, 3.0], seed=2).calibration_arrays()
+    fair = synthetic_rounds(8_000, 2, [1.0, 1.0], seed=3).calibration_arrays()
+    conf, events, mask = (torch.cat([a, b]) for a, b in zip(over, fair))
+    fit_rows = torch.arange(16_000) < 8_000
+    temps, reasons = select_sts(conf, events, mask, fit_rows=fit_rows)
+    assert temps.tolist() == [1.0, 1.0] and "does not lower held-out ECE" in reasons[0]

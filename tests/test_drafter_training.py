@@ -9,6 +9,7 @@ from dspark.drafters.autoregressive import AutoregressiveDrafter, Autoregressive
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.registry import load_drafter
 from dspark.training.drafters import DrafterTrainConfig, train_drafter, unrolled_log_probs
+from dspark.training.feature_cache import FeatureBatch, LiveFeatures
 
 
 @pytest.mark.parametrize("kind, unroll, layers", [("mtp", 1, 1), ("eagle", 4, 1), ("eagle", 3, 2)])
@@ -19,8 +20,9 @@ def test_unrolled_training_forward_matches_inference(tiny_model, kind, unroll, l
     tokens = torch.randint(0, 97, (2, 20))
     lengths = torch.tensor([20, 14])
     with torch.no_grad():
-        steps = unrolled_log_probs(drafter, tiny_model, tokens, lengths, unroll)
         out = tiny_model(tokens, return_taps=True)
+        batch = FeatureBatch(tokens, lengths, torch.tensor([0, 0]), out.taps, out.last_hidden)
+        steps = unrolled_log_probs(drafter, tiny_model, batch, unroll)
         for b, i in [(0, 0), (0, 7), (1, 5), (0, 15)]:
             # inference: entries for committed positions 0..i (the token after i is the anchor) ...
             drafter.reset(1)
@@ -29,12 +31,14 @@ def test_unrolled_training_forward_matches_inference(tiny_model, kind, unroll, l
             x = drafter.entries(tokens[b, 1 : i + 2], drafter.features_of(feats))
             g = drafter._run(x, slot, torch.tensor([i + 1]))[-1:]
             for k in range(unroll):
-                if i + k + 1 >= lengths[b]:
+                if i + k + 2 >= lengths[b]:  # the token it predicts does not exist: not supervised
+                    assert not steps[k][2][b, i] if k < len(steps) else True
                     break
                 log_q, _, valid = steps[k]
                 assert valid[b, i]
+                row = int(valid.flatten()[: b * valid.shape[1] + i].sum())  # rows: supervised chains only
                 ref = torch.log_softmax(drafter.logits(g).float(), -1)[0]
-                torch.testing.assert_close(log_q[b, i], ref, atol=1e-4, rtol=0)
+                torch.testing.assert_close(log_q[row], ref, atol=1e-4, rtol=0)
                 if i + k + 2 >= lengths[b]:
                     break
                 # ... then feed the true next token with the drafter's own output as feature
@@ -55,10 +59,9 @@ def test_training_improves_acceptance_and_round_trips(tmp_path, tiny_model):
                 seq.append(int(tiny_model(torch.tensor([seq])).logits[0, -1].argmax()))
         records.append({"domain": "code", "split": "train", "prompt_ids": prompt, "response_ids": seq[4:]})
     drafter = AutoregressiveDrafter(tiny_model, AutoregressiveDrafterConfig("eagle", 3, ffn_hidden=64))
-    tc = DrafterTrainConfig(
-        steps=40, batch_size=6, unroll=3, lr=3e-3, warmup=5, eval_every=20, eval_sequences=12
-    )
-    meta = train_drafter(drafter, tiny_model, records, records[:12], tc, tmp_path / "d.safetensors", {})
+    tc = DrafterTrainConfig(steps=40, batch_size=6, unroll=3, lr=3e-3, eval_every=20, eval_sequences=12)
+    train, val = LiveFeatures(tiny_model, records), LiveFeatures(tiny_model, records[:12])
+    meta = train_drafter(drafter, tiny_model, train, val, tc, tmp_path / "d.safetensors", {})
     first, last = (
         meta["history"][0]["val_expected_acceptance"],
         meta["history"][-1]["val_expected_acceptance"],

@@ -16,7 +16,9 @@ from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from dspark.sampling import SamplingParams
 from dspark.serving.speculative import speculative_generate
-from dspark.training.packed_blocks import block_losses, block_visibility, packed_blocks
+from dspark.training.anchors import sample_anchors
+from dspark.training.feature_cache import FeatureBatch
+from dspark.training.packed_blocks import BlockLoss, block_losses, block_visibility, packed_blocks
 
 
 def make(target, kind, gamma=4, rank=8, seed=0):
@@ -106,13 +108,53 @@ def test_greedy_identity(tiny_model, kind, gamma):
 def test_training_loss_terms_and_gradients(tiny_model):
     drafter = make(tiny_model, "dspark").train()
     tokens = torch.randint(0, TINY.vocab_size, (2, 20), generator=torch.Generator().manual_seed(4))
-    loss, acc, terms = block_losses(
-        drafter, tiny_model, tokens, torch.tensor([20, 9]), 5, torch.Generator().manual_seed(0)
-    )
+    batch = live(tiny_model, tokens, [20, 9], [3, 2])
+    anchors, valid = sample_anchors(batch.lengths, batch.prompt_lens, 5, torch.Generator().manual_seed(0))
+    loss, acc, terms = block_losses(drafter, tiny_model, batch, anchors, valid)
     loss.backward()
     assert set(terms) == {"ce", "tv", "conf"} and len(acc) == drafter.config.gamma
     assert all(0 <= float(a) <= 1 for a in acc)
     assert drafter.w1.weight.grad.abs().sum() > 0 and drafter.confidence.weight.grad.abs().sum() > 0
+
+
+def live(target, tokens, lengths, prompt_lens) -> FeatureBatch:
+    with torch.no_grad():
+        out = target(tokens, return_taps=True)
+    return FeatureBatch(tokens, torch.tensor(lengths), torch.tensor(prompt_lens), out.taps, out.last_hidden)
+
+
+def test_loss_recipe_options(tiny_model):
+    """Position decay, soft-label CE and the CE weight change the loss as documented; DFlash has no
+    confidence term (and no confidence head)."""
+    tokens = torch.randint(0, TINY.vocab_size, (2, 24), generator=torch.Generator().manual_seed(5))
+    batch = live(tiny_model, tokens, [24, 20], [4, 6])
+    anchors, valid = sample_anchors(batch.lengths, batch.prompt_lens, 0, torch.Generator().manual_seed(0))
+    drafter = make(tiny_model, "dspark")
+    with torch.no_grad():
+        base, _, terms = block_losses(drafter, tiny_model, batch, anchors, valid, BlockLoss())
+        assert float(base) == pytest.approx(0.1 * terms["ce"] + 0.9 * terms["tv"] + terms["conf"])
+        _, _, soft = block_losses(drafter, tiny_model, batch, anchors, valid, BlockLoss(soft_ce=True))
+        assert float(soft["ce"]) != pytest.approx(float(terms["ce"]))  # against p_t, not the token
+        assert float(soft["tv"]) == pytest.approx(float(terms["tv"]))
+        _, _, flat = block_losses(drafter, tiny_model, batch, anchors, valid, BlockLoss(decay=1e9))
+        assert float(flat["tv"]) != pytest.approx(float(terms["tv"]))
+        dflash = make(tiny_model, "dflash")
+        assert not hasattr(dflash, "confidence") and not dflash.has_confidence
+        loss, _, terms = block_losses(dflash, tiny_model, batch, anchors, valid)
+        assert terms["conf"] == 0.0 and float(loss) == pytest.approx(float(terms["ce"]))
+
+
+@pytest.mark.parametrize("normed", [True, False])
+def test_heads_read_the_normed_hidden_state(tiny_model, normed):
+    drafter = ParallelDrafter(
+        tiny_model,
+        ParallelDrafterConfig("dspark", gamma=3, ffn_hidden=64, rank=8, mask_id=5, normed_head_input=normed),
+    )
+    h = torch.randn(2, 3, TINY.dim) * 7
+    head_input, u = drafter.block_outputs(h)
+    normed_h = drafter.out_norm(h)
+    torch.testing.assert_close(head_input, normed_h if normed else h)
+    torch.testing.assert_close(u, tiny_model.lm_head(normed_h))
 
 
 @pytest.mark.parametrize("kind", ["dflash", "dspark", "dspark-rnn"])

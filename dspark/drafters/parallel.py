@@ -28,9 +28,10 @@ kernels/markov_sampler.py (same tokens for the same uniforms).
 
 Confidence head: c_k = σ(wᵀ [h_k ; W1[x_{k-1}]]), an estimate of
 P(token k survives | tokens < k survived), returned in each `Proposal` for
-the verify-length policy. DFlash (rank 0) has no trained confidence head
-(its `confidence` module exists so the three kinds share one layout, but its
-loss never trains it): its proposals carry `confidence=None`.
+the verify-length policy. DFlash (rank 0) has no confidence head: its
+proposals carry `confidence=None`. The heads read h_k = RMSNorm(backbone
+output), the LM head's own input, as in the reference trainer
+(`normed_head_input`; checkpoints trained before it read the raw output).
 
 Its tensors live on its weights' device (the target's). One round reads the host once:
 the ragged index of the context it appends (shapes, room, longest context).
@@ -138,6 +139,7 @@ class ParallelDrafterConfig:
     ffn_hidden: int = 688  # SwiGLU width of each backbone layer
     rank: int = 64  # r of W1 (V x r) and W2 (r x V); 0 for dflash
     mask_id: int = SPECIAL_TOKENS.index(MASK)  # token that fills the γ-1 future slots (<|mask|>)
+    normed_head_input: bool = True  # heads read RMSNorm(h) (the LM head's input), as the reference; False: raw h
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -174,7 +176,8 @@ class ParallelDrafter(Drafter):
             self.w2 = nn.Linear(r, tc.vocab_size, bias=False)  # W2: r -> V
         if config.head == "rnn":
             self.rnn = nn.Linear(r + r + tc.dim, 3 * r)  # [s; W1[x]; h] -> gate, candidate, output
-        self.confidence = nn.Linear(tc.dim + r, 1)  # w of c_k = σ(wᵀ[h_k; W1[x_{k-1}]])
+        if config.head != "none":  # DFlash has no confidence head
+            self.confidence = nn.Linear(tc.dim + r, 1)  # w of c_k = σ(wᵀ[h_k; W1[x_{k-1}]])
         cos, sin = rope_table(self.layer_config)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -183,7 +186,7 @@ class ParallelDrafter(Drafter):
             raise ValueError(f"mask_id {config.mask_id} outside the target's vocabulary")
         self.mask_id = config.mask_id
         self.cache: KVCache | None = None
-        self.has_confidence = config.head != "none"  # DFlash's confidence module is never trained
+        self.has_confidence = config.head != "none"
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=0.02)
@@ -231,15 +234,16 @@ class ParallelDrafter(Drafter):
 
     # ---- the sequential stage ---------------------------------------------------------------
     def sequential_logits(self, u_k, h_k, prev, state):
-        """One left-to-right step: (logits (R, V), confidence (R,), new state)."""
+        """One left-to-right step: (logits (R, V), confidence (R,) or None for DFlash, new state)."""
+        if self.config.head == "none":
+            return u_k, None, state
         if self.config.head == "markov":
             return (*markov_step(u_k, h_k, prev, *self.markov_weights()), state)
-        e = self.w1(prev) if self.config.rank else h_k.new_zeros(h_k.shape[0], 0)  # (R, r)
-        if self.config.head == "rnn":
-            gate, cand, out = self.rnn(torch.cat([state, e, h_k], dim=-1)).chunk(3, dim=-1)
-            g = torch.sigmoid(gate)
-            state = g * state + (1 - g) * torch.tanh(cand)
-            u_k = u_k + self.w2(torch.tanh(out))
+        e = self.w1(prev)  # (R, r), the RNN head
+        gate, cand, out = self.rnn(torch.cat([state, e, h_k], dim=-1)).chunk(3, dim=-1)
+        g = torch.sigmoid(gate)
+        state = g * state + (1 - g) * torch.tanh(cand)
+        u_k = u_k + self.w2(torch.tanh(out))
         conf = torch.sigmoid(self.confidence(torch.cat([h_k, e], dim=-1))).squeeze(-1)
         return u_k, conf, state
 
@@ -285,7 +289,12 @@ class ParallelDrafter(Drafter):
         before_anchor = before_anchor[:, None, :].expand(R, gamma, L)
         inside = torch.ones(R, gamma, gamma, dtype=torch.bool, device=device)  # bidirectional in the block
         h = self.backbone(block, block_pos, ctx_k, ctx_v, torch.cat([before_anchor, inside], dim=-1))
-        return h, self.target.lm_head(self.out_norm(h))
+        return self.block_outputs(h)
+
+    def block_outputs(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(what the sequential and confidence heads read, U = LMHead(RMSNorm(h))) of backbone output h."""
+        normed = self.out_norm(h)
+        return (normed if self.config.normed_head_input else h), self.target.lm_head(normed)
 
     @torch.no_grad()
     def propose(self, slots, committed_tokens, features, committed_lens, anchors, gamma, params, generator):

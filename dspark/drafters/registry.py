@@ -44,6 +44,12 @@ def load_drafter(path: str | Path, target: Transformer) -> Drafter:
             drafter = AutoregressiveDrafter(target, AutoregressiveDrafterConfig(**record["config"]))
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"drafter config of {path} is invalid ({exc})") from None
+    taps = record.get("meta", {}).get("tap_layers")  # the target layers it was trained on
+    if taps is not None and tuple(taps) != tuple(target.config.tap_layers):
+        raise CheckpointError(
+            f"drafter {path} was trained on target layers {list(taps)}, but this target taps "
+            f"{list(target.config.tap_layers)}; retrain it or fix tap_layers in the target's JSON"
+        )
     try:
         drafter.load_state_dict(tensors)
     except RuntimeError as exc:

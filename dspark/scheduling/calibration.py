@@ -41,6 +41,7 @@ FIT_PROMPTS = (40, 80)  # eval prompts [40, 80) per domain fit STS; benchmarks r
 BINS = 15  # reliability bins
 TEMPERATURE_GRID = torch.logspace(-1.5, 1.5, 241, dtype=torch.float64)  # 0.03 .. 31.6
 TOLERANCE = 0.002  # ECE differences below this are noise when choosing a temperature
+MIN_SURVIVORS = 50  # fitting rounds that must reach a position before its temperature is trusted
 
 
 def ece(pred: torch.Tensor, obs: torch.Tensor, bins: int = BINS) -> float:
@@ -95,6 +96,45 @@ def fit_sts(conf: torch.Tensor, events: torch.Tensor, mask: torch.Tensor) -> tor
         temps[k] = grid[near_best[grid[near_best].log().abs().argmin()]]
         prefix = prefix * torch.sigmoid(logit[:, k] / temps[k])
     return temps
+
+
+def select_sts(
+    conf: torch.Tensor,
+    events: torch.Tensor,
+    mask: torch.Tensor,
+    fit_rows: torch.Tensor | None = None,
+    min_survivors: int = MIN_SURVIVORS,
+) -> tuple[torch.Tensor, list[str]]:
+    """STS that cannot make things worse: (γ,) temperatures and, per position, why T_k was kept or not.
+
+    The temperatures are fitted (`fit_sts`) on the rounds in `fit_rows` (default: every other round)
+    and checked, left to right, on the others: T_k is kept only if at least `min_survivors` fitting
+    rounds reached position k (their drafts 1..k-1 all accepted) and the held-out ECE of the prefix
+    survival at k, with the temperatures already chosen before k, is lower with T_k than with 1.
+    Otherwise position k keeps T = 1 (the head as trained)."""
+    rows = torch.arange(conf.shape[0], device=conf.device)
+    fit_rows = rows % 2 == 0 if fit_rows is None else fit_rows
+    check = ~fit_rows
+    fitted = fit_sts(conf[fit_rows], events[fit_rows], mask[fit_rows])
+    chosen = torch.ones_like(fitted)
+    reasons = []
+    for k in range(conf.shape[1]):
+        reached = mask[fit_rows, k] & (events[fit_rows, k - 1].bool() if k else True)
+        m = mask[check, k]
+        if int(reached.sum()) < min_survivors:
+            reasons.append(f"T = 1: only {int(reached.sum())} fitting rounds reach position {k + 1}")
+            continue
+        trial = chosen.clone()
+        trial[k] = fitted[k]
+        before = ece(prefix_survival(conf[check], chosen)[m, k], events[check][m, k])
+        after = ece(prefix_survival(conf[check], trial)[m, k], events[check][m, k])
+        if not after < before:
+            reasons.append(f"T = 1: T = {float(fitted[k]):.3f} does not lower held-out ECE "
+                           f"({100 * after:.1f}% vs {100 * before:.1f}%)")  # fmt: skip
+            continue
+        chosen[k] = fitted[k]
+        reasons.append(f"T = {float(fitted[k]):.3f}: held-out ECE {100 * before:.1f}% -> {100 * after:.1f}%")
+    return chosen, reasons
 
 
 def position_metrics(

@@ -1,24 +1,33 @@
-"""Training the MTP-1 and EAGLE-3 style drafters on target-regenerated responses.
+"""Training every drafter on the target's own responses, from its cached features.
 
-Per batch of sequences (prompt + the target's own response):
-  1. one frozen target pass gives its tap features, final hidden states and,
-     at temperature 1, the distribution p_t of every next token;
-  2. step 0: every position i forms the entry (feature_i, token_{i+1}); one
-     causal pass of the drafter predicts token_{i+2} from it;
-  3. "training-time test" (EAGLE-3): steps k = 1..K-1 unroll the drafter on
-     its OWN outputs, as at inference: the entry of chain i at step k pairs the
-     drafter's previous output g^{k-1}_i with token_{i+k+1} and attends to the
-     real entries 0..i plus its own chain's earlier steps (never to another
-     chain). MTP-1 drafts one token, so K = 1.
-The loss is the soft-label cross-entropy −Σ p_t log q at every step, weighted
-0.8^k. Validation reports the expected acceptance c* = 1 − ½‖q − p_t‖₁ per
-step (the exact acceptance rate of speculative sampling at T = 1); the fp16
-checkpoint is rewritten at every validation, so an interrupted run leaves its
-latest weights behind.
+Per batch of sequences (prompt + the target's own response) the frozen target's
+features come from the feature cache (feature_cache.py: computed once; a live
+target pass gives the same numbers), and its distribution p_t only where a
+drafter is supervised. Supervision is the same for every drafter
+(anchors.py): an anchor is a response token with a response token after it.
 
-The optimizer loop (`train_drafter`) is shared with the DSpark/DFlash drafters,
-whose three-term block loss lives in dspark/training/packed_blocks.py. What this
-file does not do: regenerate responses (`dspark.training.responses`).
+  * MTP-1 / EAGLE-3: every position i forms the entry (feature_i, token_{i+1});
+    one causal pass of the drafter predicts token_{i+2} from it; chain i is
+    supervised when its anchor token_{i+1} is an anchor. "Training-time test"
+    (EAGLE-3): steps k = 1..K-1 unroll the drafter on its OWN outputs, as at
+    inference: the entry of chain i at step k pairs the drafter's previous
+    output g^{k-1}_i with token_{i+k+1} and attends to the real entries 0..i
+    plus its own chain's earlier steps (never to another chain). MTP-1 drafts
+    one token, so K = 1. Loss: soft-label cross-entropy −Σ p_t log q, step
+    weights 0.8^k.
+  * DFlash / DSpark: packed blocks at sampled anchors (packed_blocks.py).
+
+The budget is counted in epochs over supervised positions: one epoch = every
+anchor of the training set used once (MTP-1 and EAGLE-3 use all anchors of a
+sequence per pass, the parallel drafters `anchors_per_seq` of them), so
+drafters compared at the same `epochs` saw the same data equally often.
+Validation reports the expected acceptance c* = 1 − ½‖q − p_t‖₁ per draft
+position (the exact acceptance rate of speculative sampling at T = 1) on the
+validation responses, with the same anchor sampler; the fp16 checkpoint is
+rewritten at every validation, so an interrupted run leaves its latest weights.
+
+What this file does not do: regenerate responses (`dspark.training.responses`)
+or build the feature cache.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -35,34 +45,45 @@ from tqdm import tqdm
 
 from dspark.checkpoint import save_checkpoint
 from dspark.drafters.autoregressive import AutoregressiveDrafter
-from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter
 from dspark.model import Transformer
-from dspark.training.packed_blocks import block_losses
+from dspark.training.anchors import anchor_counts, candidate_counts, sample_anchors
+from dspark.training.feature_cache import FeatureBatch, supervised_target_probs
+from dspark.training.packed_blocks import DFLASH_LOSS, BlockLoss, block_losses
 
 
 @dataclass
 class DrafterTrainConfig:
-    steps: int = 600  # optimizer steps
+    epochs: float = 1.0  # passes over the supervised positions (every response anchor once per epoch)
+    steps: int = 0  # optimizer steps; 0 = as many as `epochs` takes
     batch_size: int = 8  # sequences per step
     unroll: int = 7  # training-time-test steps K (MTP: 1)
-    lr: float = 1e-3  # peak learning rate (AdamW, cosine decay)
-    warmup: int = 30  # linear warm-up steps
-    step_decay: float = 0.8  # loss weight of unrolled step k is step_decay**k
+    lr: float = 1e-3  # peak learning rate (AdamW, cosine decay to 0)
+    warmup: float = 0.04  # linear warm-up, as a fraction of the steps
+    step_decay: float = 0.8  # EAGLE: loss weight of unrolled step k is step_decay**k
     eval_every: int = 100  # steps between validation passes
-    eval_sequences: int = 48  # validation sequences
-    anchors_per_seq: int = 16  # parallel drafters: packed blocks per training sequence
-    seed: int = 0  # batch order and anchor positions
+    eval_sequences: int = 0  # validation sequences (0 = all)
+    anchors_per_seq: int = 0  # parallel drafters: anchors per sequence and pass (0 = every response position)
+    position_decay: float = 4.0  # parallel drafters: position weight exp(-(k-1)/decay)
+    ce_weight: float = 0.1  # DSpark: weight of cross-entropy (TV gets 1 - ce_weight, confidence 1.0)
+    soft_ce: bool = False  # DSpark: cross-entropy against p_t instead of the sampled token
+    bf16: bool = False  # drafter forward under bf16 autocast (losses in fp32)
+    seed: int = 0  # sequence order and anchor positions
+
+    def block_loss(self, drafter: ParallelDrafter) -> BlockLoss:
+        if not drafter.has_confidence:  # DFlash: cross-entropy only
+            return BlockLoss(
+                DFLASH_LOSS.ce, DFLASH_LOSS.tv, DFLASH_LOSS.conf, self.soft_ce, self.position_decay
+            )
+        return BlockLoss(self.ce_weight, 1 - self.ce_weight, 1.0, self.soft_ce, self.position_decay)
 
 
-def pad_batch(records: list[dict], max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T) token ids (right-padded with 0) and (B,) lengths of prompt + response."""
-    seqs = [(r["prompt_ids"] + r["response_ids"])[:max_len] for r in records]
-    T = max(len(s) for s in seqs)
-    tokens = torch.zeros(len(seqs), T, dtype=torch.long)
-    for b, s in enumerate(seqs):
-        tokens[b, : len(s)] = torch.tensor(s)
-    return tokens, torch.tensor([len(s) for s in seqs])
+class FeatureSource(Protocol):
+    """Where training reads sequences and the target's features: a FeatureCache or LiveFeatures."""
+
+    def __len__(self) -> int: ...
+    def lengths(self) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def batch(self, indices: list[int]) -> FeatureBatch: ...
 
 
 def _layer_step(layer, x, positions, cache, rope_cos, rope_sin):
@@ -88,7 +109,7 @@ def _layer_step(layer, x, positions, cache, rope_cos, rope_sin):
         s_real = s_real.masked_fill(~causal, float("-inf"))
         chain = [*cache[1:], (k, v)]  # this chain's steps 1..k, diagonal: chain i sees only chain i
         s_chain = torch.stack([(q * ck).sum(-1) * scale for ck, _ in chain], dim=-1)  # (B, H, T, k)
-        weights = torch.softmax(torch.cat([s_real, s_chain], dim=-1), dim=-1)
+        weights = torch.softmax(torch.cat([s_real, s_chain], dim=-1), dim=-1).to(real_v.dtype)
         out = weights[..., :T] @ real_v
         out = out + sum(weights[..., T + j, None] * cv for j, (_, cv) in enumerate(chain))
         cache.append((k, v))
@@ -99,68 +120,112 @@ def _layer_step(layer, x, positions, cache, rope_cos, rope_sin):
 def unrolled_log_probs(
     drafter: AutoregressiveDrafter,
     target: Transformer,
-    tokens: torch.Tensor,
-    lengths: torch.Tensor,
+    batch: FeatureBatch,
     unroll: int,
+    target_probs: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Per unrolled step k: (log q (B, n, V) of token_{i+k+2} for every chain i,
-    the target's distribution p_t of that token (B, n, V), validity mask (B, n)),
-    with n = T - 1 chains, chain i starting from the real entry i."""
-    B, T = tokens.shape
-    with torch.no_grad():
-        out = target(tokens, return_taps=True)
-        p_target = torch.softmax(out.logits.float(), dim=-1)  # (B, T, V): distribution of token t+1
-    feats = TargetFeatures(out.taps.flatten(0, 1), out.last_hidden.flatten(0, 1))
-    g = drafter.features_of(feats).view(B, T, -1)[:, :-1]  # feature at i, i = 0..T-2
+    """Per unrolled step k: (log q (n, V) of token_{i+k+2}, the target's p_t of it (n, V), the
+    supervised chains (B, T-1)): chain i starts from the real entry i; it is supervised at step k
+    when token_{i+1} is an anchor (a response token) and token_{i+k+2} exists; the n rows are the
+    supervised chains in row-major order."""
+    B, T = batch.tokens.shape
+    probs, row_of = target_probs if target_probs is not None else supervised_target_probs(target, batch)
+    tokens, lengths = batch.tokens, batch.lengths
+    g = drafter.features_of(batch.flat_features()).view(B, T, -1)[:, :-1]  # feature at i, i = 0..T-2
     idx = torch.arange(T - 1)
+    is_anchor = (idx + 1)[None, :] >= batch.prompt_lens[:, None]  # (B, T-1) token_{i+1} is a response token
     caches = [[] for _ in drafter.layers]
     steps = []
     for k in range(min(unroll, T - 1)):
         token_pos = (idx + k + 1).clamp(max=T - 1)  # token_{i+k+1} enters chain i at step k
-        valid = (idx + k + 1)[None, :] < lengths[:, None]  # (B, n) that token exists
+        valid = is_anchor & ((idx + k + 2)[None, :] < lengths[:, None])  # (B, T-1)
         x = drafter.entries(tokens[:, token_pos], g)
         for layer, cache in zip(drafter.layers, caches):
             x = _layer_step(layer, x, idx + k, cache, drafter.rope_cos, drafter.rope_sin)
         g = x  # fed back as the next step's feature
-        log_q = torch.log_softmax(drafter.logits(x).float(), dim=-1)
-        steps.append((log_q, p_target[:, token_pos], valid))
+        log_q = torch.log_softmax(drafter.logits(x[valid]).float(), dim=-1)  # supervised chains only
+        steps.append((log_q, probs[row_of[:, token_pos][valid]], valid))
     return steps
 
 
 def unrolled_losses(
-    drafter: AutoregressiveDrafter,
-    target: Transformer,
-    tokens: torch.Tensor,
-    lengths: torch.Tensor,
-    unroll: int,
+    drafter: AutoregressiveDrafter, target: Transformer, batch: FeatureBatch, unroll: int
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per unrolled step: (soft cross-entropy −Σ p_t log q, mean expected acceptance c*)."""
     losses, accept = [], []
-    for log_q, p, valid in unrolled_log_probs(drafter, target, tokens, lengths, unroll):
-        losses.append(-(p * log_q).sum(-1)[valid].mean())
+    for log_q, p, _ in unrolled_log_probs(drafter, target, batch, unroll):
+        if log_q.shape[0] == 0:
+            break
+        losses.append(-(p * log_q).sum(-1).mean())
         with torch.no_grad():
-            accept.append((1 - 0.5 * (log_q.exp() - p).abs().sum(-1))[valid].mean())
+            accept.append((1 - 0.5 * (log_q.exp() - p).abs().sum(-1)).mean())
     return losses, accept
 
 
 def batch_loss(
-    drafter, target, tokens, lengths, tc: DrafterTrainConfig, generator
-) -> tuple[torch.Tensor, list]:
-    """(loss, expected acceptance per draft position) for any trainable drafter."""
-    if isinstance(drafter, ParallelDrafter):
-        loss, acc, _ = block_losses(drafter, target, tokens, lengths, tc.anchors_per_seq, generator)
-        return loss, acc
-    unroll = tc.unroll if drafter.config.kind == "eagle" else 1
-    losses, acc = unrolled_losses(drafter, target, tokens, lengths, unroll)
+    drafter, target: Transformer, batch: FeatureBatch, tc: DrafterTrainConfig, generator: torch.Generator
+) -> tuple[torch.Tensor, list[torch.Tensor], int]:
+    """(loss, expected acceptance per draft position, supervised anchors) for any trainable drafter."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=tc.bf16):
+        if isinstance(drafter, ParallelDrafter):
+            anchors, valid = sample_anchors(batch.lengths, batch.prompt_lens, tc.anchors_per_seq, generator)
+            loss, acc, _ = block_losses(drafter, target, batch, anchors, valid, tc.block_loss(drafter))
+            return loss, acc, int(valid.sum())
+        unroll = tc.unroll if drafter.config.kind == "eagle" else 1
+        losses, acc = unrolled_losses(drafter, target, batch, unroll)
     weights = [tc.step_decay**k for k in range(len(losses))]
-    return sum(w * item for w, item in zip(weights, losses)) / sum(weights), acc
+    loss = sum(w * item for w, item in zip(weights, losses)) / sum(weights) if losses else None
+    return loss, acc, int(candidate_counts(batch.lengths, batch.prompt_lens).sum())
+
+
+def planned_steps(drafter, source: FeatureSource, tc: DrafterTrainConfig) -> int:
+    """Optimizer steps for `tc.epochs` epochs over the supervised positions of `source`."""
+    if tc.steps:
+        return tc.steps
+    lengths, prompt_lens = source.lengths()
+    density = tc.anchors_per_seq if isinstance(drafter, ParallelDrafter) else 0
+    per_pass = float(
+        anchor_counts(lengths, prompt_lens, density).sum()
+    )  # anchors one pass over the data uses
+    passes = tc.epochs * float(candidate_counts(lengths, prompt_lens).sum()) / max(per_pass, 1.0)
+    return max(1, math.ceil(passes * len(source) / tc.batch_size))
+
+
+def sequence_order(n: int, generator: torch.Generator):
+    """Shuffled indices, one permutation per pass over the data, forever."""
+    while True:
+        yield from torch.randperm(n, generator=generator).tolist()
+
+
+def evaluate(drafter, target: Transformer, val: FeatureSource, tc: DrafterTrainConfig) -> list[float]:
+    """Mean c* per draft position over the validation sequences (the same anchors every time)."""
+    was_training = drafter.training
+    drafter.eval()
+    eval_gen = torch.Generator().manual_seed(1234)
+    n = len(val) if tc.eval_sequences == 0 else min(len(val), tc.eval_sequences)
+    if isinstance(drafter, ParallelDrafter):
+        width = drafter.config.gamma
+    else:
+        width = tc.unroll if drafter.config.kind == "eagle" else 1
+    sums, counts = torch.zeros(width, dtype=torch.float64), torch.zeros(width, dtype=torch.float64)
+    with torch.no_grad():
+        for i in range(0, n, tc.batch_size):
+            batch = val.batch(list(range(i, min(n, i + tc.batch_size))))
+            _, acc, anchors = batch_loss(drafter, target, batch, tc, eval_gen)
+            row = torch.tensor([float(a) for a in acc][:width], dtype=torch.float64)
+            seen = torch.zeros(width, dtype=torch.bool)
+            seen[: len(row)] = ~row.isnan()
+            sums[seen] += row[seen[: len(row)]] * anchors  # weighted by the batch's anchors
+            counts[seen] += anchors
+    drafter.train(was_training)
+    return (sums / counts.clamp(min=1)).tolist()
 
 
 def train_drafter(
     drafter: AutoregressiveDrafter | ParallelDrafter,
     target: Transformer,
-    train: list[dict],
-    val: list[dict],
+    train: FeatureSource,
+    val: FeatureSource,
     tc: DrafterTrainConfig,
     out_path: Path,
     meta: dict,
@@ -171,49 +236,45 @@ def train_drafter(
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=tc.lr, betas=(0.9, 0.95), weight_decay=0.0)
     g = torch.Generator().manual_seed(tc.seed)
-    max_len = target.config.max_seq_len
-    history = []
-
-    def evaluate() -> list[float]:
-        drafter.eval()
-        eval_gen = torch.Generator().manual_seed(1234)  # the same anchors at every validation
-        rows = []
-        with torch.no_grad():
-            for i in range(0, min(len(val), tc.eval_sequences), tc.batch_size):
-                _, acc = batch_loss(
-                    drafter, target, *pad_batch(val[i : i + tc.batch_size], max_len), tc, eval_gen
-                )
-                rows.append(torch.stack(acc))
-        drafter.train()
-        width = max(len(r) for r in rows)
-        table = torch.full((len(rows), width), float("nan"))
-        for j, r in enumerate(rows):
-            table[j, : len(r)] = r
-        return table.nanmean(0).tolist()
-
+    order = sequence_order(len(train), g)
+    steps = planned_steps(drafter, train, tc)
+    warmup = max(1, round(tc.warmup * steps))
+    total_anchors = float(candidate_counts(*train.lengths()).sum())
+    history, seen, busy = [], 0, 0.0
     drafter.train()
-    bar = tqdm(range(tc.steps), desc=f"drafter {drafter.config.kind}", unit="step")
+    bar = tqdm(range(steps), desc=f"drafter {drafter.config.kind}", unit="step")
     t0 = time.perf_counter()
     for step in bar:
-        lr = tc.lr * min(1.0, (step + 1) / tc.warmup) * 0.5 * (1 + math.cos(math.pi * step / tc.steps))
+        t_step = time.perf_counter()
+        lr = tc.lr * min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / steps))
         for group in optimizer.param_groups:
             group["lr"] = lr
-        pick = torch.randint(0, len(train), (tc.batch_size,), generator=g).tolist()
-        loss, acc = batch_loss(drafter, target, *pad_batch([train[i] for i in pick], max_len), tc, g)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}", c1=f"{acc[0].item():.3f}")
-        if (step + 1) % tc.eval_every == 0 or step + 1 == tc.steps:
-            val_acc = evaluate()
-            history.append({"step": step + 1, "val_expected_acceptance": val_acc})
-            bar.write(
-                f"step {step + 1}: expected acceptance per step " + " ".join(f"{a:.3f}" for a in val_acc)
+        batch = train.batch([next(order) for _ in range(tc.batch_size)])
+        loss, acc, anchors = batch_loss(drafter, target, batch, tc, g)
+        seen += anchors
+        if loss is not None:
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            bar.set_postfix(
+                loss=f"{loss.item():.3f}", c1=f"{float(acc[0]):.3f}", epochs=f"{seen / total_anchors:.2f}"
             )
+        busy += time.perf_counter() - t_step
+        if (step + 1) % tc.eval_every == 0 or step + 1 == steps:
+            val_acc = evaluate(drafter, target, val, tc)
+            history.append(
+                {"step": step + 1, "epochs": seen / total_anchors, "val_expected_acceptance": val_acc}
+            )
+            bar.write(f"step {step + 1} ({seen / total_anchors:.2f} epochs): expected acceptance per position "
+                      + " ".join(f"{a:.3f}" for a in val_acc))  # fmt: skip
             record = {
                 **meta,
                 "train_config": asdict(tc),
+                "steps": steps,
+                "epochs": seen / total_anchors,
+                "anchors_seen": seen,
+                "anchors_per_s": seen / busy,
                 "val_expected_acceptance": val_acc,
                 "history": history,
                 "seconds": time.perf_counter() - t0,

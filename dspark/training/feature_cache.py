@@ -1,0 +1,276 @@
+"""The target's features, computed once: a memory-mapped store drafter training reads.
+
+Drafters learn from a FROZEN target, so its features of a training sequence
+never change between steps or epochs. Recomputing them (a full target pass and
+a full-vocabulary softmax at every position) was ~60% of a drafter step. Here
+one pass of the target over the regenerated responses writes, per token,
+
+  * the residual stream after each tap layer   taps.npy    (N, n_taps, dim)
+  * the final-normed hidden state              hidden.npy  (N, dim)
+
+in fp16 (or fp32, for tests), plus the tokens and an index (offset, length,
+prompt length) per sequence, under DSPARK_HOME. A manifest records what the
+features depend on: a fingerprint of the target's weights and config, its tap
+layers, a fingerprint of the sequences, the dtype and the format version. A
+cache that disagrees with the target or the data it is opened for is stale:
+`ensure_feature_cache` rebuilds it (and says why); `FeatureCache.open` refuses.
+A build writes into a temporary directory renamed into place at the end, so an
+interrupted build never leaves a half-written cache behind.
+
+The target's distribution p_t is not stored (V floats per token): training
+computes it only where a drafter is supervised, from the cached final hidden
+state through the frozen LM head (`supervised_target_probs`) -- the same
+numbers the live target pass gives there.
+
+What this file does not do: choose anchors (anchors.py) or compute losses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from dspark import paths
+from dspark.drafters.base import TargetFeatures
+from dspark.model import Transformer
+
+CACHE_VERSION = 1
+DTYPES = {"float16": (np.float16, torch.float16), "float32": (np.float32, torch.float32)}
+
+
+class StaleFeatureCache(RuntimeError):
+    """The cache on disk was made for another target, other taps, other data or another format."""
+
+
+@dataclass
+class FeatureBatch:
+    """A padded batch of training sequences and the frozen target's features of every token."""
+
+    tokens: torch.Tensor  # (B, T) int64, right-padded with 0
+    lengths: torch.Tensor  # (B,) prompt + response tokens of each row
+    prompt_lens: torch.Tensor  # (B,) where each response starts
+    taps: torch.Tensor  # (B, T, n_taps, dim) float32, residual stream after each tap layer
+    last_hidden: torch.Tensor  # (B, T, dim) float32, final-normed hidden state (LM head input)
+
+    def flat_features(self) -> TargetFeatures:
+        """Every position of every row, flattened: taps (B·T, n_taps, dim), last_hidden (B·T, dim)."""
+        return TargetFeatures(self.taps.flatten(0, 1), self.last_hidden.flatten(0, 1))
+
+
+def sequence_of(record: dict, max_len: int) -> tuple[list[int], int]:
+    """(prompt + response tokens cut at max_len, the prompt's length within them)."""
+    seq = (record["prompt_ids"] + record["response_ids"])[:max_len]
+    return seq, min(len(record["prompt_ids"]), len(seq))
+
+
+def pad_sequences(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) right-padded token ids and (B,) lengths."""
+    T = max(len(s) for s in seqs)
+    tokens = torch.zeros(len(seqs), T, dtype=torch.long)
+    for b, s in enumerate(seqs):
+        tokens[b, : len(s)] = torch.tensor(s)
+    return tokens, torch.tensor([len(s) for s in seqs])
+
+
+@torch.no_grad()
+def features_of_tokens(
+    target: Transformer, tokens: torch.Tensor, lengths: torch.Tensor, prompt_lens: torch.Tensor
+) -> FeatureBatch:
+    """A live target pass (fp32) over right-padded tokens (B, T) with (B,) lengths and prompt lengths."""
+    out = target(tokens, return_taps=True)
+    return FeatureBatch(tokens, lengths, prompt_lens, out.taps.float(), out.last_hidden.float())
+
+
+def live_features(target: Transformer, records: list[dict]) -> FeatureBatch:
+    """The features of `records` from a live target pass (fp32): what the cache stores."""
+    seqs, prompt_lens = zip(*(sequence_of(r, target.config.max_seq_len) for r in records))
+    tokens, lengths = pad_sequences(list(seqs))
+    return features_of_tokens(target, tokens, lengths, torch.tensor(prompt_lens))
+
+
+def supervised_target_probs(target: Transformer, batch: FeatureBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """p_t only where a drafter is supervised: positions j in [P, L-2] of each row, whose next
+    token is a response token (anchors.py). Returns (probs (N + 1, V) fp32, row_of (B, T) long):
+    row_of[b, j] is the row of position j, or N -- an all-zero row -- where j is not supervised."""
+    B, T = batch.tokens.shape
+    j = torch.arange(T)[None, :]
+    need = (j >= batch.prompt_lens[:, None]) & (j + 1 < batch.lengths[:, None])  # (B, T)
+    with torch.no_grad():
+        logits = target.lm_head(batch.last_hidden[need].to(target.lm_head.weight.dtype))  # (N, V)
+        probs = torch.softmax(logits.float(), dim=-1)
+    probs = torch.cat([probs, probs.new_zeros(1, probs.shape[-1])])  # (N + 1, V)
+    row_of = torch.full((B, T), probs.shape[0] - 1, dtype=torch.long)
+    row_of[need] = torch.arange(probs.shape[0] - 1)
+    return probs, row_of
+
+
+def target_fingerprint(target: Transformer) -> str:
+    """SHA-256 of the target's config and weights (fp32 bytes, in state-dict order)."""
+    h = hashlib.sha256(json.dumps(target.config.to_dict(), sort_keys=True).encode())
+    for name, tensor in target.state_dict().items():
+        h.update(name.encode())
+        h.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def records_fingerprint(records: list[dict], max_len: int) -> str:
+    """SHA-256 of the token sequences exactly as the cache stores them."""
+    h = hashlib.sha256(str(max_len).encode())
+    for r in records:
+        seq, prompt_len = sequence_of(r, max_len)
+        h.update(json.dumps([prompt_len, seq]).encode())
+    return h.hexdigest()
+
+
+def expected_manifest(target: Transformer, records: list[dict], dtype: str) -> dict:
+    return {"version": CACHE_VERSION, "target": target_fingerprint(target),
+            "tap_layers": list(target.config.tap_layers), "dim": target.config.dim,
+            "sequences": len(records), "data": records_fingerprint(records, target.config.max_seq_len),
+            "dtype": dtype}  # fmt: skip
+
+
+class FeatureCache:
+    """An opened cache: `len(cache)` sequences, `cache.batch(indices)` -> FeatureBatch."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        manifest = self.directory / "manifest.json"
+        if not manifest.is_file():
+            raise StaleFeatureCache(f"no feature cache in {self.directory}")
+        self.manifest = json.loads(manifest.read_text())
+        self.index = np.load(self.directory / "index.npy")  # (n, 3): offset, length, prompt length
+        self.tokens = np.load(self.directory / "tokens.npy", mmap_mode="r")  # (N,)
+        self.taps = np.load(self.directory / "taps.npy", mmap_mode="r")  # (N, n_taps, dim)
+        self.hidden = np.load(self.directory / "hidden.npy", mmap_mode="r")  # (N, dim)
+
+    @classmethod
+    def open(cls, directory: str | Path, target: Transformer, records: list[dict]) -> FeatureCache:
+        """Open the cache in `directory`, refusing it unless it holds exactly these features."""
+        cache = cls(directory)
+        reasons = cache.stale_reasons(expected_manifest(target, records, cache.manifest.get("dtype")))
+        if reasons:
+            raise StaleFeatureCache(f"feature cache {directory} is stale: {'; '.join(reasons)}")
+        return cache
+
+    def stale_reasons(self, expected: dict) -> list[str]:
+        names = {"version": "format version", "target": "target weights", "tap_layers": "tap layers",
+                 "dim": "width", "sequences": "number of sequences", "data": "token sequences"}  # fmt: skip
+        return [f"{label} differ ({self.manifest.get(key)!r} cached, {expected[key]!r} now)"
+                if key in ("tap_layers", "sequences", "version", "dim") else f"{label} differ"
+                for key, label in names.items() if self.manifest.get(key) != expected[key]]  # fmt: skip
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def lengths(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(n,) sequence lengths and (n,) prompt lengths of every cached sequence."""
+        return torch.from_numpy(self.index[:, 1].copy()), torch.from_numpy(self.index[:, 2].copy())
+
+    def batch(self, indices: list[int]) -> FeatureBatch:
+        rows = self.index[indices]
+        B, T = len(rows), int(rows[:, 1].max())
+        n_taps, dim = self.taps.shape[1:]
+        tokens = torch.zeros(B, T, dtype=torch.long)
+        taps = torch.zeros(B, T, n_taps, dim)
+        hidden = torch.zeros(B, T, dim)
+        for b, (offset, length, _) in enumerate(rows.tolist()):
+            span = slice(offset, offset + length)
+            tokens[b, :length] = torch.from_numpy(self.tokens[span].astype(np.int64))
+            taps[b, :length] = torch.from_numpy(np.array(self.taps[span], dtype=np.float32))
+            hidden[b, :length] = torch.from_numpy(np.array(self.hidden[span], dtype=np.float32))
+        lengths, prompt_lens = torch.from_numpy(rows[:, 1].copy()), torch.from_numpy(rows[:, 2].copy())
+        return FeatureBatch(tokens, lengths, prompt_lens, taps, hidden)
+
+
+class LiveFeatures:
+    """The FeatureCache interface over a live target pass (fp32): for tests, notebooks and small runs."""
+
+    def __init__(self, target: Transformer, records: list[dict]) -> None:
+        self.target, self.records = target, records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def lengths(self) -> tuple[torch.Tensor, torch.Tensor]:
+        seqs = [sequence_of(r, self.target.config.max_seq_len) for r in self.records]
+        return torch.tensor([len(s) for s, _ in seqs]), torch.tensor([p for _, p in seqs])
+
+    def batch(self, indices: list[int]) -> FeatureBatch:
+        return live_features(self.target, [self.records[i] for i in indices])
+
+
+@torch.no_grad()
+def build_feature_cache(
+    target: Transformer,
+    records: list[dict],
+    directory: str | Path,
+    dtype: str = "float16",
+    tokens_per_pass: int = 8192,
+) -> FeatureCache:
+    """One target pass over `records` (longest first, ~tokens_per_pass tokens per pass) into `directory`."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    np_dtype, _ = DTYPES[dtype]
+    directory = Path(directory)
+    tmp = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    max_len, cfg = target.config.max_seq_len, target.config
+    seqs = [sequence_of(r, max_len) for r in records]
+    lengths = np.array([len(s) for s, _ in seqs], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    index = np.stack([offsets, lengths, np.array([p for _, p in seqs], dtype=np.int64)], axis=1)
+    N = int(lengths.sum())
+    store = np.lib.format.open_memmap
+    tokens = store(tmp / "tokens.npy", mode="w+", dtype=np.int32, shape=(N,))
+    taps = store(tmp / "taps.npy", mode="w+", dtype=np_dtype, shape=(N, len(cfg.tap_layers), cfg.dim))
+    hidden = store(tmp / "hidden.npy", mode="w+", dtype=np_dtype, shape=(N, cfg.dim))
+    order = np.argsort(-lengths, kind="stable")
+    bar = tqdm(total=N, desc="feature cache", unit="tok", unit_scale=True)
+    start = 0
+    while start < len(order):
+        rows = max(1, tokens_per_pass // int(lengths[order[start]]))
+        chunk = order[start : start + rows].tolist()
+        batch_tokens, batch_lengths = pad_sequences([seqs[i][0] for i in chunk])
+        out = target(batch_tokens, return_taps=True)
+        stored_taps, stored_hidden = (
+            out.taps.float().numpy().astype(np_dtype),
+            out.last_hidden.float().numpy().astype(np_dtype),
+        )
+        if not (np.isfinite(stored_taps).all() and np.isfinite(stored_hidden).all()):
+            raise ValueError(f"target features overflow {dtype}; build the cache with dtype='float32'")
+        for b, i in enumerate(chunk):
+            span, n = slice(int(offsets[i]), int(offsets[i] + lengths[i])), int(batch_lengths[b])
+            tokens[span] = batch_tokens[b, :n].numpy()
+            taps[span] = stored_taps[b, :n]
+            hidden[span] = stored_hidden[b, :n]
+        bar.update(int(batch_lengths.sum()))
+        start += rows
+    bar.close()
+    for array in (tokens, taps, hidden):
+        array.flush()
+    np.save(tmp / "index.npy", index)
+    paths.write_text_atomic(
+        tmp / "manifest.json", json.dumps(expected_manifest(target, records, dtype), indent=2)
+    )
+    shutil.rmtree(directory, ignore_errors=True)
+    tmp.rename(directory)
+    return FeatureCache(directory)
+
+
+def ensure_feature_cache(
+    target: Transformer, records: list[dict], directory: str | Path, dtype: str = "float16", log=print
+) -> FeatureCache:
+    """The cache in `directory` if it holds exactly these features, else a freshly built one."""
+    try:
+        return FeatureCache.open(directory, target, records)
+    except StaleFeatureCache as exc:
+        log(f"{exc}; building it")
+        return build_feature_cache(target, records, directory, dtype)
