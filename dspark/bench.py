@@ -8,6 +8,7 @@
   gamma      tau against the verified block length, and per-round latency with
              and without the sequential head (Fig. 4)
   threshold  static confidence-threshold sweep over fully verified rounds (Fig. 5)
+  training   drafter training speed: live target pass vs feature cache, anchor density, bf16
   calibration  ECE/AUROC/Brier of the prefix survival before/after STS (Fig. 6)
   appendix-a   the selection-bias counterexample through the real schedulers
   profile      SPS(B) measured here (cached) and modelled for an H200
@@ -256,6 +257,73 @@ def bench_appendix_a(args: argparse.Namespace) -> dict:
         pa, pb = result[name]
         print(f"| {name} | {pa:.3f} | {pb:.3f} | {result[name + '_mean_verify_len']:.2f} |")
     return {k: result[k] for k in ("target", "retrospective", "early_stop", "async", "draws")}
+
+
+def bench_training(args: argparse.Namespace) -> dict:
+    """Time drafter training steps on the regenerated responses under several settings: features from a live
+    target pass (as before the feature cache) or from the cache, anchors per sequence, fp32 or bf16. Prints
+    seconds per step, anchors (blocks) per second and supervised (anchor, position) pairs per second, and the
+    speed-up over the first setting of each drafter. Builds the feature cache first if it is missing.
+    """
+    from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
+    from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
+    from dspark.study.training_speed import training_speed_table
+    from dspark.training.drafters import DrafterTrainConfig
+    from dspark.training.feature_cache import LiveFeatures, response_caches
+    from dspark.training.responses import load_responses
+
+    target = load_target(args.checkpoint)[0]
+    cache, _ = response_caches(target, args.responses, args.features_dir)
+    sources = {"cache": cache, "live": LiveFeatures(target, load_responses(Path(args.responses), "train"))}
+    rows = []
+    for kind in args.drafters:
+
+        def make(kind=kind):
+            torch.manual_seed(0)
+            if kind in PARALLEL_KINDS:
+                return ParallelDrafter(
+                    target, ParallelDrafterConfig(kind, ffn_hidden=target.config.ffn_hidden)
+                )
+            gamma = 1 if kind == "mtp" else 7
+            return AutoregressiveDrafter(
+                target, AutoregressiveDrafterConfig(kind, gamma, ffn_hidden=target.config.ffn_hidden)
+            )
+
+        settings = [dict(zip(("features", "anchors", "bf16"), s)) for s in args.settings]
+        if kind not in PARALLEL_KINDS:  # every chain is supervised: the anchor density does not apply
+            settings = [dict(t) for t in dict.fromkeys(tuple({**s, "anchors": 0}.items()) for s in settings)]
+        tc = DrafterTrainConfig(batch_size=args.batch_size)
+        measured = training_speed_table(make, target, sources, settings, tc, args.steps)
+        for row in measured:
+            row.update(drafter=kind, speedup=row["anchors_per_s"] / measured[0]["anchors_per_s"])
+            print(f"{kind}: {row['features']}, anchors {row['anchors'] or 'all'}, {'bf16' if row['bf16'] else 'fp32'}: "
+                  f"{row['seconds_per_step']:.2f} s/step, {row['anchors_per_s']:.0f} anchors/s")  # fmt: skip
+        rows += measured
+    table = tables.training_speed_table(rows)
+    print(f"\ndrafter training speed, batch {args.batch_size} sequences, median of {args.steps} steps "
+          f"(torch threads {torch.get_num_threads()}):\n\n{table}")  # fmt: skip
+    write_outputs(
+        args, "training_speed", table, lambda out: plots.plot_training_speed(rows, out / "training_speed.png")
+    )
+    return {"benchmark": "training", "batch_size": args.batch_size, "steps": args.steps, "rows": rows}
+
+
+def parse_training_settings(text: str) -> list[tuple[str, int, bool]]:
+    """'live:16:fp32,cache:0:bf16' -> [("live", 16, False), ("cache", 0, True)]."""
+    out = []
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        if (
+            len(parts) != 3
+            or parts[0] not in ("live", "cache")
+            or parts[2] not in ("fp32", "bf16")
+            or not parts[1].isdigit()
+        ):
+            raise argparse.ArgumentTypeError(
+                f"{item!r} is not FEATURES:ANCHORS:PRECISION (e.g. cache:0:bf16)"
+            )
+        out.append((parts[0], int(parts[1]), parts[2] == "bf16"))
+    return out
 
 
 def bench_profile(args: argparse.Namespace) -> dict:
@@ -514,6 +582,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("appendix-a", bench_appendix_a, "the paper's selection-bias counterexample, measured")
     option(p, "--draws", 100_000, "independent rounds", low=3)
     cli.add_seed(p)
+    cli.add_outputs(p)
+
+    p = command(
+        "training", bench_training, "drafter training speed: live target vs feature cache, anchors, bf16"
+    )
+    p.add_argument("--drafters", type=parse_name_list, default=["dspark", "eagle"],
+                   help="comma-separated drafter kinds (default: dspark,eagle)")  # fmt: skip
+    p.add_argument("--settings", type=parse_training_settings,
+                   default=parse_training_settings("live:16:fp32,cache:16:fp32,cache:64:fp32,cache:0:fp32,cache:0:bf16"),
+                   help="comma-separated FEATURES:ANCHORS:PRECISION, features live|cache, anchors 0 = all, "
+                   "precision fp32|bf16 (default: live:16:fp32,cache:16:fp32,cache:64:fp32,cache:0:fp32,cache:0:bf16)")  # fmt: skip
+    option(p, "--steps", 5, "timed steps per setting (after one warm-up)", low=1)
+    option(p, "--batch-size", 8, "sequences per step", low=1)
+    option(p, "--responses", str(paths.dspark_home() / "responses.jsonl"), "responses file")
+    option(p, "--features-dir", str(paths.dspark_home() / "features"), "where feature caches live")
+    cli.add_target(p)
     cli.add_outputs(p)
 
     p = command("profile", bench_profile, "the SPS(B) throughput profiles the scheduler uses")

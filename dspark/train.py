@@ -153,20 +153,12 @@ def cmd_responses(args: argparse.Namespace) -> None:
 def feature_caches(args: argparse.Namespace, target) -> tuple:
     """(train, val) feature sources for `train drafter`/`train features`: the caches under --features-dir,
     (re)built when missing or stale; with --live, live target passes instead."""
-    from dspark.training.feature_cache import LiveFeatures, ensure_feature_cache
+    from dspark.training.feature_cache import LiveFeatures, response_caches
     from dspark.training.responses import load_responses
 
-    sets = [load_responses(Path(args.responses), split) for split in ("train", "val")]
     if getattr(args, "live", False):
-        return tuple(LiveFeatures(target, records) for records in sets)
-    root = Path(args.features_dir) / Path(args.responses).stem
-    caches = []
-    for split, records in zip(("train", "val"), sets):
-        t0 = time.perf_counter()
-        caches.append(ensure_feature_cache(target, records, root / split))
-        print(f"feature cache {root / split}: {len(records)} sequences, {int(caches[-1].index[:, 1].sum()):,} "
-              f"tokens, taps {list(target.config.tap_layers)} ({time.perf_counter() - t0:.0f}s)")  # fmt: skip
-    return tuple(caches)
+        return tuple(LiveFeatures(target, load_responses(Path(args.responses), s)) for s in ("train", "val"))
+    return response_caches(target, args.responses, args.features_dir)
 
 
 def load_training_target(args: argparse.Namespace):
@@ -261,7 +253,9 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     print("\n| k | T_k | why | ECE before | ECE after (in-sample) | AUROC |\n|---:|---:|---|---:|---:|---:|")
     for t, r, why in zip(temps.tolist(), rows, reasons):
         auc = "-" if r["auroc"] is None else f"{r['auroc']:.3f}"
-        print(f"| {r['k']} | {t:.3f} | {why} | {100 * r['ece_before']:.1f}% | {100 * r['ece_after']:.1f}% | {auc} |")
+        print(
+            f"| {r['k']} | {t:.3f} | {why} | {100 * r['ece_before']:.1f}% | {100 * r['ece_after']:.1f}% | {auc} |"
+        )
     print(f"\nstored the STS temperatures in {calibration.config_path(path)}")
 
 

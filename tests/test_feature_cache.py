@@ -13,7 +13,7 @@ from dspark.config import ModelConfig
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from dspark.model import Transformer
-from dspark.training.anchors import anchor_counts, candidate_counts, sample_anchors
+from dspark.training.anchors import anchor_counts, candidate_counts, every_anchor, sample_anchors
 from dspark.training.drafters import DrafterTrainConfig, batch_loss, planned_steps
 from dspark.training.feature_cache import (
     FeatureCache,
@@ -29,7 +29,7 @@ from dspark.training.feature_cache import (
 def records(n: int = 10, seed: int = 0) -> list[dict]:
     g = torch.Generator().manual_seed(seed)
     out = []
-    for i in range(n):
+    for _ in range(n):
         prompt = torch.randint(
             0, TINY.vocab_size, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g
         )
@@ -61,6 +61,13 @@ def test_anchors_are_distinct_response_positions(density):
             want = candidate_counts(lengths, prompt_lens)[b]
             assert len(picked) == (want if density == 0 else min(density, want))
         assert torch.equal(valid.sum(1), anchor_counts(lengths, prompt_lens, density))
+
+
+def test_every_anchor_is_density_zero_without_randomness():
+    lengths, prompt_lens = torch.tensor([30, 12, 9, 40]), torch.tensor([10, 11, 9, 2])
+    anchors, valid = every_anchor(lengths, prompt_lens)
+    sampled, sampled_valid = sample_anchors(lengths, prompt_lens, 0, torch.Generator().manual_seed(1))
+    assert torch.equal(valid, sampled_valid) and torch.equal(anchors[valid], sampled[sampled_valid])
 
 
 def test_a_short_response_is_covered_completely():
@@ -116,9 +123,11 @@ def test_training_from_the_cache_gives_the_live_loss(tmp_path, tiny_model, kind)
     idx = [1, 4, 10, 6]
     losses = []
     for batch in (cache.batch(idx), LiveFeatures(tiny_model, data).batch(idx)):
-        loss, acc, anchors = batch_loss(drafter, tiny_model, batch, tc, torch.Generator().manual_seed(7))
-        losses.append((loss.item(), [float(a) for a in acc], anchors))
-    assert losses[0][2] == losses[1][2] > 0
+        loss, acc, anchors, pairs = batch_loss(
+            drafter, tiny_model, batch, tc, torch.Generator().manual_seed(7)
+        )
+        losses.append((loss.item(), [float(a) for a in acc], anchors, pairs))
+    assert losses[0][2] == losses[1][2] > 0 and losses[0][3] == losses[1][3] >= losses[0][2]
     assert losses[0][0] == pytest.approx(losses[1][0], rel=1e-5)
     assert losses[0][1] == pytest.approx(losses[1][1], rel=1e-5, nan_ok=True)
 

@@ -220,3 +220,17 @@ def plot_load(points: list[dict], path: str | Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_training_speed(rows: list[dict], path: str | Path) -> None:
+    """`bench training`: supervised (anchor, position) pairs per second, one bar per drafter and setting."""
+    plt = _pyplot()
+    labels = [f"{r['drafter']} {r['features']} {'all' if r['anchors'] == 0 else r['anchors']} "
+              f"{'bf16' if r['bf16'] else 'fp32'}" for r in rows]  # fmt: skip
+    fig, ax = plt.subplots(figsize=(6, 0.35 * len(rows) + 1.2))
+    ax.barh(range(len(rows)), [r["supervised_per_s"] for r in rows], color="tab:blue")
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("supervised (anchor, draft position) pairs per second")
+    ax.grid(axis="x", alpha=0.3)
+    _save(fig, path)

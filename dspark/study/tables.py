@@ -97,3 +97,13 @@ def calibration_table(rows: list[dict]) -> str:
              f"{r['brier']:.3f}"] for r in rows]  # fmt: skip
     return markdown_table(["k", "rounds", "observed survival", "ECE before", "ECE after STS",
                            "ECE noise floor", "AUROC", "Brier"], body)  # fmt: skip
+
+
+def training_speed_table(rows: list[dict]) -> str:
+    """`bench training`: one row per drafter and setting."""
+    return markdown_table(
+        ["drafter", "features", "anchors/seq", "precision", "s/step", "anchors/s", "supervised/s", "speed-up"],
+        [[r["drafter"], r["features"], "all" if r["anchors"] == 0 else r["anchors"], "bf16" if r["bf16"] else "fp32",
+          f"{r['seconds_per_step']:.2f}", f"{r['anchors_per_s']:.0f}", f"{r['supervised_per_s']:.0f}",
+          f"{r['speedup']:.1f}×"] for r in rows],
+    )  # fmt: skip

@@ -57,6 +57,15 @@ def sample_anchors(
     return anchors, valid
 
 
+def every_anchor(lengths: torch.Tensor, prompt_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_anchors` at density 0 without drawing anything: every candidate, in order."""
+    counts = candidate_counts(lengths, prompt_lens)
+    width = max(int(counts.max()) if len(counts) else 0, 1)
+    offset = torch.arange(width)[None, :]
+    valid = offset < counts[:, None]
+    return torch.where(valid, prompt_lens[:, None] + offset, prompt_lens[:, None].clamp(max=0)), valid
+
+
 def anchor_counts(lengths: torch.Tensor, prompt_lens: torch.Tensor, density: int) -> torch.Tensor:
     """(B,) anchors `sample_anchors` draws per sequence (no randomness: min(density, candidates))."""
     counts = candidate_counts(lengths, prompt_lens)

@@ -47,7 +47,7 @@ from dspark.checkpoint import save_checkpoint
 from dspark.drafters.autoregressive import AutoregressiveDrafter
 from dspark.drafters.parallel import ParallelDrafter
 from dspark.model import Transformer
-from dspark.training.anchors import anchor_counts, candidate_counts, sample_anchors
+from dspark.training.anchors import anchor_counts, candidate_counts, every_anchor, sample_anchors
 from dspark.training.feature_cache import FeatureBatch, supervised_target_probs
 from dspark.training.packed_blocks import DFLASH_LOSS, BlockLoss, block_losses
 
@@ -164,18 +164,28 @@ def unrolled_losses(
 
 def batch_loss(
     drafter, target: Transformer, batch: FeatureBatch, tc: DrafterTrainConfig, generator: torch.Generator
-) -> tuple[torch.Tensor, list[torch.Tensor], int]:
-    """(loss, expected acceptance per draft position, supervised anchors) for any trainable drafter."""
+) -> tuple[torch.Tensor | None, list[torch.Tensor], int, int]:
+    """(loss, expected acceptance per draft position, anchors, supervised (anchor, position) pairs)
+    for any trainable drafter; the loss is None when the batch has nothing to supervise."""
+    K = unroll_steps(drafter, tc)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=tc.bf16):
         if isinstance(drafter, ParallelDrafter):
             anchors, valid = sample_anchors(batch.lengths, batch.prompt_lens, tc.anchors_per_seq, generator)
             loss, acc, _ = block_losses(drafter, target, batch, anchors, valid, tc.block_loss(drafter))
-            return loss, acc, int(valid.sum())
-        unroll = tc.unroll if drafter.config.kind == "eagle" else 1
-        losses, acc = unrolled_losses(drafter, target, batch, unroll)
-    weights = [tc.step_decay**k for k in range(len(losses))]
-    loss = sum(w * item for w, item in zip(weights, losses)) / sum(weights) if losses else None
-    return loss, acc, int(candidate_counts(batch.lengths, batch.prompt_lens).sum())
+        else:
+            losses, acc = unrolled_losses(drafter, target, batch, K)
+            weights = [tc.step_decay**k for k in range(len(losses))]
+            loss = sum(w * item for w, item in zip(weights, losses)) / sum(weights) if losses else None
+            anchors, valid = every_anchor(batch.lengths, batch.prompt_lens)  # every chain is supervised
+    ahead = (batch.lengths[:, None] - 1 - anchors).clamp(min=0, max=K)  # tokens after each anchor, up to K
+    return loss, acc, int(valid.sum()), int(ahead[valid].sum())
+
+
+def unroll_steps(drafter, tc: DrafterTrainConfig) -> int:
+    """Draft positions a drafter is trained (and validated) on: γ, EAGLE's unroll, or 1 for MTP-1."""
+    if isinstance(drafter, ParallelDrafter):
+        return drafter.config.gamma
+    return tc.unroll if drafter.config.kind == "eagle" else 1
 
 
 def planned_steps(drafter, source: FeatureSource, tc: DrafterTrainConfig) -> int:
@@ -203,15 +213,12 @@ def evaluate(drafter, target: Transformer, val: FeatureSource, tc: DrafterTrainC
     drafter.eval()
     eval_gen = torch.Generator().manual_seed(1234)
     n = len(val) if tc.eval_sequences == 0 else min(len(val), tc.eval_sequences)
-    if isinstance(drafter, ParallelDrafter):
-        width = drafter.config.gamma
-    else:
-        width = tc.unroll if drafter.config.kind == "eagle" else 1
+    width = unroll_steps(drafter, tc)
     sums, counts = torch.zeros(width, dtype=torch.float64), torch.zeros(width, dtype=torch.float64)
     with torch.no_grad():
         for i in range(0, n, tc.batch_size):
             batch = val.batch(list(range(i, min(n, i + tc.batch_size))))
-            _, acc, anchors = batch_loss(drafter, target, batch, tc, eval_gen)
+            _, acc, anchors, _ = batch_loss(drafter, target, batch, tc, eval_gen)
             row = torch.tensor([float(a) for a in acc][:width], dtype=torch.float64)
             seen = torch.zeros(width, dtype=torch.bool)
             seen[: len(row)] = ~row.isnan()
@@ -250,7 +257,7 @@ def train_drafter(
         for group in optimizer.param_groups:
             group["lr"] = lr
         batch = train.batch([next(order) for _ in range(tc.batch_size)])
-        loss, acc, anchors = batch_loss(drafter, target, batch, tc, g)
+        loss, acc, anchors, _ = batch_loss(drafter, target, batch, tc, g)
         seen += anchors
         if loss is not None:
             optimizer.zero_grad(set_to_none=True)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -274,3 +275,20 @@ def ensure_feature_cache(
     except StaleFeatureCache as exc:
         log(f"{exc}; building it")
         return build_feature_cache(target, records, directory, dtype)
+
+
+def response_caches(
+    target: Transformer, responses_path: str | Path, root: str | Path, log=print
+) -> tuple[FeatureCache, FeatureCache]:
+    """(train, val) caches of the responses file, under root/<file stem>/<split>, built or rebuilt as needed."""
+    from dspark.training.responses import load_responses
+
+    caches = []
+    for split in ("train", "val"):
+        records = load_responses(Path(responses_path), split)
+        directory = Path(root) / Path(responses_path).stem / split
+        t0 = time.perf_counter()
+        caches.append(ensure_feature_cache(target, records, directory, log=log))
+        log(f"feature cache {directory}: {len(records)} sequences, {int(caches[-1].index[:, 1].sum()):,} tokens, "
+            f"taps {list(target.config.tap_layers)} ({time.perf_counter() - t0:.0f}s)")  # fmt: skip
+    return caches[0], caches[1]
