@@ -587,8 +587,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(
         "training", bench_training, "drafter training speed: live target vs feature cache, anchors, bf16"
     )
-    p.add_argument("--drafters", type=parse_name_list, default=["dspark", "eagle"],
-                   help="comma-separated drafter kinds (default: dspark,eagle)")  # fmt: skip
+    p.add_argument("--drafters", type=parse_name_list, default=["dspark", "eagle", "mtp"],
+                   help="comma-separated drafter kinds (default: dspark,eagle,mtp)")  # fmt: skip
     p.add_argument("--settings", type=parse_training_settings,
                    default=parse_training_settings("live:16:fp32,cache:16:fp32,cache:64:fp32,cache:0:fp32,cache:0:bf16"),
                    help="comma-separated FEATURES:ANCHORS:PRECISION, features live|cache, anchors 0 = all, "
@@ -598,7 +598,7 @@ def build_parser() -> argparse.ArgumentParser:
     option(p, "--responses", str(paths.dspark_home() / "responses.jsonl"), "responses file")
     option(p, "--features-dir", str(paths.dspark_home() / "features"), "where feature caches live")
     cli.add_target(p)
-    cli.add_outputs(p)
+    cli.add_outputs(p, "write training_speed.md and training_speed.png into DIR")
 
     p = command("profile", bench_profile, "the SPS(B) throughput profiles the scheduler uses")
     p.add_argument("--refresh", action="store_true", help="measure again instead of using the cache")

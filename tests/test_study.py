@@ -78,3 +78,24 @@ def test_markdown_table():
         markdown_table(["a", "b"], [["x", 1.234], [2, None]])
         == "| a | b |\n|---|---|\n| x | 1.23 |\n| 2 | - |\n"
     )
+
+
+def test_wilson_interval_hand_worked():
+    from dspark.study.stats import wilson_interval
+
+    lo, hi = wilson_interval(5, 10)
+    assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
+    lo, hi = wilson_interval(0, 10)
+    assert lo == 0.0 and hi == pytest.approx(0.2775, abs=1e-4)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    narrow, wide = wilson_interval(500, 1000), wilson_interval(5, 10)
+    assert narrow[1] - narrow[0] < (wide[1] - wide[0]) / 5
+
+
+def test_acceptance_counts_are_behind_the_rates():
+    from dspark.serving.rounds import RoundStats
+
+    stats = RoundStats([[3, 3, 2]], [[3, 1, 0]], [[[], [], []]])
+    hits, tries = stats.acceptance_counts(3)
+    assert (hits, tries) == ([2, 1, 1], [3, 2, 1])
+    assert stats.acceptance_by_position(3) == [2 / 3, 1 / 2, 1.0]

@@ -66,13 +66,18 @@ class RoundStats:
     def acceptance_by_position(self, gamma: int) -> list[float | None]:
         """Per draft position k = 1..γ: among rounds that verified k and accepted 1..k−1,
         the fraction that accepted k (None where no round reached k)."""
+        hits, tries = self.acceptance_counts(gamma)
+        return [h / t if t else None for h, t in zip(hits, tries)]
+
+    def acceptance_counts(self, gamma: int) -> tuple[list[int], list[int]]:
+        """(hits, tries) per draft position: the counts behind `acceptance_by_position`."""
         hits, tries = [0] * gamma, [0] * gamma
         for lens, accs in zip(self.verify_lens, self.accepted):
             for ell, a in zip(lens, accs):
                 for k in range(min(ell, a + 1)):  # positions 1..min(ℓ, a+1) were reached
                     tries[k] += 1
                     hits[k] += k < a
-        return [h / t if t else None for h, t in zip(hits, tries)]
+        return hits, tries
 
     def extend(self, other: RoundStats) -> None:
         """Append another run's requests."""

@@ -254,6 +254,7 @@ def run_speedup(
                 tps = n_tokens / seconds
                 rows.append({"drafter": name, "domain": domain, "temperature": temperature, "gamma": g,
                              "tau": stats.tau, "cond_acceptance": stats.acceptance_by_position(g),
+                             "cond_tries": stats.acceptance_counts(g)[1], "rounds": stats.rounds,
                              "tokens_per_s": tps, "speedup": tps / base_tps})  # fmt: skip
     return rows
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from dspark.scheduling.calibration import ece, reliability
 from dspark.scheduling.scheduler import ThroughputProfile, prefix_survival
+from dspark.study.stats import wilson_interval
 
 
 def _pyplot():
@@ -39,15 +40,27 @@ def _save(fig, path: str | Path) -> None:
 
 
 def plot_position_acceptance(rows: list[dict], path: str | Path, title: str) -> None:
-    """Fig. 2 analogue: one panel per domain, one line per drafter (rows of `bench offline`)."""
+    """Fig. 2 analogue: one panel per domain, one line per drafter (rows of `bench offline`), with 95%
+    Wilson intervals where the rows carry their round counts."""
     plt = _pyplot()
     domains = list(dict.fromkeys(r["domain"] for r in rows))
     fig, axes = plt.subplots(1, len(domains), figsize=(4.2 * len(domains), 3.4), sharey=True)
     for ax, domain in zip(axes, domains):
         for r in rows:
             if r["domain"] == domain and r["cond_acceptance"]:
-                pts = [(k + 1, a) for k, a in enumerate(r["cond_acceptance"]) if a is not None]
-                ax.plot(*zip(*pts), marker="o", label=r["drafter"])
+                tries = r.get("cond_tries") or [0] * len(r["cond_acceptance"])
+                pts = [
+                    (k + 1, a, n)
+                    for k, (a, n) in enumerate(zip(r["cond_acceptance"], tries))
+                    if a is not None
+                ]
+                ks, acc, ns = zip(*pts)
+                if any(ns):  # 95% Wilson intervals: late positions rest on few rounds
+                    lo, hi = zip(*(wilson_interval(round(a * n), n) for a, n in zip(acc, ns)))
+                    err = [[a - low for a, low in zip(acc, lo)], [high - a for a, high in zip(acc, hi)]]
+                    ax.errorbar(ks, acc, yerr=err, marker="o", capsize=2, label=r["drafter"])
+                else:
+                    ax.plot(ks, acc, marker="o", label=r["drafter"])
         ax.set_title(domain)
         ax.set_xlabel("position k in the block")
         ax.grid(alpha=0.3)

@@ -56,25 +56,51 @@ def block_visibility(anchors: torch.Tensor, T: int, gamma: int) -> torch.Tensor:
     return torch.cat([ctx, same], dim=-1)
 
 
-def packed_blocks(
-    drafter: ParallelDrafter, target_taps: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor
-):
-    """Backbone over all blocks of a batch at once: (head input h (B, A, γ, dim), U (B, A, γ, V)).
-
-    target_taps (B, T, n_taps, dim); anchors (B, A) positions in 0..T-1."""
+def packed_backbone(
+    drafter: ParallelDrafter, h_ctx: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor
+) -> torch.Tensor:
+    """`drafter.backbone` over all packed blocks, with the attention split the way `block_visibility`
+    draws it: each slot scores the T context keys (masked at its anchor) and the γ keys of its own
+    block only, never the A·γ slots of the other blocks (which a dense mask would score and discard).
+    Returns the backbone output (B, A, γ, dim). h_ctx (B, T, dim) context features; anchors (B, A)."""
     B, T = tokens.shape
     A, gamma = anchors.shape[1], drafter.config.gamma
-    h_ctx = drafter.ctx_norm(drafter.ctx_proj(target_taps.flatten(2)))  # (B, T, dim)
-    ctx_k, ctx_v = [], []
+    block_pos = anchors[:, :, None] + torch.arange(gamma)  # (B, A, γ)
+    block = torch.full((B, A, gamma), drafter.mask_id, dtype=torch.long)
+    block[:, :, 0] = tokens.gather(1, anchors)
+    x = drafter.target.embed(block)  # (B, A, γ, dim)
+    cos, sin = drafter.rope_cos[block_pos, None], drafter.rope_sin[block_pos, None]
+    hidden_ctx = (torch.arange(T)[None, None, :] >= anchors[:, :, None])[:, None, None, :, None, :]
     for layer in drafter.layers:
-        k, v = drafter.context_kv(layer, h_ctx, torch.arange(T))
-        ctx_k.append(k.transpose(1, 2))  # (B, Hkv, T, hd)
-        ctx_v.append(v.transpose(1, 2))
-    block_pos = (anchors[:, :, None] + torch.arange(gamma)).view(B, A * gamma)  # (B, A·γ)
-    block = torch.full((B, A * gamma), drafter.mask_id, dtype=torch.long)
-    block[:, ::gamma] = tokens.gather(1, anchors)
-    h = drafter.backbone(block, block_pos, ctx_k, ctx_v, block_visibility(anchors, T, gamma))
-    return drafter.block_outputs(h.view(B, A, gamma, -1))
+        attn = layer.attn
+        kv_heads, rep, hd = attn.n_kv_heads, attn.n_heads // attn.n_kv_heads, attn.head_dim
+        k_ctx, v_ctx = drafter.context_kv(layer, h_ctx, torch.arange(T))  # (B, T, Hkv, hd)
+        q, k, v = attn._qkv(layer.attn_norm(x), cos, sin)  # (B, A, γ, H | Hkv, hd)
+        q = q.unflatten(3, (kv_heads, rep)) / math.sqrt(hd)  # (B, A, γ, Hkv, rep, hd)
+        s_ctx = torch.einsum("bagkrd,btkd->bkragt", q, k_ctx).masked_fill(hidden_ctx, float("-inf"))
+        s_blk = torch.einsum("bagkrd,bahkd->bkragh", q, k)  # (B, Hkv, rep, A, γ, γ): bidirectional
+        w = torch.softmax(torch.cat([s_ctx, s_blk], dim=-1), dim=-1).to(v.dtype)
+        out = torch.einsum("bkragt,btkd->bagkrd", w[..., :T], v_ctx)
+        out = out + torch.einsum("bkragh,bahkd->bagkrd", w[..., T:], v)
+        x = x + attn.wo(out.flatten(3))
+        x = x + layer.ffn(layer.ffn_norm(x))
+    return x
+
+
+def packed_blocks(
+    drafter: ParallelDrafter,
+    target_taps: torch.Tensor,
+    tokens: torch.Tensor,
+    anchors: torch.Tensor,
+    keep: torch.Tensor | None = None,
+):
+    """Backbone over all blocks of a batch at once: (head input h, U), (B, A, γ, dim) and (B, A, γ, V),
+    or with `keep` (B, A) bool only the kept blocks' (N, γ, dim) and (N, γ, V).
+
+    target_taps (B, T, n_taps, dim); anchors (B, A) positions in 0..T-1."""
+    h_ctx = drafter.ctx_norm(drafter.ctx_proj(target_taps.flatten(2)))  # (B, T, dim)
+    h = packed_backbone(drafter, h_ctx, tokens, anchors)
+    return drafter.block_outputs(h if keep is None else h[keep])
 
 
 def block_losses(
@@ -93,43 +119,43 @@ def block_losses(
     gamma, tokens, lengths = drafter.config.gamma, batch.tokens, batch.lengths
     loss = loss or (BlockLoss() if drafter.has_confidence else DFLASH_LOSS)
     probs, row_of = target_probs if target_probs is not None else supervised_target_probs(target, batch)
-    A = anchors.shape[1]
-    h, u_logits = packed_blocks(drafter, batch.taps, tokens, anchors)
-
-    pos = anchors[:, :, None] + torch.arange(gamma)  # (B, A, γ): position of each slot's previous token
-    valid = ((pos + 1) < lengths[:, None, None]) & valid_anchor[:, :, None]  # the predicted token exists
+    h, u_logits = packed_blocks(drafter, batch.taps, tokens, anchors, keep=valid_anchor)  # (N, γ, ·)
+    row = torch.arange(B)[:, None].expand_as(anchors)[valid_anchor]  # (N,) sequence of each block
+    pos = anchors[valid_anchor][:, None] + torch.arange(
+        gamma
+    )  # (N, γ): position of each slot's previous token
+    valid = (pos + 1) < lengths[row][:, None]  # the predicted token exists
     safe = pos.clamp(max=T - 1)
-    prev = tokens.gather(1, safe.view(B, -1)).view(B, A, gamma)  # teacher forcing
-    label = tokens.gather(1, (safe + 1).clamp(max=T - 1).view(B, -1)).view(B, A, gamma)
-    p_row = row_of.gather(1, safe.view(B, -1)).view(B, A, gamma)  # row of p_t in `probs`
+    prev = tokens[row[:, None], safe]  # teacher forcing
+    label = tokens[row[:, None], (safe + 1).clamp(max=T - 1)]
+    p_row = row_of[row[:, None], safe]  # row of p_t in `probs` (the zero row where not supervised)
 
-    state = h.new_zeros(B * A, drafter.config.rank)
+    state = h.new_zeros(h.shape[0], drafter.config.rank)
     terms = {"ce": 0.0, "tv": 0.0, "conf": 0.0}
     c_star_by_pos, w_sum = [], 0.0
-    for k in range(gamma):
-        logits, conf, state = drafter.sequential_logits(
-            u_logits[:, :, k].flatten(0, 1), h[:, :, k].flatten(0, 1), prev[:, :, k].flatten(), state
-        )
-        m = valid[:, :, k].flatten()
+    for k, (u_k, h_k) in enumerate(zip(u_logits.unbind(1), h.unbind(1))):
+        logits, conf, state = drafter.sequential_logits(u_k, h_k, prev[:, k], state)
+        m = valid[:, k].float()
+        n = m.sum()
         w = math.exp(-k / loss.decay)
         w_sum += w
-        if not bool(m.any()):
+        if n == 0:
             c_star_by_pos.append(torch.tensor(float("nan")))
             continue
-        log_q = torch.log_softmax(logits[m].float(), dim=-1)  # (n, V) supervised slots only
-        p = probs[p_row[:, :, k].flatten()[m]]  # (n, V)
+        log_q = torch.log_softmax(logits.float(), dim=-1)  # (N, V); unsupervised rows are masked by m
+        p = probs[p_row[:, k]]  # (N, V)
         if loss.soft_ce:
             ce = -(p * log_q).sum(-1)
         else:
-            ce = -log_q.gather(-1, label[:, :, k].flatten()[m][:, None]).squeeze(-1)
+            ce = -log_q.gather(-1, label[:, k, None]).squeeze(-1)
         tv = (log_q.exp() - p).abs().sum(-1)
         c_star = (1 - 0.5 * tv).detach().clamp(0, 1)
-        terms["ce"] = terms["ce"] + w * ce.mean()
-        terms["tv"] = terms["tv"] + w * tv.mean()
+        terms["ce"] = terms["ce"] + w * (ce * m).sum() / n
+        terms["tv"] = terms["tv"] + w * (tv * m).sum() / n
         if conf is not None:
-            bce = F.binary_cross_entropy(conf[m].float().clamp(1e-6, 1 - 1e-6), c_star)
-            terms["conf"] = terms["conf"] + w * bce
-        c_star_by_pos.append(c_star.mean())
+            bce = F.binary_cross_entropy(conf.float().clamp(1e-6, 1 - 1e-6), c_star, reduction="none")
+            terms["conf"] = terms["conf"] + w * (bce * m).sum() / n
+        c_star_by_pos.append((c_star * m).sum() / n)
     terms = {name: value / w_sum for name, value in terms.items()}
     total = loss.ce * terms["ce"] + loss.tv * terms["tv"] + loss.conf * terms["conf"]
     return total, c_star_by_pos, terms
