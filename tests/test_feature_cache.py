@@ -204,3 +204,59 @@ def test_equal_epochs_give_every_drafter_the_same_anchors(tiny_model):
     assert (
         planned_steps(eagle, source, DrafterTrainConfig(epochs=3.0, batch_size=2)) == 17
     )  # ceil(3 * 11 / 2)
+
+
+def test_length_bucketed_batches_cover_every_sequence_once_per_pass():
+    from dspark.training.drafters import length_bucketed_batches
+
+    lengths = torch.randint(1, 200, (103,), generator=torch.Generator().manual_seed(0))
+    stream = length_bucketed_batches(lengths, 4, torch.Generator().manual_seed(1), pool=5)
+    one_pass = [next(stream) for _ in range(26)]  # ceil(103 / 4) batches, the last pool's tail short
+    assert sorted(i for b in one_pass for i in b) == list(range(103))
+    spread = sum(int(lengths[b].max() - lengths[b].min()) for b in one_pass) / len(one_pass)
+    assert spread < 40  # sorted pools: far narrower than random batches of 4 (~100 apart)
+    assert sorted(i for b in (next(stream) for _ in range(26)) for i in b) == list(range(103))
+
+
+# ---- the commands ------------------------------------------------------------------------------
+
+
+def test_train_features_and_drafter_commands(small_checkpoint, tmp_path, capsys):
+    """`train features` builds the caches once; `train drafter` reuses them, records its taps and budget;
+    --taps gets its own cache; a drafter trained on other taps is refused by this target."""
+    from dspark import train
+    from dspark.checkpoint import CheckpointError, load_target
+    from dspark.drafters.registry import load_drafter
+
+    g = torch.Generator().manual_seed(0)
+    with open(tmp_path / "r.jsonl", "w") as f:
+        for i in range(14):
+            split, domain = ("val" if i < 3 else "train"), ("code", "math", "chat")[i % 3]
+            prompt = torch.randint(10, 500, (5,), generator=g).tolist()
+            response = torch.randint(10, 500, (8 + i,), generator=g).tolist()
+            f.write(
+                json.dumps({"domain": domain, "split": split, "prompt_ids": prompt, "response_ids": response})
+                + "\n"
+            )
+    common = ["--responses", str(tmp_path / "r.jsonl"), "--features-dir", str(tmp_path / "f"),
+              "--checkpoint", str(small_checkpoint)]  # fmt: skip
+    train.main(["features", *common])
+    assert capsys.readouterr().out.count("building it") == 2  # train and val
+    out = tmp_path / "d.safetensors"
+    train.main(["drafter", "--kind", "dspark", *common, "--epochs", "2", "--gamma", "3", "--layers", "1",
+                "--rank", "4", "--out", str(out), "--batch-size", "4"])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "building it" not in printed and "2.0" in printed  # the cache was reused; 2 epochs
+    meta = json.loads(out.with_suffix(".json").read_text())["meta"]
+    assert (
+        meta["tap_layers"] == [0]
+        and meta["epochs"] == pytest.approx(2.0, rel=0.2)
+        and meta["features"] == "cache"
+    )
+    target, _ = load_target(small_checkpoint)
+    load_drafter(out, target)  # loads for the taps it was trained on
+    train.main(["drafter", "--kind", "mtp", *common, "--taps", "1", "--out", str(tmp_path / "m.safetensors")])
+    assert capsys.readouterr().out.count("building it") == 2  # a new cache for taps [1]
+    assert (tmp_path / "f" / "r" / "taps-1" / "train" / "manifest.json").is_file()
+    with pytest.raises(CheckpointError, match=r"trained on target layers \[1\]"):
+        load_drafter(tmp_path / "m.safetensors", target)

@@ -201,10 +201,23 @@ def planned_steps(drafter, source: FeatureSource, tc: DrafterTrainConfig) -> int
     return max(1, math.ceil(passes * len(source) / tc.batch_size))
 
 
-def sequence_order(n: int, generator: torch.Generator):
-    """Shuffled indices, one permutation per pass over the data, forever."""
+def length_bucketed_batches(
+    lengths: torch.Tensor, batch_size: int, generator: torch.Generator, pool: int = 32
+):
+    """Batches of sequence indices, forever: each pass over the data is shuffled, cut into pools of
+    `pool` batches, each pool sorted by length and cut into batches, and the pass's batches shuffled.
+    Every sequence appears once per pass; a batch holds sequences of similar length, so little of a
+    step is padding (packed blocks pad every row to the batch's longest response)."""
+    n = len(lengths)
     while True:
-        yield from torch.randperm(n, generator=generator).tolist()
+        perm = torch.randperm(n, generator=generator)
+        batches = []
+        for start in range(0, n, batch_size * pool):
+            chunk = perm[start : start + batch_size * pool]
+            chunk = chunk[lengths[chunk].argsort(stable=True)]
+            batches += [chunk[i : i + batch_size].tolist() for i in range(0, len(chunk), batch_size)]
+        for i in torch.randperm(len(batches), generator=generator).tolist():
+            yield batches[i]
 
 
 def evaluate(drafter, target: Transformer, val: FeatureSource, tc: DrafterTrainConfig) -> list[float]:
@@ -243,10 +256,11 @@ def train_drafter(
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=tc.lr, betas=(0.9, 0.95), weight_decay=0.0)
     g = torch.Generator().manual_seed(tc.seed)
-    order = sequence_order(len(train), g)
+    lengths, prompt_lens = train.lengths()
+    order = length_bucketed_batches(lengths - prompt_lens, tc.batch_size, g)  # by response length
     steps = planned_steps(drafter, train, tc)
     warmup = max(1, round(tc.warmup * steps))
-    total_anchors = float(candidate_counts(*train.lengths()).sum())
+    total_anchors = float(candidate_counts(lengths, prompt_lens).sum())
     history, seen, busy = [], 0, 0.0
     drafter.train()
     bar = tqdm(range(steps), desc=f"drafter {drafter.config.kind}", unit="step")
@@ -256,7 +270,7 @@ def train_drafter(
         lr = tc.lr * min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / steps))
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batch = train.batch([next(order) for _ in range(tc.batch_size)])
+        batch = train.batch(next(order))
         loss, acc, anchors, _ = batch_loss(drafter, target, batch, tc, g)
         seen += anchors
         if loss is not None:
