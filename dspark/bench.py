@@ -110,7 +110,7 @@ def bench_offline(args: argparse.Namespace) -> dict:
     and Fig. 2 analogues).
     """
     tokenizer, target = load_model(args)
-    drafters = {name: get_drafter(name, target) for name in args.drafters}
+    drafters = offline.load_labelled_drafters(target, args.drafters)
     gammas = {
         name: cli.resolve_gamma(args.gamma, d, name, mtp_drafts_one=True) for name, d in drafters.items()
     }
@@ -540,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Table 1 + Fig. 2: tau, acceptance by position and speed-up per drafter and domain",
     )
     p.add_argument("--drafters", type=parse_name_list, default=["mtp", "eagle"],
-                   help="comma-separated drafter names (default: mtp,eagle)")  # fmt: skip
+                   help="comma-separated shipped drafter names or LABEL=CHECKPOINT (default: mtp,eagle)")  # fmt: skip
     p.add_argument("--temperatures", type=parse_float_list, default=[1.0],
                    help="comma-separated sampling temperatures (default: 1)")  # fmt: skip
     cli.add_gamma(p)
