@@ -311,7 +311,13 @@ def build_parser() -> argparse.ArgumentParser:
     option(p, "--data", data_dir, "corpus directory")
     cli.add_outputs(p, "output JSON lines (default: %(default)s)", responses, "PATH", json=None)
     cli.add_target(p)
-    option(p, "--per-domain", 2000, "train prompts per domain", low=0)
+    option(
+        p,
+        "--per-domain",
+        100_000,
+        "train prompts per domain (the default takes every one: ~29k in all)",
+        low=0,
+    )
     option(p, "--val-per-domain", 48, "val prompts per domain", low=0)
     cli.add_sampling(p, max_new_tokens=160, tokens_help="response length cap")
     option(p, "--batch-size", 32, "prompts generated together", low=1)
