@@ -590,9 +590,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drafters", type=parse_name_list, default=["dspark", "eagle", "mtp"],
                    help="comma-separated drafter kinds (default: dspark,eagle,mtp)")  # fmt: skip
     p.add_argument("--settings", type=parse_training_settings,
-                   default=parse_training_settings("live:16:fp32,cache:16:fp32,cache:64:fp32,cache:0:fp32,cache:0:bf16"),
+                   default=parse_training_settings("live:16:fp32,cache:16:fp32,cache:16:bf16,cache:64:bf16,cache:0:bf16"),
                    help="comma-separated FEATURES:ANCHORS:PRECISION, features live|cache, anchors 0 = all, "
-                   "precision fp32|bf16 (default: live:16:fp32,cache:16:fp32,cache:64:fp32,cache:0:fp32,cache:0:bf16)")  # fmt: skip
+                   "precision fp32|bf16 (default: live:16:fp32,cache:16:fp32,cache:16:bf16,cache:64:bf16,cache:0:bf16)")  # fmt: skip
     option(p, "--steps", 5, "timed steps per setting (after one warm-up)", low=1)
     option(p, "--batch-size", 8, "sequences per step", low=1)
     option(p, "--responses", str(paths.dspark_home() / "responses.jsonl"), "responses file")

@@ -362,11 +362,19 @@ def build_parser() -> argparse.ArgumentParser:
         "parallel drafters: position weight exp(-(k-1)/decay)",
         low=0.01,
     )
-    option(p, "--ce-weight", dc.ce_weight, "dspark: cross-entropy weight (TV gets 1 - it)", low=0, high=1)
-    p.add_argument(
-        "--soft-ce", action="store_true", help="dspark: cross-entropy against the target's distribution"
+    option(
+        p,
+        "--ce-weight",
+        dc.ce_weight,
+        "dspark: cross-entropy weight, TV gets 1 - it (paper: 0.1)",
+        low=0,
+        high=1,
     )
-    p.add_argument("--bf16", action="store_true", help="drafter forward under bf16 autocast (losses in fp32)")
+    p.add_argument("--soft-ce", action=argparse.BooleanOptionalAction, default=dc.soft_ce,
+                   help="dspark: cross-entropy against the target's distribution (--no-soft-ce: against the "
+                   "sampled token, the paper's)")  # fmt: skip
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=dc.bf16,
+                   help="drafter forward under bf16 autocast, losses in fp32 (--no-bf16: all fp32)")  # fmt: skip
     add_optimizer(p, dc, "sequences", "validations")
 
     p = command(

@@ -54,7 +54,7 @@ from dspark.training.packed_blocks import DFLASH_LOSS, BlockLoss, block_losses
 
 @dataclass
 class DrafterTrainConfig:
-    epochs: float = 1.0  # passes over the supervised positions (every response anchor once per epoch)
+    epochs: float = 0.5  # passes over the supervised positions (every response anchor once per epoch)
     steps: int = 0  # optimizer steps; 0 = as many as `epochs` takes
     batch_size: int = 8  # sequences per step
     unroll: int = 7  # training-time-test steps K (MTP: 1)
@@ -63,18 +63,20 @@ class DrafterTrainConfig:
     step_decay: float = 0.8  # EAGLE: loss weight of unrolled step k is step_decay**k
     eval_every: int = 100  # steps between validation passes
     eval_sequences: int = 0  # validation sequences (0 = all)
-    anchors_per_seq: int = 0  # parallel drafters: anchors per sequence and pass (0 = every response position)
+    anchors_per_seq: int = (
+        16  # parallel drafters: anchors per sequence and pass (0 = every response position)
+    )
     position_decay: float = 4.0  # parallel drafters: position weight exp(-(k-1)/decay)
-    ce_weight: float = 0.1  # DSpark: weight of cross-entropy (TV gets 1 - ce_weight, confidence 1.0)
-    soft_ce: bool = False  # DSpark: cross-entropy against p_t instead of the sampled token
-    bf16: bool = False  # drafter forward under bf16 autocast (losses in fp32)
+    ce_weight: float = (
+        0.9  # DSpark: weight of cross-entropy (TV gets 1 - ce_weight, confidence 1.0); paper: 0.1
+    )
+    soft_ce: bool = True  # DSpark: cross-entropy against p_t instead of the sampled token (paper: the token)
+    bf16: bool = True  # drafter forward under bf16 autocast (losses in fp32)
     seed: int = 0  # sequence order and anchor positions
 
     def block_loss(self, drafter: ParallelDrafter) -> BlockLoss:
-        if not drafter.has_confidence:  # DFlash: cross-entropy only
-            return BlockLoss(
-                DFLASH_LOSS.ce, DFLASH_LOSS.tv, DFLASH_LOSS.conf, self.soft_ce, self.position_decay
-            )
+        if not drafter.has_confidence:  # DFlash: its own recipe, cross-entropy against the token only
+            return BlockLoss(DFLASH_LOSS.ce, DFLASH_LOSS.tv, DFLASH_LOSS.conf, False, self.position_decay)
         return BlockLoss(self.ce_weight, 1 - self.ce_weight, 1.0, self.soft_ce, self.position_decay)
 
 
