@@ -61,7 +61,7 @@ class DrafterTrainConfig:
     lr: float = 1e-3  # peak learning rate (AdamW, cosine decay to 0)
     warmup: float = 0.04  # linear warm-up, as a fraction of the steps
     step_decay: float = 0.8  # EAGLE: loss weight of unrolled step k is step_decay**k
-    eval_every: int = 100  # steps between validation passes
+    eval_every: int = 1000  # steps between validation passes
     eval_sequences: int = 0  # validation sequences (0 = all)
     anchors_per_seq: int = (
         16  # parallel drafters: anchors per sequence and pass (0 = every response position)
