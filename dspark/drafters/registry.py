@@ -48,7 +48,8 @@ def load_drafter(path: str | Path, target: Transformer) -> Drafter:
     if taps is not None and tuple(taps) != tuple(target.config.tap_layers):
         raise CheckpointError(
             f"drafter {path} was trained on target layers {list(taps)}, but this target taps "
-            f"{list(target.config.tap_layers)}; retrain it or fix tap_layers in the target's JSON"
+            f"{list(target.config.tap_layers)}; with another target model pass --drafter none or a "
+            "--drafter-checkpoint trained for it"
         )
     try:
         drafter.load_state_dict(tensors)

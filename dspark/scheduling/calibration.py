@@ -109,8 +109,9 @@ def select_sts(
 
     The temperatures are fitted (`fit_sts`) on the rounds in `fit_rows` (default: every other round)
     and checked, left to right, on the others: T_k is kept only if at least `min_survivors` fitting
-    rounds reached position k (their drafts 1..k-1 all accepted) and the held-out ECE of the prefix
-    survival at k, with the temperatures already chosen before k, is lower with T_k than with 1.
+    rounds reached position k (their drafts 1..k-1 all accepted), the held-out ECE of the prefix
+    survival at k, with the temperatures already chosen before k, is lower with T_k than with 1, and
+    the held-out ECE summed over the later positions (which T_k also scales) is not higher.
     Otherwise position k keeps T = 1 (the head as trained)."""
     rows = torch.arange(conf.shape[0], device=conf.device)
     fit_rows = rows % 2 == 0 if fit_rows is None else fit_rows
@@ -126,11 +127,19 @@ def select_sts(
             continue
         trial = chosen.clone()
         trial[k] = fitted[k]
-        before = ece(prefix_survival(conf[check], chosen)[m, k], events[check][m, k])
-        after = ece(prefix_survival(conf[check], trial)[m, k], events[check][m, k])
+        held_out = [
+            prefix_survival(conf[check], t) for t in (chosen, trial)
+        ]  # later positions still at T = 1
+        before, after = (ece(a[m, k], events[check][m, k]) for a in held_out)
         if not after < before:
             reasons.append(f"T = 1: T = {float(fitted[k]):.3f} does not lower held-out ECE "
                            f"({100 * after:.1f}% vs {100 * before:.1f}%)")  # fmt: skip
+            continue
+        later = [sum(ece(a[mask[check, j], j], events[check][mask[check, j], j]) for j in range(k + 1, conf.shape[1]))
+                 for a in held_out]  # fmt: skip
+        if later[1] > later[0]:  # T_k also moves every later prefix product: none may get worse in sum
+            reasons.append(f"T = 1: T = {float(fitted[k]):.3f} lowers held-out ECE at {k + 1} but raises it at "
+                           f"the later positions ({100 * later[1]:.1f} vs {100 * later[0]:.1f} points in sum)")  # fmt: skip
             continue
         chosen[k] = fitted[k]
         reasons.append(f"T = {float(fitted[k]):.3f}: held-out ECE {100 * before:.1f}% -> {100 * after:.1f}%")

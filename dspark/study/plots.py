@@ -57,7 +57,10 @@ def plot_position_acceptance(rows: list[dict], path: str | Path, title: str) -> 
                 ks, acc, ns = zip(*pts)
                 if any(ns):  # 95% Wilson intervals: late positions rest on few rounds
                     lo, hi = zip(*(wilson_interval(round(a * n), n) for a, n in zip(acc, ns)))
-                    err = [[a - low for a, low in zip(acc, lo)], [high - a for a, high in zip(acc, hi)]]
+                    err = [
+                        [max(0.0, a - low) for a, low in zip(acc, lo)],  # >= 0 despite rounding at 0 and 1
+                        [max(0.0, high - a) for a, high in zip(acc, hi)],
+                    ]
                     ax.errorbar(ks, acc, yerr=err, marker="o", capsize=2, label=r["drafter"])
                 else:
                     ax.plot(ks, acc, marker="o", label=r["drafter"])
