@@ -49,7 +49,7 @@ from dspark.data.corpus import DOMAINS, EVAL_PER_DOMAIN
 from dspark.data.tokenizer import Tokenizer
 from dspark.device import model_device
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
-from dspark.drafters.registry import default_path, get_drafter, load_calibration
+from dspark.drafters.registry import default_path, get_drafter, load_calibration, new_drafter
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduling import calibration, draft_cost, profiler
@@ -265,8 +265,6 @@ def bench_training(args: argparse.Namespace) -> dict:
     seconds per step, anchors (blocks) per second and supervised (anchor, position) pairs per second, and the
     speed-up over the first setting of each drafter. Builds the feature cache first if it is missing.
     """
-    from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
-    from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
     from dspark.study.training_speed import training_speed_table
     from dspark.training.drafters import DrafterTrainConfig
     from dspark.training.feature_cache import LiveFeatures, response_caches
@@ -280,14 +278,7 @@ def bench_training(args: argparse.Namespace) -> dict:
 
         def make(kind=kind):
             torch.manual_seed(0)
-            if kind in PARALLEL_KINDS:
-                return ParallelDrafter(
-                    target, ParallelDrafterConfig(kind, ffn_hidden=target.config.ffn_hidden)
-                )
-            gamma = 1 if kind == "mtp" else 7
-            return AutoregressiveDrafter(
-                target, AutoregressiveDrafterConfig(kind, gamma, ffn_hidden=target.config.ffn_hidden)
-            )
+            return new_drafter(target, kind)
 
         settings = [dict(zip(("features", "anchors", "bf16"), s)) for s in args.settings]
         if kind not in PARALLEL_KINDS:  # every chain is supervised: the anchor density does not apply

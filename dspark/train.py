@@ -40,10 +40,10 @@ from dspark.data.corpus import (
     write_jsonl,
 )
 from dspark.data.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer
-from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
+from dspark.drafters.autoregressive import AutoregressiveDrafterConfig
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
-from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
-from dspark.drafters.registry import DRAFTER_NAMES, default_path
+from dspark.drafters.parallel import ParallelDrafterConfig
+from dspark.drafters.registry import DRAFTER_NAMES, default_path, new_drafter
 from dspark.training.drafters import DrafterTrainConfig
 from dspark.training.target import TrainConfig, train_target
 
@@ -194,14 +194,7 @@ def cmd_drafter(args: argparse.Namespace) -> None:
     train_set, val_set = feature_caches(args, target)
     gamma = 1 if args.kind == "mtp" else args.gamma
     torch.manual_seed(args.seed)
-    if args.kind in PARALLEL_KINDS:
-        layers = args.layers or PARALLEL.n_layers
-        config = ParallelDrafterConfig(args.kind, gamma, layers, target.config.ffn_hidden, rank=args.rank)
-        drafter = ParallelDrafter(target, config)
-    else:
-        layers = args.layers or AUTOREGRESSIVE.n_layers
-        config = AutoregressiveDrafterConfig(args.kind, gamma, layers, target.config.ffn_hidden)
-        drafter = AutoregressiveDrafter(target, config)
+    drafter = new_drafter(target, args.kind, gamma, args.layers, args.rank)
     tc = DrafterTrainConfig(epochs=args.epochs, steps=args.steps, batch_size=args.batch_size, unroll=gamma,
                             anchors_per_seq=args.anchors, lr=args.lr, eval_every=args.eval_every,
                             position_decay=args.position_decay, ce_weight=args.ce_weight, soft_ce=args.soft_ce,

@@ -139,9 +139,7 @@ class ParallelDrafterConfig:
     ffn_hidden: int = 688  # SwiGLU width of each backbone layer
     rank: int = 64  # r of W1 (V x r) and W2 (r x V); 0 for dflash
     mask_id: int = SPECIAL_TOKENS.index(MASK)  # token that fills the γ-1 future slots (<|mask|>)
-    normed_head_input: bool = (
-        True  # heads read RMSNorm(h) (the LM head's input), as the reference; False: raw h
-    )
+    normed_head_input: bool = True  # heads read RMSNorm(h), the LM head's input (False: raw h)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

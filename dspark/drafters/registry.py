@@ -93,6 +93,22 @@ def get_drafter(name: str, target: Transformer, path: str | Path | None = None) 
     return drafter
 
 
+def new_drafter(
+    target: Transformer, kind: str, gamma: int = 7, layers: int = 0, rank: int | None = None
+) -> Drafter:
+    """A freshly initialised drafter of `kind` for `target` (its SwiGLU width); MTP-1 always drafts 1 token,
+    `layers` 0 = the kind's default depth, `rank` None = the default sequential-head rank."""
+    if kind in PARALLEL_KINDS:
+        config = ParallelDrafterConfig(kind, gamma, layers or ParallelDrafterConfig.n_layers, target.config.ffn_hidden,
+                                       rank=ParallelDrafterConfig.rank if rank is None else rank)  # fmt: skip
+        return ParallelDrafter(target, config)
+    layers = layers or AutoregressiveDrafterConfig.n_layers
+    config = AutoregressiveDrafterConfig(
+        kind, 1 if kind == "mtp" else gamma, layers, target.config.ffn_hidden
+    )
+    return AutoregressiveDrafter(target, config)
+
+
 def get_calibration(name: str, path: str | Path | None = None) -> torch.Tensor | None:
     """STS temperatures of the drafter `name` at `path` (default: the shipped one); None for `none`."""
     return None if name == "none" else load_calibration(Path(path) if path else default_path(name))

@@ -127,9 +127,7 @@ def select_sts(
             continue
         trial = chosen.clone()
         trial[k] = fitted[k]
-        held_out = [
-            prefix_survival(conf[check], t) for t in (chosen, trial)
-        ]  # later positions still at T = 1
+        held_out = [prefix_survival(conf[check], t) for t in (chosen, trial)]  # later positions at T = 1
         before, after = (ece(a[m, k], events[check][m, k]) for a in held_out)
         if not after < before:
             reasons.append(f"T = 1: T = {float(fitted[k]):.3f} does not lower held-out ECE "

@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -63,20 +63,16 @@ class DrafterTrainConfig:
     step_decay: float = 0.8  # EAGLE: loss weight of unrolled step k is step_decay**k
     eval_every: int = 1000  # steps between validation passes
     eval_sequences: int = 0  # validation sequences (0 = all)
-    anchors_per_seq: int = (
-        16  # parallel drafters: anchors per sequence and pass (0 = every response position)
-    )
+    anchors_per_seq: int = 16  # parallel drafters: anchors per sequence and pass, 0 = all
     position_decay: float = 4.0  # parallel drafters: position weight exp(-(k-1)/decay)
-    ce_weight: float = (
-        0.9  # DSpark: weight of cross-entropy (TV gets 1 - ce_weight, confidence 1.0); paper: 0.1
-    )
+    ce_weight: float = 0.9  # DSpark: CE weight; TV gets 1 - it, confidence 1 (paper: 0.1)
     soft_ce: bool = True  # DSpark: cross-entropy against p_t instead of the sampled token (paper: the token)
     bf16: bool = True  # drafter forward under bf16 autocast (losses in fp32)
     seed: int = 0  # sequence order and anchor positions
 
     def block_loss(self, drafter: ParallelDrafter) -> BlockLoss:
         if not drafter.has_confidence:  # DFlash: its own recipe, cross-entropy against the token only
-            return BlockLoss(DFLASH_LOSS.ce, DFLASH_LOSS.tv, DFLASH_LOSS.conf, False, self.position_decay)
+            return replace(DFLASH_LOSS, decay=self.position_decay)
         return BlockLoss(self.ce_weight, 1 - self.ce_weight, 1.0, self.soft_ce, self.position_decay)
 
 
@@ -196,9 +192,7 @@ def planned_steps(drafter, source: FeatureSource, tc: DrafterTrainConfig) -> int
         return tc.steps
     lengths, prompt_lens = source.lengths()
     density = tc.anchors_per_seq if isinstance(drafter, ParallelDrafter) else 0
-    per_pass = float(
-        anchor_counts(lengths, prompt_lens, density).sum()
-    )  # anchors one pass over the data uses
+    per_pass = float(anchor_counts(lengths, prompt_lens, density).sum())  # anchors one pass uses
     passes = tc.epochs * float(candidate_counts(lengths, prompt_lens).sum()) / max(per_pass, 1.0)
     return max(1, math.ceil(passes * len(source) / tc.batch_size))
 
