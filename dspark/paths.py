@@ -37,6 +37,12 @@ def dspark_home() -> Path:
     return Path(os.environ.get("DSPARK_HOME", Path.home() / ".cache" / "dspark"))
 
 
+def target_home(target_name: str = "tiny") -> Path:
+    """Where data made with a target lives: DSPARK_HOME for the shipped tiny target, DSPARK_HOME/<name> for a
+    named pretrained one (its responses, feature caches, runs)."""
+    return dspark_home() if target_name == "tiny" else dspark_home() / target_name
+
+
 def data_dir() -> Path:
     return dspark_home() / "data"
 

@@ -141,9 +141,8 @@ def cmd_responses(args: argparse.Namespace) -> None:
     corpus = Path(args.data) / "corpus.jsonl"
     if not corpus.is_file():
         raise UsageError(f"no corpus in {args.data}; run `python -m dspark.train data` first")
-    target = load_target(args.checkpoint)[0].to(device)
-    tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
-    out = Path(args.out)
+    tokenizer, target, target_name = cli.load_target(args, device)
+    out = Path(args.out or paths.target_home(target_name) / "responses.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
     n = regenerate(target, tokenizer, corpus, out, args.per_domain, args.val_per_domain, args.max_new_tokens,
                    args.batch_size)  # fmt: skip
@@ -302,8 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("responses", cmd_responses, "regenerate responses with the target (drafter data)")
     option(p, "--data", data_dir, "corpus directory")
-    cli.add_outputs(p, "output JSON lines (default: %(default)s)", responses, "PATH", json=None)
-    cli.add_target(p)
+    cli.add_outputs(p, f"output JSON lines (default: {responses}; with --model NAME: "
+                    "DSPARK_HOME/NAME/responses.jsonl)", None, "PATH", json=None)  # fmt: skip
+    cli.add_target(p, pretrained=True)
     option(
         p,
         "--per-domain",

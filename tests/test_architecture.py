@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "dspark.checkpoint",
             "dspark.sampling",
             "dspark.decoding",
+            "dspark.pretrained.*",
         ),
     ),
     ("drafters", ("dspark.drafters.*",)),
@@ -40,7 +41,18 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("serving", ("dspark.serving.*",)),
     ("training", ("dspark.training.*",)),
     ("study", ("dspark.study.*", "dspark.grading.*")),
-    ("commands", ("dspark.cli", "dspark.generate", "dspark.train", "dspark.bench", "dspark.grade", "dspark")),
+    (
+        "commands",
+        (
+            "dspark.cli",
+            "dspark.generate",
+            "dspark.train",
+            "dspark.bench",
+            "dspark.grade",
+            "dspark.fetch",
+            "dspark",
+        ),
+    ),
 )
 
 KERNEL_ALLOWED = {"torch", "triton", "kernels", "__future__"} | set(sys.stdlib_module_names)

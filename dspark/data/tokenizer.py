@@ -4,19 +4,23 @@ What this file does:
   * trains a byte-level BPE vocabulary (4k-8k entries) on the training corpus
     with the `tokenizers` library (Rust; hand-written BPE training in Python
     would take many minutes on this corpus) and saves it as `tokenizer.json`;
-  * wraps it in `Tokenizer`, which knows the special tokens (BOS, EOS, the two
-    chat roles, MASK for parallel drafters, PAD) and builds the token ids of a
-    chat turn: `<|bos|><|user|> prompt <|assistant|> response <|eos|>`.
+  * wraps it in `Tokenizer`, which knows the special tokens and builds the
+    token ids of a chat turn from a `ChatFormat`. The shipped tiny target uses
+    `DSPARK_CHAT`: `<|bos|><|user|> prompt <|assistant|> response <|eos|>`;
+    a pretrained instruct model brings its own (`chatml`, e.g. SmolLM2:
+    `<|im_start|>user\n prompt <|im_end|>\n<|im_start|>assistant\n response <|im_end|>`).
 
-What it does not do: no normalisation, no truncation, no padding. Text is
-split into pieces and special tokens are inserted as ids, never parsed out of
-user text, so a prompt that happens to contain "<|eos|>" stays plain text.
-Byte-level BPE round-trips every UTF-8 string exactly.
+What it does not do: no normalisation, no truncation, no padding, no Jinja
+(a pretrained model's template is recognised by `dspark.pretrained`, not run).
+Text is split into pieces and special tokens are inserted as ids, never parsed
+out of user text, so a prompt that happens to contain "<|eos|>" stays plain
+text. Byte-level BPE round-trips every UTF-8 string exactly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
@@ -33,21 +37,71 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, USER, ASSISTANT, MASK)  # ids 0..5, in this ord
 DEFAULT_VOCAB_SIZE = 4096
 
 
-class Tokenizer:
-    """Thin wrapper: text <-> ids, plus the special-token ids and chat format."""
+@dataclass(frozen=True)
+class ChatFormat:
+    """How one chat turn becomes text around the user's prompt and the reply.
 
-    def __init__(self, backend: HFTokenizer) -> None:
-        self.backend = backend
+    The three strings are trusted template text: special-token strings in them
+    ARE special (the user's prompt and the reply never are)."""
+
+    name: str  # "dspark", "chatml" or "plain": recorded with results
+    before_prompt: str  # what precedes the user's prompt (BOS, system turn, user header)
+    after_prompt: str  # between the prompt and the reply (end of the user turn, assistant header)
+    end_of_reply: str  # the special token that ends a reply: generation stops at its id (EOS)
+
+
+DSPARK_CHAT = ChatFormat("dspark", BOS + USER, ASSISTANT, EOS)
+
+
+def chatml(system: str | None = None) -> ChatFormat:
+    """The ChatML turn format (SmolLM2, Qwen, ...), with an optional system turn first."""
+    system_turn = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
+    return ChatFormat(
+        "chatml", system_turn + "<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>"
+    )
+
+
+def plain(bos: str, eos: str) -> ChatFormat:
+    """No chat template (a base model): BOS, then the prompt, and the reply continues it."""
+    return ChatFormat("plain", bos, "", eos)
+
+
+class Tokenizer:
+    """Thin wrapper: text <-> ids, plus the special-token ids and the chat format.
+
+    `eos_id` is the id that ends a reply (`chat.end_of_reply`); `bos_id` the
+    first id of every prompt. `pad_id`, `mask_id`, `user_id` and
+    `assistant_id` are the shipped tokenizer's own specials (None in a
+    pretrained model's vocabulary that lacks them)."""
+
+    def __init__(self, backend: HFTokenizer, chat: ChatFormat = DSPARK_CHAT) -> None:
+        self.backend, self.chat = backend, chat
+        added = backend.get_added_tokens_decoder()  # id -> AddedToken
+        self.special_strings = tuple(t.content for t in added.values() if t.special)
+        if chat == DSPARK_CHAT:
+            missing = [t for t in SPECIAL_TOKENS if backend.token_to_id(t) is None]
+            if missing:
+                raise ValueError(f"tokenizer lacks special tokens {missing}")
         ids = [backend.token_to_id(t) for t in SPECIAL_TOKENS]
-        if any(i is None for i in ids):
-            missing = [t for t, i in zip(SPECIAL_TOKENS, ids) if i is None]
-            raise ValueError(f"tokenizer lacks special tokens {missing}")
-        self.pad_id, self.bos_id, self.eos_id, self.user_id, self.assistant_id, self.mask_id = ids
-        self.special_ids = frozenset(ids)
+        self.pad_id, _, _, self.user_id, self.assistant_id, self.mask_id = ids
+        self.eos_id = backend.token_to_id(chat.end_of_reply)
+        if self.eos_id is None or chat.end_of_reply not in self.special_strings:
+            raise ValueError(
+                f"the end of a reply {chat.end_of_reply!r} is not a special token of this tokenizer"
+            )
+        self._before, self._after = self._template(chat.before_prompt), self._template(chat.after_prompt)
+        if not self._before:
+            raise ValueError(f"chat format {chat.name!r} starts a prompt with no token")
+        self.bos_id = self._before[0]
+        self.special_ids = frozenset(backend.token_to_id(t) for t in self.special_strings)
+
+    def _template(self, text: str) -> list[int]:
+        """Trusted template text to ids: special-token strings in it become their ids."""
+        return self.backend.encode(text, add_special_tokens=False).ids if text else []
 
     # ---- construction -----------------------------------------------------
     @classmethod
-    def load(cls, path: str | Path) -> Tokenizer:
+    def load(cls, path: str | Path, chat: ChatFormat = DSPARK_CHAT) -> Tokenizer:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer file not found: {path}")
@@ -55,7 +109,7 @@ class Tokenizer:
             backend = HFTokenizer.from_file(str(path))
         except Exception as exc:  # the Rust error text is not very readable
             raise ValueError(f"tokenizer file {path} is corrupt: {exc}") from None
-        return cls(backend)
+        return cls(backend, chat)
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE) -> Tokenizer:
@@ -88,15 +142,15 @@ class Tokenizer:
             return []
         # The backend would turn a literal "<|eos|>" into the EOS id: text that
         # contains a special-token string takes the slower literal path.
-        if any(s in text for s in SPECIAL_TOKENS):
+        if any(s in text for s in self.special_strings):
             return self._encode_literal(text)
         return self.backend.encode(text, add_special_tokens=False).ids
 
     def _encode_literal(self, text: str) -> list[int]:
         ids: list[int] = []
-        for piece in _split_keeping_specials(text):
+        for piece in _split_keeping_specials(text, self.special_strings):
             enc = self.backend.encode(piece, add_special_tokens=False).ids
-            if piece in SPECIAL_TOKENS:  # spell it with ordinary byte tokens
+            if piece in self.special_strings:  # spell it with ordinary byte tokens
                 enc = [i for ch in piece for i in self.backend.encode(ch).ids]
             ids.extend(enc)
         return ids
@@ -109,24 +163,25 @@ class Tokenizer:
 
     # ---- chat format --------------------------------------------------------
     def chat_prompt(self, prompt: str) -> list[int]:
-        """Ids of `<|bos|><|user|>prompt<|assistant|>`: what generation starts from."""
-        return [self.bos_id, self.user_id, *self.encode(prompt), self.assistant_id]
+        """Ids of the prompt's turn up to where the reply starts (for the shipped tokenizer
+        `<|bos|><|user|>prompt<|assistant|>`): what generation starts from."""
+        return [*self._before, *self.encode(prompt), *self._after]
 
     def chat_sample(self, prompt: str, response: str) -> list[int]:
         """Ids of a whole training sample, ending with EOS."""
         return [*self.chat_prompt(prompt), *self.encode(response), self.eos_id]
 
 
-def _split_keeping_specials(text: str) -> Iterator[str]:
+def _split_keeping_specials(text: str, specials: Iterable[str]) -> Iterator[str]:
     """Yield `text` in pieces such that every special-token string is its own piece."""
     start = 0
     while start < len(text):
-        hits = [(text.find(s, start), s) for s in SPECIAL_TOKENS]
+        hits = [(text.find(s, start), s) for s in specials]
         hits = [(i, s) for i, s in hits if i >= 0]
         if not hits:
             yield text[start:]
             return
-        i, s = min(hits)
+        i, s = min(hits, key=lambda hit: (hit[0], -len(hit[1])))  # the longest special starting first
         if i > start:
             yield text[start:i]
         yield s

@@ -30,8 +30,10 @@ from dspark.model import Transformer
 DRAFTER_NAMES = ("none", "mtp", "eagle", "dflash", "dspark", "dspark-rnn")
 
 
-def default_path(name: str) -> Path:
-    return paths.ASSETS_DIR / f"drafter_{name}.safetensors"
+def default_path(name: str, target_name: str = "tiny") -> Path:
+    """The shipped drafter `name` for the shipped tiny target, or for a named pretrained target."""
+    folder = paths.ASSETS_DIR if target_name == "tiny" else paths.ASSETS_DIR / target_name
+    return folder / f"drafter_{name}.safetensors"
 
 
 def load_drafter(path: str | Path, target: Transformer) -> Drafter:
@@ -74,14 +76,19 @@ def load_calibration(path: str | Path) -> torch.Tensor | None:
     return None if temps is None else torch.tensor(temps, dtype=torch.float64)
 
 
-def get_drafter(name: str, target: Transformer, path: str | Path | None = None) -> Drafter:
-    """`none`, or a trained drafter from `path` (default: the shipped one)."""
+def get_drafter(
+    name: str, target: Transformer, path: str | Path | None = None, target_name: str = "tiny"
+) -> Drafter:
+    """`none`, or a trained drafter from `path` (default: the one shipped for `target_name`)."""
     if name not in DRAFTER_NAMES:
         raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
     if name == "none":
         return NoDrafter(target.config.vocab_size)
-    path = Path(path) if path else default_path(name)
+    path = Path(path) if path else default_path(name, target_name)
     if not path.is_file():
+        if target_name != "tiny" and Path(path) == default_path(name, target_name):
+            raise CheckpointError(f"no {name} drafter is shipped for the target {target_name!r}; pass --drafter none "
+                                  "(plain decoding) or a --drafter-checkpoint trained for it")  # fmt: skip
         raise CheckpointError(
             f"no trained {name} drafter at {path}; train one with `python -m dspark.train drafter --kind {name}`"
         )
@@ -109,6 +116,11 @@ def new_drafter(
     return AutoregressiveDrafter(target, config)
 
 
-def get_calibration(name: str, path: str | Path | None = None) -> torch.Tensor | None:
-    """STS temperatures of the drafter `name` at `path` (default: the shipped one); None for `none`."""
-    return None if name == "none" else load_calibration(Path(path) if path else default_path(name))
+def get_calibration(
+    name: str, path: str | Path | None = None, target_name: str = "tiny"
+) -> torch.Tensor | None:
+    """STS temperatures of the drafter `name` at `path` (default: the one shipped for `target_name`);
+    None for `none`."""
+    return (
+        None if name == "none" else load_calibration(Path(path) if path else default_path(name, target_name))
+    )

