@@ -273,3 +273,29 @@ def test_chat_format_refuses_unknown_templates():
         llama.chat_format("{{ '[INST]' + message + '[/INST]' }}", set(), "<s>", "</s>")
     tok = Tokenizer.load(Path(__file__).resolve().parents[1] / "dspark/assets/tokenizer.json")
     assert tok.chat.name == "dspark"  # the shipped tokenizer keeps its own format
+
+
+def test_grouped_attention_equals_sdpa():
+    from dspark.model import grouped_attention
+
+    torch.manual_seed(0)
+    S, Tb, H, Hkv, L, hd = 3, 5, 6, 2, 11, 8
+    q, k, v = torch.randn(S, Tb, H, hd), torch.randn(S, Hkv, L, hd), torch.randn(S, Hkv, L, hd)
+    mask = torch.rand(S, 1, Tb, L) < 0.7
+    mask[..., 0] = True  # every query sees something
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k, v, attn_mask=mask, enable_gqa=True
+    ).transpose(1, 2)
+    torch.testing.assert_close(grouped_attention(q, k, v, mask), want, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_cached_forward_is_close_to_fp32(tmp_path, original, hf_tok):
+    """The bf16 ragged path (written-out attention) computes what the fp32 path does, up to bf16 rounding."""
+    path = write_gguf(tmp_path / "m.gguf", original, hf_tok, quantized=False)
+    fp32, bf16 = (load_pretrained(str(path), dt, quiet=True).model for dt in (torch.float32, torch.bfloat16))
+    tokens, slots, lens = torch.tensor(IDS[:12]), torch.tensor([0, 1]), torch.tensor([5, 7])
+    with torch.no_grad():
+        a = fp32.forward_cached(tokens, slots, lens, fp32.new_cache(2)).logits
+        b = bf16.forward_cached(tokens, slots, lens, bf16.new_cache(2)).logits.float()
+    assert (a - b).abs().max() < 0.1 * a.abs().max()
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.8
