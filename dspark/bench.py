@@ -61,9 +61,10 @@ MAX_ARRIVAL_SPAN_S = 3600.0  # bench serve --poisson: the requests must all arri
 
 
 def load_model(args: argparse.Namespace, device: torch.device | None = None) -> tuple[Tokenizer, Transformer]:
-    """The shipped tokenizer and the --checkpoint target, moved to --device (or `device`)."""
-    device = device or cli.device_of(args)
-    return Tokenizer.load(paths.TOKENIZER_PATH), load_target(args.checkpoint)[0].to(device)
+    """The tokenizer and the target (--checkpoint, or --model in --dtype), moved to --device (or `device`);
+    the target's name (for its shipped drafters) goes into `args.target_name`."""
+    tokenizer, target, args.target_name = cli.load_target(args, device or cli.device_of(args))
+    return tokenizer, target
 
 
 def study_prompts(args: argparse.Namespace, tokenizer: Tokenizer, target: Transformer) -> dict:
@@ -110,7 +111,7 @@ def bench_offline(args: argparse.Namespace) -> dict:
     and Fig. 2 analogues).
     """
     tokenizer, target = load_model(args)
-    drafters = offline.load_labelled_drafters(target, args.drafters)
+    drafters = offline.load_labelled_drafters(target, args.drafters, args.target_name)
     gammas = {
         name: cli.resolve_gamma(args.gamma, d, name, mtp_drafts_one=True) for name, d in drafters.items()
     }
@@ -161,7 +162,7 @@ def bench_gamma(args: argparse.Namespace) -> dict:
     sequential head. With --out: gamma.md and gamma.png (paper Fig. 4 analogue).
     """
     tokenizer, target = load_model(args)
-    drafters = offline.load_labelled_drafters(target, args.drafters)
+    drafters = offline.load_labelled_drafters(target, args.drafters, args.target_name)
     for label, drafter in drafters.items():
         if drafter.name not in PARALLEL_KINDS:
             raise UsageError(
@@ -187,7 +188,7 @@ def bench_threshold(args: argparse.Namespace) -> dict:
     threshold.md and threshold.png (paper Fig. 5 analogue).
     """
     tokenizer, target = load_model(args)
-    ((label, drafter),) = offline.load_labelled_drafters(target, [args.drafter]).items()
+    ((label, drafter),) = offline.load_labelled_drafters(target, [args.drafter], args.target_name).items()
     gamma = cli.resolve_gamma(args.gamma, drafter, label)
     rows = offline.run_threshold(target, drafter, study_prompts(args, tokenizer, target),
                                  SamplingParams(args.temperature), gamma, args.max_new_tokens, tokenizer.eos_id,
@@ -205,7 +206,11 @@ def bench_calibration(args: argparse.Namespace) -> dict:
     analogue). Run `python -m dspark.train calibrate` first.
     """
     tokenizer, target = load_model(args)
-    path = Path(args.drafter_checkpoint) if args.drafter_checkpoint else default_path(args.drafter)
+    path = (
+        Path(args.drafter_checkpoint)
+        if args.drafter_checkpoint
+        else default_path(args.drafter, args.target_name)
+    )
     drafter = get_drafter(args.drafter, target, path)
     if not drafter.has_confidence:
         raise UsageError(
@@ -491,7 +496,7 @@ def add_study_options(p: argparse.ArgumentParser, prompts_per_domain: int, tempe
     option(p, "--prompts-per-domain", prompts_per_domain, "held-out prompts per domain", low=1,
            high=EVAL_PER_DOMAIN)  # fmt: skip
     cli.add_sampling(p, max_new_tokens=96, temperature=1.0 if temperature else None)
-    cli.add_target(p)
+    cli.add_target(p, pretrained=True)
     cli.add_device(p)
     cli.add_outputs(p, "write the markdown table(s) and PNG figure(s) into DIR")
 
@@ -521,7 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cli.add_sampling(p, max_new_tokens=128)
     option(p, "--repeats", 3, "timed runs after one warm-up", low=1)
-    cli.add_target(p)
+    cli.add_target(p, pretrained=True)
     cli.add_device(p)
     cli.add_outputs(p)
 

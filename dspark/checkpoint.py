@@ -46,7 +46,10 @@ def save_checkpoint(
         if tensor.data_ptr() in seen:  # tied to a tensor already written
             continue
         seen.add(tensor.data_ptr())
-        tensors[name] = tensor.detach().to(dtype).contiguous()
+        tensor = tensor.detach()
+        tensors[name] = (
+            tensor.to(dtype) if tensor.is_floating_point() else tensor
+        ).contiguous()  # ids stay ints
     tmp = path.with_suffix(".tmp")
     save_file(tensors, str(tmp))
     tmp.replace(path)  # atomic: a crash never leaves half a checkpoint
@@ -55,7 +58,7 @@ def save_checkpoint(
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(record from the .json, tensors in fp32) or CheckpointError."""
+    """(record from the .json, floating tensors in fp32, integer ones as stored) or CheckpointError."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -76,7 +79,7 @@ def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     bad = [name for name, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:
         raise CheckpointError(f"checkpoint {path} holds NaN/inf weights (in {bad[:3]}){restore_hint(path)}")
-    return record, {k: v.float() for k, v in tensors.items()}
+    return record, {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
 
 
 def mismatch(exc: RuntimeError) -> str:

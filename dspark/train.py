@@ -44,6 +44,7 @@ from dspark.drafters.autoregressive import AutoregressiveDrafterConfig
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.parallel import ParallelDrafterConfig
 from dspark.drafters.registry import DRAFTER_NAMES, default_path, new_drafter
+from dspark.drafters.vocab import most_frequent
 from dspark.training.drafters import DrafterTrainConfig
 from dspark.training.target import TrainConfig, train_target
 
@@ -161,8 +162,14 @@ def feature_caches(args: argparse.Namespace, target) -> tuple:
 
 
 def load_training_target(args: argparse.Namespace):
-    """The frozen target, with --taps overriding the tap layers its drafters read."""
-    target, _ = load_target(args.checkpoint)
+    """The frozen target (--checkpoint, or --model in --dtype), with --taps overriding the tap layers its
+    drafters read. Resolves the target's default --responses and --features-dir (under
+    `paths.target_home`) and records its name in `args.target_name`."""
+    tokenizer, target, args.target_name = cli.load_target(args, torch.device("cpu"))
+    args.eos_id = tokenizer.eos_id
+    home = paths.target_home(args.target_name)
+    args.responses = args.responses or str(home / "responses.jsonl")
+    args.features_dir = args.features_dir or str(home / "features")
     if args.taps:
         try:
             target.config.tap_layers = tuple(args.taps)
@@ -188,18 +195,25 @@ def cmd_drafter(args: argparse.Namespace) -> None:
     dspark-rnn) train on --anchors packed blocks per sequence; dspark adds the three-term loss of the paper.
     """
     from dspark.training.drafters import train_drafter
+    from dspark.training.responses import load_responses, response_token_counts
 
     target = load_training_target(args)
     train_set, val_set = feature_caches(args, target)
     gamma = 1 if args.kind == "mtp" else args.gamma
     torch.manual_seed(args.seed)
-    drafter = new_drafter(target, args.kind, gamma, args.layers, args.rank)
+    drafter = new_drafter(target, args.kind, gamma, args.layers, args.rank, args.draft_vocab)
+    if args.draft_vocab:  # the K ids the target writes most often in the training responses (EOS always)
+        counts = response_token_counts(
+            load_responses(Path(args.responses), "train"), target.config.vocab_size
+        )
+        drafter.vocab.set_ids(most_frequent(counts, args.draft_vocab, keep=(args.eos_id,)))
     tc = DrafterTrainConfig(epochs=args.epochs, steps=args.steps, batch_size=args.batch_size, unroll=gamma,
                             anchors_per_seq=args.anchors, lr=args.lr, eval_every=args.eval_every,
                             position_decay=args.position_decay, ce_weight=args.ce_weight, soft_ce=args.soft_ce,
                             bf16=args.bf16, seed=args.seed)  # fmt: skip
-    out = Path(args.out) if args.out else default_path(args.kind)
-    meta = {"target_checkpoint": Path(args.checkpoint).name, "tap_layers": list(target.config.tap_layers),
+    out = Path(args.out) if args.out else default_path(args.kind, args.target_name)
+    source = args.model or Path(args.checkpoint).name
+    meta = {"target_checkpoint": source, "tap_layers": list(target.config.tap_layers),
             "responses": len(train_set), "features": "live" if args.live else "cache"}  # fmt: skip
     meta = train_drafter(drafter, target, train_set, val_set, tc, out, meta)
     acc = " ".join(f"{a:.3f}" for a in meta["val_expected_acceptance"])
@@ -318,11 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_device(p)
 
     def add_features(p: argparse.ArgumentParser) -> None:
-        option(p, "--responses", responses, "responses file")
-        option(p, "--features-dir", str(paths.dspark_home() / "features"), "where feature caches live")
+        p.add_argument("--responses", metavar="PATH",
+                       help=f"responses file (default: {responses}; with --model NAME: DSPARK_HOME/NAME/...)")  # fmt: skip
+        p.add_argument("--features-dir", metavar="DIR", help="where feature caches live (default: DSPARK_HOME/"
+                       "features; with --model NAME: DSPARK_HOME/NAME/features)")  # fmt: skip
         p.add_argument("--taps", type=int, nargs="*",
                        help="target layers the drafters read (default: the target's own tap_layers)")  # fmt: skip
-        cli.add_target(p)
+        cli.add_target(p, pretrained=True)
         cli.add_threads(p)
 
     p = command("features", cmd_features, "cache the target's features of the responses (drafter input)")
@@ -341,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=cli.number(int, 0), default=0, help=f"drafter layers (default: {AUTOREGRESSIVE.n_layers} "
                    f"for mtp/eagle, {PARALLEL.n_layers} for the parallel ones)")  # fmt: skip
     option(p, "--rank", PARALLEL.rank, "DSpark sequential-head rank r", low=1)
+    option(p, "--draft-vocab", PARALLEL.draft_vocab, "score only the K ids the target writes most often in "
+           "the training responses (q = 0 elsewhere: still lossless); 0 = the whole vocabulary", low=0)  # fmt: skip
     dc = DrafterTrainConfig()
     option(
         p, "--epochs", dc.epochs, "epochs over the supervised positions (the budget of every drafter)", low=0

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
+from dspark.drafters.vocab import DraftVocabulary
 from dspark.kv_cache import KVCache
 from dspark.model import Block, RaggedIndex, RMSNorm, Transformer, rope_table, run_blocks_cached
 from dspark.sampling import probabilities, sample
@@ -44,6 +45,7 @@ class AutoregressiveDrafterConfig:
     max_gamma: int = 7  # longest block it may draft (MTP: 1)
     n_layers: int = 1  # decoder layers of the drafter
     ffn_hidden: int = 688  # SwiGLU width of its decoder layer
+    draft_vocab: int = 0  # K: score only the K most frequent target ids (drafters/vocab.py); 0 = all of them
 
     def __post_init__(self) -> None:
         if self.kind not in ("mtp", "eagle"):
@@ -71,6 +73,7 @@ class AutoregressiveDrafter(Drafter):
         self.w_in = nn.Linear(2 * tc.dim, tc.dim, bias=False)
         self.layers = nn.ModuleList(Block(self.layer_config) for _ in range(config.n_layers))
         self.out_norm = RMSNorm(tc.dim, tc.norm_eps)
+        self.vocab = DraftVocabulary(target, config.draft_vocab)  # what the drafter scores: V or K ids
         cos, sin = rope_table(self.layer_config)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -99,7 +102,8 @@ class AutoregressiveDrafter(Drafter):
         return self.w_in(torch.cat([self.token_norm(emb), self.feature_norm(feature)], dim=-1))
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
-        return self.target.lm_head(self.out_norm(g))
+        """(..., dim) -> (..., V), or (..., K) over the draft vocabulary."""
+        return self.vocab.logits(self.out_norm(g))
 
     # ---- per-slot state -----------------------------------------------------------
     def reset(self, n_slots: int) -> None:
@@ -134,10 +138,10 @@ class AutoregressiveDrafter(Drafter):
         g_last = g[ends - 1]  # (R, dim): predicts the token after the anchor
         tokens, probs = [], []
         for k in range(gamma):
-            q = probabilities(self.logits(g_last), params)  # (R, V) fp32
-            x = sample(q, generator)
+            q = probabilities(self.logits(g_last), params)  # (R, V) fp32 (or (R, K): draft indices)
+            x = self.vocab.to_target(sample(q, generator))
             tokens.append(x)
-            probs.append(q)
+            probs.append(self.vocab.expand(q))
             if k + 1 < gamma:  # feed back: own output as the feature of the drafted position
                 g_last = self._run(self.entries(x, g_last), slots, torch.ones_like(slots))
         if not tokens:

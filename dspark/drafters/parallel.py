@@ -51,6 +51,7 @@ from dspark.backend import use_kernel
 from dspark.data.tokenizer import MASK, SPECIAL_TOKENS
 from dspark.device import generator_uniforms, to_host
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
+from dspark.drafters.vocab import DraftVocabulary
 from dspark.kv_cache import KVCache
 from dspark.model import Block, RaggedIndex, RMSNorm, Transformer, apply_rope, rope_table
 from dspark.sampling import SamplingParams, probabilities, sample_from_probs
@@ -120,7 +121,10 @@ def markov_block_sample(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`markov_block_reference`, run by the Triton kernel where `dspark.backend` says so.
     The kernel does temperature (incl. greedy) but not top-k/top-p: those stay in PyTorch."""
-    if params.top_k == 0 and params.top_p == 1.0 and use_kernel(base_logits):
+    full_vocab = (
+        w1.shape[0] == base_logits.shape[-1]
+    )  # the kernel's layout; a draft vocabulary has K + 1 rows
+    if params.top_k == 0 and params.top_p == 1.0 and full_vocab and use_kernel(base_logits):
         from kernels.markov_sampler import markov_block_sample_triton
 
         return markov_block_sample_triton(
@@ -140,6 +144,7 @@ class ParallelDrafterConfig:
     rank: int = 64  # r of W1 (V x r) and W2 (r x V); 0 for dflash
     mask_id: int = SPECIAL_TOKENS.index(MASK)  # token that fills the γ-1 future slots (<|mask|>)
     normed_head_input: bool = True  # heads read RMSNorm(h), the LM head's input (False: raw h)
+    draft_vocab: int = 0  # K: score only the K most frequent target ids (drafters/vocab.py); 0 = all of them
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -170,10 +175,11 @@ class ParallelDrafter(Drafter):
         self.ctx_norm = RMSNorm(tc.dim, tc.norm_eps)
         self.layers = nn.ModuleList(Block(self.layer_config) for _ in range(config.n_layers))
         self.out_norm = RMSNorm(tc.dim, tc.norm_eps)
+        self.vocab = DraftVocabulary(target, config.draft_vocab)  # what the drafter scores: V or K ids
         r = config.rank
-        if r > 0:  # the sequential head (absent in DFlash)
-            self.w1 = nn.Embedding(tc.vocab_size, r)  # W1[x]: (r,)
-            self.w2 = nn.Linear(r, tc.vocab_size, bias=False)  # W2: r -> V
+        if r > 0:  # the sequential head (absent in DFlash); indexed by draft indices (+ "other" with K ids)
+            self.w1 = nn.Embedding(self.vocab.n_prev, r)  # W1[x]: (r,)
+            self.w2 = nn.Linear(r, self.vocab.n_out, bias=False)  # W2: r -> V (or K)
         if config.head == "rnn":
             self.rnn = nn.Linear(r + r + tc.dim, 3 * r)  # [s; W1[x]; h] -> gate, candidate, output
         if config.head != "none":  # DFlash has no confidence head
@@ -292,9 +298,10 @@ class ParallelDrafter(Drafter):
         return self.block_outputs(h)
 
     def block_outputs(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(what the sequential and confidence heads read, U = LMHead(RMSNorm(h))) of backbone output h."""
+        """(what the sequential and confidence heads read, U = LMHead(RMSNorm(h))) of backbone output h;
+        U is over the draft vocabulary (the target's LM-head rows of its ids) when there is one."""
         normed = self.out_norm(h)
-        return (normed if self.config.normed_head_input else h), self.target.lm_head(normed)
+        return (normed if self.config.normed_head_input else h), self.vocab.logits(normed)
 
     @torch.no_grad()
     def propose(self, slots, committed_tokens, features, committed_lens, anchors, gamma, params, generator):
@@ -307,14 +314,16 @@ class ParallelDrafter(Drafter):
         # on the generator's device, then moved (the same draws on every device)
         uniforms = generator_uniforms((gamma, slots.shape[0]), generator, slots.device).T  # (R, γ)
         uniforms = uniforms.contiguous()
+        vocab = self.vocab  # sampling happens over draft indices; tokens and q leave in the target's ids
         if self.config.rank == 0:  # DFlash: no dependence between positions, sample the block at once
             q = probabilities(u, params)  # (R, γ, V)
-            return Proposal(sample_from_probs(q, uniforms), q)
+            return Proposal(vocab.to_target(sample_from_probs(q, uniforms)), vocab.expand(q))
+        prev = vocab.to_draft(anchors)  # (R,) the previous token's row of W1
         if self.config.head == "markov":  # the whole block in one call (a Triton kernel on CUDA)
-            tokens, probs, conf = markov_block_sample(u, h, anchors, *self.markov_weights(), params, uniforms)
-            return Proposal(tokens, probs, conf)
+            tokens, probs, conf = markov_block_sample(u, h, prev, *self.markov_weights(), params, uniforms)
+            return Proposal(vocab.to_target(tokens), vocab.expand(probs), conf)
         # the RNN head: left to right in PyTorch
-        prev, state = anchors, h.new_zeros(slots.shape[0], self.config.rank)
+        state = h.new_zeros(slots.shape[0], self.config.rank)
         tokens, probs, confs = [], [], []
         for k in range(gamma):
             logits, conf, state = self.sequential_logits(u[:, k], h[:, k], prev, state)
@@ -323,4 +332,5 @@ class ParallelDrafter(Drafter):
             tokens.append(prev)
             probs.append(q)
             confs.append(conf)
-        return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1), torch.stack(confs, 1))
+        tokens, probs = vocab.to_target(torch.stack(tokens, 1)), vocab.expand(torch.stack(probs, 1))
+        return Proposal(tokens, probs, torch.stack(confs, 1))

@@ -101,17 +101,25 @@ def get_drafter(
 
 
 def new_drafter(
-    target: Transformer, kind: str, gamma: int = 7, layers: int = 0, rank: int | None = None
+    target: Transformer,
+    kind: str,
+    gamma: int = 7,
+    layers: int = 0,
+    rank: int | None = None,
+    draft_vocab: int = 0,
 ) -> Drafter:
     """A freshly initialised drafter of `kind` for `target` (its SwiGLU width); MTP-1 always drafts 1 token,
-    `layers` 0 = the kind's default depth, `rank` None = the default sequential-head rank."""
+    `layers` 0 = the kind's default depth, `rank` None = the default sequential-head rank, `draft_vocab` K > 0:
+    it scores K target ids (the first K until `drafter.vocab.set_ids` chooses them), 0 = all."""
     if kind in PARALLEL_KINDS:
         config = ParallelDrafterConfig(kind, gamma, layers or ParallelDrafterConfig.n_layers, target.config.ffn_hidden,
-                                       rank=ParallelDrafterConfig.rank if rank is None else rank)  # fmt: skip
+                                       rank=ParallelDrafterConfig.rank if rank is None else rank,
+                                       mask_id=min(ParallelDrafterConfig.mask_id, target.config.vocab_size - 1),
+                                       draft_vocab=draft_vocab)  # fmt: skip
         return ParallelDrafter(target, config)
     layers = layers or AutoregressiveDrafterConfig.n_layers
     config = AutoregressiveDrafterConfig(
-        kind, 1 if kind == "mtp" else gamma, layers, target.config.ffn_hidden
+        kind, 1 if kind == "mtp" else gamma, layers, target.config.ffn_hidden, draft_vocab=draft_vocab
     )
     return AutoregressiveDrafter(target, config)
 

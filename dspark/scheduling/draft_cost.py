@@ -136,6 +136,8 @@ def cpu_draft_cost(target: Transformer, drafter: Drafter, gamma: int, refresh: b
         "gamma": gamma,
         "threads": torch.get_num_threads(),
     }
+    if target.embed.weight.dtype != torch.float32:  # (fp32 keys stay as they were before bf16 targets)
+        key["dtype"] = str(target.embed.weight.dtype)
     path = draft_cost_path(key)
     if path.is_file() and not refresh:
         record = json.loads(path.read_text())

@@ -85,6 +85,8 @@ def cpu_profile(target: Transformer, refresh: bool = False, path: Path | None = 
     the target's config and the thread count; --refresh measures again)."""
     key = {"config": asdict(target.config), "threads": torch.get_num_threads()}
     key["config"]["tap_layers"] = list(key["config"]["tap_layers"])
+    if target.embed.weight.dtype != torch.float32:  # (fp32 keys stay as they were before bf16 targets)
+        key["dtype"] = str(target.embed.weight.dtype)
     path = path or profile_path(key)
     if path.is_file() and not refresh:
         record = json.loads(path.read_text())

@@ -259,8 +259,10 @@ def run_speedup(
     return rows
 
 
-def load_labelled_drafters(target: Transformer, specs: list[str]) -> dict[str, Drafter]:
-    """`label=PATH` pairs (or a bare shipped drafter name) -> {label: drafter}."""
+def load_labelled_drafters(
+    target: Transformer, specs: list[str], target_name: str = "tiny"
+) -> dict[str, Drafter]:
+    """`label=PATH` pairs (or a bare name of a drafter shipped for `target_name`) -> {label: drafter}."""
     from dspark.drafters.registry import get_drafter, load_drafter
 
     out = {}
@@ -273,7 +275,7 @@ def load_labelled_drafters(target: Transformer, specs: list[str]) -> dict[str, D
                 )
             out[label] = load_drafter(path, target)
         else:
-            out[label] = get_drafter(label, target)
+            out[label] = get_drafter(label, target, target_name=target_name)
     return out
 
 

@@ -123,7 +123,7 @@ def unrolled_log_probs(
     target_probs: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Per unrolled step k: (log q (n, V) of token_{i+k+2}, the target's p_t of it (n, V), the
-    supervised chains (B, T-1)): chain i starts from the real entry i; it is supervised at step k
+    supervised chains (B, T-1)) -- with a draft vocabulary both (n, K), p_t at its ids only: chain i starts from the real entry i; it is supervised at step k
     when token_{i+1} is an anchor (a response token) and token_{i+k+2} exists; the n rows are the
     supervised chains in row-major order."""
     B, T = batch.tokens.shape
@@ -142,7 +142,7 @@ def unrolled_log_probs(
             x = _layer_step(layer, x, idx + k, cache, drafter.rope_cos, drafter.rope_sin)
         g = x  # fed back as the next step's feature
         log_q = torch.log_softmax(drafter.logits(x[valid]).float(), dim=-1)  # supervised chains only
-        steps.append((log_q, probs[row_of[:, token_pos][valid]], valid))
+        steps.append((log_q, drafter.vocab.restrict(probs[row_of[:, token_pos][valid]]), valid))
     return steps
 
 
@@ -155,8 +155,11 @@ def unrolled_losses(
         if log_q.shape[0] == 0:
             break
         losses.append(-(p * log_q).sum(-1).mean())
-        with torch.no_grad():
-            accept.append((1 - 0.5 * (log_q.exp() - p).abs().sum(-1)).mean())
+        with (
+            torch.no_grad()
+        ):  # c* = 1 - ½‖q − p_t‖₁ over the whole vocabulary (p_t's mass off the draft ids too)
+            tv = (log_q.exp() - p).abs().sum(-1) + (1 - p.sum(-1)).clamp(min=0) * bool(drafter.vocab.size)
+            accept.append((1 - 0.5 * tv).mean())
     return losses, accept
 
 

@@ -119,6 +119,8 @@ def block_losses(
     gamma, tokens, lengths = drafter.config.gamma, batch.tokens, batch.lengths
     loss = loss or (BlockLoss() if drafter.has_confidence else DFLASH_LOSS)
     probs, row_of = target_probs if target_probs is not None else supervised_target_probs(target, batch)
+    vocab = drafter.vocab  # with a draft vocabulary: q over its K ids, p_t at those ids (the rest is dropped)
+    probs = vocab.restrict(probs)  # (N + 1, K or V)
     h, u_logits = packed_blocks(drafter, batch.taps, tokens, anchors, keep=valid_anchor)  # (N, γ, ·)
     row = torch.arange(B)[:, None].expand_as(anchors)[valid_anchor]  # (N,) sequence of each block
     pos = anchors[valid_anchor][:, None] + torch.arange(
@@ -126,8 +128,10 @@ def block_losses(
     )  # (N, γ): position of each slot's previous token
     valid = (pos + 1) < lengths[row][:, None]  # the predicted token exists
     safe = pos.clamp(max=T - 1)
-    prev = tokens[row[:, None], safe]  # teacher forcing
-    label = tokens[row[:, None], (safe + 1).clamp(max=T - 1)]
+    prev = vocab.to_draft(tokens[row[:, None], safe])  # teacher forcing, in draft indices
+    label = vocab.to_draft(
+        tokens[row[:, None], (safe + 1).clamp(max=T - 1)]
+    )  # K: outside the draft vocabulary
     p_row = row_of[row[:, None], safe]  # row of p_t in `probs` (the zero row where not supervised)
 
     state = h.new_zeros(h.shape[0], drafter.config.rank)
@@ -146,9 +150,12 @@ def block_losses(
         p = probs[p_row[:, k]]  # (N, V)
         if loss.soft_ce:
             ce = -(p * log_q).sum(-1)
-        else:
-            ce = -log_q.gather(-1, label[:, k, None]).squeeze(-1)
+        else:  # a label outside the draft vocabulary has no log q: masked out of the CE
+            in_vocab = label[:, k] < vocab.n_out
+            ce = -log_q.gather(-1, label[:, k, None].clamp(max=vocab.n_out - 1)).squeeze(-1) * in_vocab
         tv = (log_q.exp() - p).abs().sum(-1)
+        if vocab.size:  # p_t's mass off the draft ids counts fully: ‖q − p_t‖₁ over the whole vocabulary
+            tv = tv + (1 - p.sum(-1)).clamp(min=0) * (p_row[:, k] < probs.shape[0] - 1)
         c_star = (1 - 0.5 * tv).detach().clamp(0, 1)
         terms["ce"] = terms["ce"] + w * (ce * m).sum() / n
         terms["tv"] = terms["tv"] + w * (tv * m).sum() / n

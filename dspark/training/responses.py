@@ -108,3 +108,12 @@ def load_responses(path: Path, split: str) -> list[dict]:
     if missing:
         raise ValueError(f"responses file has no {split} data for {sorted(missing)}")
     return out
+
+
+def response_token_counts(records: list[dict], vocab_size: int) -> torch.Tensor:
+    """(V,) how often the target wrote each id in these responses (what a draft vocabulary keeps)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for r in records:
+        ids = torch.as_tensor(r["response_ids"], dtype=torch.long)
+        counts += torch.bincount(ids[(ids >= 0) & (ids < vocab_size)], minlength=vocab_size)
+    return counts

@@ -1,0 +1,130 @@
+"""A drafter's output vocabulary: the target's whole vocabulary, or a reduced draft vocabulary.
+
+A real target's vocabulary is large (SmolLM2: 49,152 ids), and a drafter that
+scores every id pays for the full LM head at every draft position -- about a
+fifth of a target decode step on a CPU. Most generated tokens come from a few
+thousand ids (SmolLM2: ids below 8k cover ~89%), so the drafter may score only
+the K most frequent ids of the target's own outputs:
+
+    U = LMHead_K(h)       the target's frozen head rows of those ids   (K,)
+    q over the K ids,     q = 0 for every other id
+
+The drafts are sampled from q over the K ids and mapped back to target ids,
+and `expand` writes q into the full vocabulary with zeros elsewhere, so
+verification is unchanged and still lossless: a target token outside the draft
+vocabulary is never drafted, but the residual max(p - q, 0) gives it its full
+probability when a draft is rejected.
+
+The sequential head looks up the previous token in draft indices: `to_draft`
+maps a target id to its index, and every id outside the vocabulary to one
+extra index K ("other"), so an anchor outside the vocabulary still has a row.
+
+What this file does not do: choose K or count frequencies from data (the
+drafter trainer calls `most_frequent`), or train anything.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dspark.model import Transformer
+
+
+def most_frequent(counts: torch.Tensor, size: int, keep: tuple[int, ...] = ()) -> torch.Tensor:
+    """The `size` ids with the highest counts (V,), most frequent first, always including `keep` (e.g. EOS)."""
+    if not 0 < size <= counts.shape[0]:
+        raise ValueError(f"draft vocabulary size must be in 1..{counts.shape[0]}, got {size}")
+    order = torch.argsort(counts.double(), descending=True, stable=True)  # ties: the lower id first
+    forced = torch.tensor(
+        [i for i in keep if 0 <= i < counts.shape[0]], dtype=torch.long, device=counts.device
+    )
+    rest = order[~torch.isin(order, forced)][: size - forced.shape[0]]
+    return torch.cat([forced, rest.long()])
+
+
+class DraftVocabulary(nn.Module):
+    """Maps between a drafter's output space and the target's vocabulary (identity when `size` is 0)."""
+
+    def __init__(self, target: Transformer, size: int = 0) -> None:
+        super().__init__()
+        V = target.config.vocab_size
+        if not 0 <= size <= V:
+            raise ValueError(f"draft vocabulary size must be 0 (the whole {V}) or at most {V}, got {size}")
+        self.size, self.target_vocab = size, V
+        self._target = (target,)  # frozen and shared: its head rows are read, never trained
+        if size:
+            device = target.embed.weight.device
+            self.register_buffer(
+                "ids", torch.arange(size, device=device)
+            )  # (K,) target id of each draft index
+            self.register_buffer(
+                "to_draft_index", torch.empty(V, dtype=torch.long, device=device), persistent=False
+            )
+            self.register_buffer("head_rows", torch.empty(0, device=device), persistent=False)  # (K, dim)
+            self.register_load_state_dict_post_hook(lambda module, keys: module.refresh())
+            self.refresh()
+
+    @property
+    def n_out(self) -> int:
+        """Width of the drafter's logits: K, or the target's V."""
+        return self.size or self.target_vocab
+
+    @property
+    def n_prev(self) -> int:
+        """Rows a previous-token lookup needs: K + 1 ("other"), or V."""
+        return self.size + 1 if self.size else self.target_vocab
+
+    def set_ids(self, ids: torch.Tensor) -> None:
+        """Use these target ids (K distinct, in 0..V-1) as the draft vocabulary."""
+        ids = torch.as_tensor(ids, dtype=torch.long, device=self.ids.device).flatten()
+        if ids.shape[0] != self.size or ids.unique().shape[0] != self.size:
+            raise ValueError(
+                f"need {self.size} distinct ids, got {ids.shape[0]} ({ids.unique().shape[0]} distinct)"
+            )
+        if ids.min() < 0 or ids.max() >= self.target_vocab:
+            raise ValueError(f"draft ids must be in 0..{self.target_vocab - 1}")
+        self.ids.copy_(ids)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Recompute the id map and the head rows from `ids` (after loading or setting them)."""
+        if not self.size:
+            return
+        head = self._target[0].lm_head.weight
+        if (
+            self.ids.min() < 0
+            or self.ids.max() >= self.target_vocab
+            or self.ids.unique().shape[0] != self.size
+        ):
+            raise ValueError("the draft vocabulary holds repeated ids or ids outside the target's vocabulary")
+        self.to_draft_index = torch.full(
+            (self.target_vocab,), self.size, dtype=torch.long, device=self.ids.device
+        )
+        self.to_draft_index[self.ids] = torch.arange(self.size, device=self.ids.device)
+        self.head_rows = head.detach()[self.ids.to(head.device)].clone()
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """(..., dim) -> (..., n_out): the target's frozen LM head, restricted to the draft ids."""
+        if not self.size:
+            return self._target[0].lm_head(normed)
+        return F.linear(normed, self.head_rows.to(normed.dtype))
+
+    def to_draft(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids -> draft indices (K for an id outside the draft vocabulary)."""
+        return self.to_draft_index[target_ids] if self.size else target_ids
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft indices (< K) -> target ids."""
+        return self.ids[draft_ids] if self.size else draft_ids
+
+    def expand(self, probs: torch.Tensor) -> torch.Tensor:
+        """(..., K) draft probabilities -> (..., V) over the target's vocabulary, zero off the draft ids."""
+        if not self.size:
+            return probs
+        return probs.new_zeros(*probs.shape[:-1], self.target_vocab).index_copy_(-1, self.ids, probs)
+
+    def restrict(self, probs: torch.Tensor) -> torch.Tensor:
+        """(..., V) target probabilities -> (..., K) at the draft ids (the mass elsewhere is dropped)."""
+        return probs[..., self.ids] if self.size else probs
