@@ -127,7 +127,8 @@ def unrolled_log_probs(
     when token_{i+1} is an anchor (a response token) and token_{i+k+2} exists; the n rows are the
     supervised chains in row-major order."""
     B, T = batch.tokens.shape
-    probs, row_of = target_probs if target_probs is not None else supervised_target_probs(target, batch)
+    ids = drafter.vocab.ids if drafter.vocab.size else None  # p_t at the draft vocabulary's ids only
+    probs, row_of = target_probs if target_probs is not None else supervised_target_probs(target, batch, ids)
     tokens, lengths = batch.tokens, batch.lengths
     g = drafter.features_of(batch.flat_features()).view(B, T, -1)[:, :-1]  # feature at i, i = 0..T-2
     idx = torch.arange(T - 1)
@@ -142,7 +143,7 @@ def unrolled_log_probs(
             x = _layer_step(layer, x, idx + k, cache, drafter.rope_cos, drafter.rope_sin)
         g = x  # fed back as the next step's feature
         log_q = torch.log_softmax(drafter.logits(x[valid]).float(), dim=-1)  # supervised chains only
-        steps.append((log_q, drafter.vocab.restrict(probs[row_of[:, token_pos][valid]]), valid))
+        steps.append((log_q, probs[row_of[:, token_pos][valid]], valid))
     return steps
 
 

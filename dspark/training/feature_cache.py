@@ -96,17 +96,27 @@ def live_features(target: Transformer, records: list[dict]) -> FeatureBatch:
     return features_of_tokens(target, tokens, lengths, torch.tensor(prompt_lens))
 
 
-def supervised_target_probs(target: Transformer, batch: FeatureBatch) -> tuple[torch.Tensor, torch.Tensor]:
+def supervised_target_probs(
+    target: Transformer, batch: FeatureBatch, ids: torch.Tensor | None = None, chunk: int = 256
+) -> tuple[torch.Tensor, torch.Tensor]:
     """p_t only where a drafter is supervised: positions j in [P, L-2] of each row, whose next
     token is a response token (anchors.py). Returns (probs (N + 1, V) fp32, row_of (B, T) long):
-    row_of[b, j] is the row of position j, or N -- an all-zero row -- where j is not supervised."""
+    row_of[b, j] is the row of position j, or N -- an all-zero row -- where j is not supervised.
+    With `ids` (K,) only p_t at those ids is kept, (N + 1, K) -- a draft vocabulary's -- still
+    normalised over the whole vocabulary. Computed `chunk` rows at a time: a (N, V) fp32 tensor is
+    never held (SmolLM2: 49k ids, 200 MB for a batch)."""
     B, T = batch.tokens.shape
     j = torch.arange(T)[None, :]
     need = (j >= batch.prompt_lens[:, None]) & (j + 1 < batch.lengths[:, None])  # (B, T)
+    hidden = batch.last_hidden[need]  # (N, dim)
+    pieces = []
     with torch.no_grad():
-        logits = target.lm_head(batch.last_hidden[need].to(target.lm_head.weight.dtype))  # (N, V)
-        probs = torch.softmax(logits.float(), dim=-1)
-    probs = torch.cat([probs, probs.new_zeros(1, probs.shape[-1])])  # (N + 1, V)
+        for start in range(0, hidden.shape[0], chunk):
+            logits = target.lm_head(hidden[start : start + chunk].to(target.lm_head.weight.dtype))  # (n, V)
+            log_p = torch.log_softmax(logits.float(), dim=-1)
+            pieces.append((log_p if ids is None else log_p[:, ids]).exp())
+    width = target.config.vocab_size if ids is None else ids.shape[0]
+    probs = torch.cat([*pieces, hidden.new_zeros(1, width, dtype=torch.float32)])  # (N + 1, V or K)
     row_of = torch.full((B, T), probs.shape[0] - 1, dtype=torch.long)
     row_of[need] = torch.arange(probs.shape[0] - 1)
     return probs, row_of

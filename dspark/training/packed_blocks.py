@@ -114,13 +114,14 @@ def block_losses(
 ) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]:
     """(total loss, mean c* per block position, the three loss terms) of the blocks at `anchors`
     (B, A) where `valid_anchor` (B, A); `loss` defaults to DSpark's (DFlash: `DFLASH_LOSS`);
-    `target_probs`: supervised_target_probs(target, batch) if the caller has it already."""
+    `target_probs`: supervised_target_probs(target, batch, the draft ids) if the caller has it already."""
     B, T = batch.tokens.shape
     gamma, tokens, lengths = drafter.config.gamma, batch.tokens, batch.lengths
     loss = loss or (BlockLoss() if drafter.has_confidence else DFLASH_LOSS)
-    probs, row_of = target_probs if target_probs is not None else supervised_target_probs(target, batch)
     vocab = drafter.vocab  # with a draft vocabulary: q over its K ids, p_t at those ids (the rest is dropped)
-    probs = vocab.restrict(probs)  # (N + 1, K or V)
+    if target_probs is None:
+        target_probs = supervised_target_probs(target, batch, vocab.ids if vocab.size else None)
+    probs, row_of = target_probs  # (N + 1, K or V)
     h, u_logits = packed_blocks(drafter, batch.taps, tokens, anchors, keep=valid_anchor)  # (N, γ, ·)
     row = torch.arange(B)[:, None].expand_as(anchors)[valid_anchor]  # (N,) sequence of each block
     pos = anchors[valid_anchor][:, None] + torch.arange(
