@@ -299,3 +299,43 @@ def test_bf16_cached_forward_is_close_to_fp32(tmp_path, original, hf_tok):
         b = bf16.forward_cached(tokens, slots, lens, bf16.new_cache(2)).logits.float()
     assert (a - b).abs().max() < 0.1 * a.abs().max()
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.8
+
+
+def test_drafter_for_a_gguf_target_end_to_end(tmp_path, original, hf_tok, monkeypatch):
+    """train features/drafter --model FILE --draft-vocab K, then generate --model FILE with that drafter:
+    greedy text identical to plain decoding in fp32, drafts only from the K ids the responses use most."""
+    from dspark import train
+
+    monkeypatch.setenv("DSPARK_HOME", str(tmp_path / "home"))
+    model_file = str(write_gguf(tmp_path / "m.gguf", original, hf_tok))
+    g = torch.Generator().manual_seed(0)
+    with open(tmp_path / "r.jsonl", "w") as f:
+        for i in range(15):
+            split, domain = ("val" if i < 3 else "train"), ("code", "math", "chat")[i % 3]
+            prompt = torch.randint(3, 300, (5,), generator=g).tolist()
+            response = torch.randint(3, 40, (10 + i,), generator=g).tolist()  # ids 3..39 only
+            f.write(
+                json.dumps({"domain": domain, "split": split, "prompt_ids": prompt, "response_ids": response})
+            )
+            f.write("\n")
+    common = ["--model", model_file, "--dtype", "float32", "--responses", str(tmp_path / "r.jsonl"),
+              "--features-dir", str(tmp_path / "f")]  # fmt: skip
+    out = tmp_path / "d.safetensors"
+    train.main(["drafter", "--kind", "dspark", *common, "--epochs", "1", "--gamma", "3", "--layers", "1",
+                "--rank", "4", "--draft-vocab", "16", "--out", str(out), "--batch-size", "4"])  # fmt: skip
+    record = json.loads(out.with_suffix(".json").read_text())
+    assert record["config"]["draft_vocab"] == 16 and record["meta"]["target_checkpoint"] == model_file
+    from safetensors.torch import load_file
+
+    ids = load_file(str(out))["vocab.ids"].tolist()
+    assert 2 in ids and set(ids) - {2} <= set(range(3, 40))  # EOS (<|im_end|>) kept, then the frequent ids
+
+    def run(*extra):
+        done = subprocess.run([sys.executable, "-m", "dspark.generate", "--model", model_file, "--dtype", "float32",
+                               "--max-new-tokens", "12", "--json", "hello there", *extra],
+                              capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    plain, spec = run("--drafter", "none"), run("--drafter", "dspark", "--drafter-checkpoint", str(out))
+    assert spec["text"] == plain["text"] and spec["new_tokens"] == plain["new_tokens"]
