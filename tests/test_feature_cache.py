@@ -95,6 +95,7 @@ def test_cache_holds_exactly_the_live_features(tmp_path, tiny_model):
     for b, n in enumerate(live.lengths.tolist()):  # padding rows differ (the target sees padding tokens)
         torch.testing.assert_close(cached.taps[b, :n], live.taps[b, :n], rtol=0, atol=1e-5)
         torch.testing.assert_close(cached.last_hidden[b, :n], live.last_hidden[b, :n], rtol=0, atol=1e-5)
+        torch.testing.assert_close(cached.lse[b, :n], live.lse[b, :n], rtol=0, atol=1e-5)
     assert live.lengths.max() == TINY.max_seq_len  # the long record is cut at the context
 
 

@@ -7,6 +7,7 @@ one pass of the target over the regenerated responses writes, per token,
 
   * the residual stream after each tap layer   taps.npy    (N, n_taps, dim)
   * the final-normed hidden state              hidden.npy  (N, dim)
+  * the log-sum-exp of the target's logits      lse.npy     (N,) fp32
 
 in fp16 (or fp32, for tests), plus the tokens and an index (offset, length,
 prompt length) per sequence, under DSPARK_HOME. A manifest records what the
@@ -20,7 +21,10 @@ interrupted build never leaves a half-written cache behind.
 The target's distribution p_t is not stored (V floats per token): training
 computes it only where a drafter is supervised, from the cached final hidden
 state through the frozen LM head (`supervised_target_probs`) -- the same
-numbers the live target pass gives there.
+numbers the live target pass gives there. A drafter with a draft vocabulary
+needs p_t only at its K ids: with the cached log-sum-exp that is K head rows
+instead of all V and no softmax (SmolLM2: 8k of 49k ids; the full head and
+softmax were over half of a training step).
 
 What this file does not do: choose anchors (anchors.py) or compute losses.
 """
@@ -36,13 +40,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from dspark import paths
 from dspark.drafters.base import TargetFeatures
 from dspark.model import Transformer
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: lse.npy
 DTYPES = {"float16": (np.float16, torch.float16), "float32": (np.float32, torch.float32)}
 
 
@@ -59,6 +64,7 @@ class FeatureBatch:
     prompt_lens: torch.Tensor  # (B,) where each response starts
     taps: torch.Tensor  # (B, T, n_taps, dim) float32, residual stream after each tap layer
     last_hidden: torch.Tensor  # (B, T, dim) float32, final-normed hidden state (LM head input)
+    lse: torch.Tensor | None = None  # (B, T) float32 log-sum-exp of the target's logits (None: not known)
 
     def flat_features(self) -> TargetFeatures:
         """Every position of every row, flattened: taps (B·T, n_taps, dim), last_hidden (B·T, dim)."""
@@ -86,7 +92,17 @@ def features_of_tokens(
 ) -> FeatureBatch:
     """A live target pass (fp32) over right-padded tokens (B, T) with (B,) lengths and prompt lengths."""
     out = target(tokens, return_taps=True)
-    return FeatureBatch(tokens, lengths, prompt_lens, out.taps.float(), out.last_hidden.float())
+    lse = logsumexp_rows(out.logits)
+    return FeatureBatch(tokens, lengths, prompt_lens, out.taps.float(), out.last_hidden.float(), lse)
+
+
+def logsumexp_rows(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """log Σ_v exp(logits[..., v]) in fp32, `chunk` rows at a time (no fp32 copy of all the logits)."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    out = torch.cat(
+        [torch.logsumexp(flat[i : i + chunk].float(), dim=-1) for i in range(0, flat.shape[0], chunk)]
+    )
+    return out.view(logits.shape[:-1])
 
 
 def live_features(target: Transformer, records: list[dict]) -> FeatureBatch:
@@ -111,10 +127,18 @@ def supervised_target_probs(
     hidden = batch.last_hidden[need]  # (N, dim)
     pieces = []
     with torch.no_grad():
-        for start in range(0, hidden.shape[0], chunk):
-            logits = target.lm_head(hidden[start : start + chunk].to(target.lm_head.weight.dtype))  # (n, V)
-            log_p = torch.log_softmax(logits.float(), dim=-1)
-            pieces.append((log_p if ids is None else log_p[:, ids]).exp())
+        if ids is not None and batch.lse is not None:  # K head rows and the known normaliser: no softmax
+            rows, lse = target.lm_head.weight[ids], batch.lse[need]  # (K, dim), (N,)
+            for start in range(0, hidden.shape[0], chunk):
+                logits = F.linear(hidden[start : start + chunk].to(rows.dtype), rows).float()  # (n, K)
+                pieces.append((logits - lse[start : start + chunk, None]).exp())
+        else:
+            for start in range(0, hidden.shape[0], chunk):
+                logits = target.lm_head(
+                    hidden[start : start + chunk].to(target.lm_head.weight.dtype)
+                )  # (n, V)
+                log_p = torch.log_softmax(logits.float(), dim=-1)
+                pieces.append((log_p if ids is None else log_p[:, ids]).exp())
     width = target.config.vocab_size if ids is None else ids.shape[0]
     probs = torch.cat([*pieces, hidden.new_zeros(1, width, dtype=torch.float32)])  # (N + 1, V or K)
     row_of = torch.full((B, T), probs.shape[0] - 1, dtype=torch.long)
@@ -160,6 +184,7 @@ class FeatureCache:
         self.tokens = np.load(self.directory / "tokens.npy", mmap_mode="r")  # (N,)
         self.taps = np.load(self.directory / "taps.npy", mmap_mode="r")  # (N, n_taps, dim)
         self.hidden = np.load(self.directory / "hidden.npy", mmap_mode="r")  # (N, dim)
+        self.lse = np.load(self.directory / "lse.npy", mmap_mode="r")  # (N,) fp32
 
     @classmethod
     def open(cls, directory: str | Path, target: Transformer, records: list[dict]) -> FeatureCache:
@@ -191,13 +216,15 @@ class FeatureCache:
         tokens = torch.zeros(B, T, dtype=torch.long)
         taps = torch.zeros(B, T, n_taps, dim)
         hidden = torch.zeros(B, T, dim)
+        lse = torch.zeros(B, T)
         for b, (offset, length, _) in enumerate(rows.tolist()):
             span = slice(offset, offset + length)
             tokens[b, :length] = torch.from_numpy(self.tokens[span].astype(np.int64))
             taps[b, :length] = torch.from_numpy(np.array(self.taps[span], dtype=np.float32))
             hidden[b, :length] = torch.from_numpy(np.array(self.hidden[span], dtype=np.float32))
+            lse[b, :length] = torch.from_numpy(np.array(self.lse[span], dtype=np.float32))
         lengths, prompt_lens = torch.from_numpy(rows[:, 1].copy()), torch.from_numpy(rows[:, 2].copy())
-        return FeatureBatch(tokens, lengths, prompt_lens, taps, hidden)
+        return FeatureBatch(tokens, lengths, prompt_lens, taps, hidden, lse)
 
 
 class LiveFeatures:
@@ -243,6 +270,7 @@ def build_feature_cache(
     tokens = store(tmp / "tokens.npy", mode="w+", dtype=np.int32, shape=(N,))
     taps = store(tmp / "taps.npy", mode="w+", dtype=np_dtype, shape=(N, len(cfg.tap_layers), cfg.dim))
     hidden = store(tmp / "hidden.npy", mode="w+", dtype=np_dtype, shape=(N, cfg.dim))
+    lse = store(tmp / "lse.npy", mode="w+", dtype=np.float32, shape=(N,))
     order = np.argsort(-lengths, kind="stable")
     bar = tqdm(total=N, desc="feature cache", unit="tok", unit_scale=True)
     start = 0
@@ -255,6 +283,7 @@ def build_feature_cache(
             out.taps.float().numpy().astype(np_dtype),
             out.last_hidden.float().numpy().astype(np_dtype),
         )
+        stored_lse = logsumexp_rows(out.logits).numpy()
         if not (np.isfinite(stored_taps).all() and np.isfinite(stored_hidden).all()):
             raise ValueError(f"target features overflow {dtype}; build the cache with dtype='float32'")
         for b, i in enumerate(chunk):
@@ -262,10 +291,11 @@ def build_feature_cache(
             tokens[span] = batch_tokens[b, :n].numpy()
             taps[span] = stored_taps[b, :n]
             hidden[span] = stored_hidden[b, :n]
+            lse[span] = stored_lse[b, :n]
         bar.update(int(batch_lengths.sum()))
         start += rows
     bar.close()
-    for array in (tokens, taps, hidden):
+    for array in (tokens, taps, hidden, lse):
         array.flush()
     np.save(tmp / "index.npy", index)
     paths.write_text_atomic(
