@@ -60,7 +60,13 @@ def load_drafter(path: str | Path, target: Transformer) -> Drafter:
             f"drafter {path} does not fit this target ({mismatch(exc)}); with another target model pass "
             "--drafter none or a --drafter-checkpoint trained for it"
         ) from None
-    return drafter.to(model_device(target)).eval()  # a drafter lives where its target does
+    drafter = drafter.to(model_device(target))  # a drafter lives where its target does, in its dtype
+    dtype = target.embed.weight.dtype
+    if dtype != torch.float32:  # a bf16 target: bf16 weights, RoPE tables kept in fp32
+        cos, sin = drafter.rope_cos, drafter.rope_sin
+        drafter.to(dtype)
+        drafter.rope_cos, drafter.rope_sin = cos, sin
+    return drafter.eval()
 
 
 def load_calibration(path: str | Path) -> torch.Tensor | None:
