@@ -53,7 +53,7 @@ from dspark.device import generator_uniforms, to_host
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
 from dspark.drafters.vocab import DraftVocabulary
 from dspark.kv_cache import KVCache
-from dspark.model import Block, RaggedIndex, RMSNorm, Transformer, apply_rope, rope_table
+from dspark.model import Block, RaggedIndex, RMSNorm, Transformer, apply_rope, grouped_attention, rope_table
 from dspark.sampling import SamplingParams, probabilities, sample_from_probs
 
 KINDS = {"dflash": "none", "dspark": "markov", "dspark-rnn": "rnn"}  # kind -> sequential head
@@ -231,10 +231,13 @@ class ParallelDrafter(Drafter):
             q, k, v = attn._qkv(layer.attn_norm(x), cos, sin)  # (R, S, H|Hkv, hd)
             keys = torch.cat([k_ctx, k.transpose(1, 2)], dim=2)  # (R, Hkv, L + S, hd)
             values = torch.cat([v_ctx, v.transpose(1, 2)], dim=2)
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True
-            )
-            x = x + attn.wo(out.transpose(1, 2).flatten(2))
+            if q.dtype != torch.float32 and q.device.type == "cpu" and not torch.is_autocast_enabled("cpu"):
+                out = grouped_attention(q, keys.to(q.dtype), values.to(q.dtype), mask)  # bf16 inference
+            else:
+                out = F.scaled_dot_product_attention(
+                    q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True
+                ).transpose(1, 2)
+            x = x + attn.wo(out.flatten(2))
             x = x + layer.ffn(layer.ffn_norm(x))
         return x
 
