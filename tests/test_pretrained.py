@@ -339,5 +339,7 @@ def test_drafter_for_a_gguf_target_end_to_end(tmp_path, original, hf_tok, monkey
 
     plain, spec = run("--drafter", "none"), run("--drafter", "dspark", "--drafter-checkpoint", str(out))
     assert spec["text"] == plain["text"] and spec["new_tokens"] == plain["new_tokens"]
-    bf16 = run("--drafter", "dspark", "--drafter-checkpoint", str(out), "--dtype", "bfloat16")  # drafter cast too
+    bf16 = run(
+        "--drafter", "dspark", "--drafter-checkpoint", str(out), "--dtype", "bfloat16"
+    )  # drafter cast too
     assert bf16["new_tokens"] >= 1 and bf16["rounds"] >= 1
