@@ -186,12 +186,13 @@ def load_target(args: argparse.Namespace, device: torch.device | None = None):
     from dspark.pretrained import load_pretrained
 
     device = device or device_of(args)
-    spec, dtype = getattr(args, "model", None), DTYPES[getattr(args, "dtype", None) or "float32"]
+    spec = getattr(args, "model", None)
+    dtype = DTYPES[getattr(args, "dtype", None) or ("bfloat16" if spec else "float32")]
     if spec:
         if args.checkpoint != str(paths.TARGET_CHECKPOINT) or getattr(args, "tokenizer", None) not in (
             None, str(paths.TOKENIZER_PATH)):  # fmt: skip
             raise UsageError("--model brings its own weights and tokenizer: drop --checkpoint/--tokenizer")
-        loaded = load_pretrained(spec, DTYPES[args.dtype or "bfloat16"])
+        loaded = load_pretrained(spec, dtype)
         return loaded.tokenizer, loaded.model.to(device), loaded.name
     tokenizer = Tokenizer.load(getattr(args, "tokenizer", None) or paths.TOKENIZER_PATH)
     model = load_checkpoint(args.checkpoint)[0]

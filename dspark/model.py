@@ -265,6 +265,15 @@ def run_blocks_cached(
     return x, taps
 
 
+def cast_keeping_rope(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """`module.to(dtype)` except its `rope_cos`/`rope_sin` tables, which stay fp32 (bf16 angles would be ~0.4%
+    off). For the target and for drafters, which hold their own tables. Returns the module."""
+    cos, sin = module.rope_cos, module.rope_sin
+    module.to(dtype)
+    module.rope_cos, module.rope_sin = cos, sin
+    return module
+
+
 class Transformer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -292,12 +301,8 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def cast(self, dtype: torch.dtype) -> Transformer:
-        """Weights (and so the KV cache `new_cache` makes) in `dtype`; the RoPE tables stay fp32
-        (bf16 angles would be ~0.4% off). Returns self."""
-        cos, sin = self.rope_cos, self.rope_sin
-        self.to(dtype)
-        self.rope_cos, self.rope_sin = cos, sin
-        return self
+        """Weights (and so the KV cache `new_cache` makes) in `dtype`; the RoPE tables stay fp32. Returns self."""
+        return cast_keeping_rope(self, dtype)
 
     def new_cache(self, n_slots: int, dtype: torch.dtype | None = None) -> KVCache:
         dtype = dtype or self.embed.weight.dtype

@@ -25,7 +25,7 @@ from dspark.drafters.autoregressive import AutoregressiveDrafter, Autoregressive
 from dspark.drafters.base import Drafter, NoDrafter
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
-from dspark.model import Transformer
+from dspark.model import Transformer, cast_keeping_rope
 
 DRAFTER_NAMES = ("none", "mtp", "eagle", "dflash", "dspark", "dspark-rnn")
 
@@ -61,12 +61,7 @@ def load_drafter(path: str | Path, target: Transformer) -> Drafter:
             "--drafter none or a --drafter-checkpoint trained for it"
         ) from None
     drafter = drafter.to(model_device(target))  # a drafter lives where its target does, in its dtype
-    dtype = target.embed.weight.dtype
-    if dtype != torch.float32:  # a bf16 target: bf16 weights, RoPE tables kept in fp32
-        cos, sin = drafter.rope_cos, drafter.rope_sin
-        drafter.to(dtype)
-        drafter.rope_cos, drafter.rope_sin = cos, sin
-    return drafter.eval()
+    return cast_keeping_rope(drafter, target.embed.weight.dtype).eval()  # a bf16 target: a bf16 drafter
 
 
 def load_calibration(path: str | Path) -> torch.Tensor | None:

@@ -79,26 +79,24 @@ class DraftVocabulary(nn.Module):
     def set_ids(self, ids: torch.Tensor) -> None:
         """Use these target ids (K distinct, in 0..V-1) as the draft vocabulary."""
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.ids.device).flatten()
-        if ids.shape[0] != self.size or ids.unique().shape[0] != self.size:
-            raise ValueError(
-                f"need {self.size} distinct ids, got {ids.shape[0]} ({ids.unique().shape[0]} distinct)"
-            )
-        if ids.min() < 0 or ids.max() >= self.target_vocab:
-            raise ValueError(f"draft ids must be in 0..{self.target_vocab - 1}")
+        self._check(ids)
         self.ids.copy_(ids)
         self.refresh()
+
+    def _check(self, ids: torch.Tensor) -> None:
+        """K distinct ids in 0..V-1, or ValueError (for `set_ids`, and for ids loaded from a checkpoint)."""
+        distinct = ids.unique().shape[0]
+        if ids.shape[0] != self.size or distinct != self.size:
+            raise ValueError(f"need {self.size} distinct ids, got {ids.shape[0]} ({distinct} distinct)")
+        if ids.min() < 0 or ids.max() >= self.target_vocab:
+            raise ValueError(f"draft ids must be in 0..{self.target_vocab - 1}")
 
     def refresh(self) -> None:
         """Recompute the id map and the head rows from `ids` (after loading or setting them)."""
         if not self.size:
             return
         head = self._target[0].lm_head.weight
-        if (
-            self.ids.min() < 0
-            or self.ids.max() >= self.target_vocab
-            or self.ids.unique().shape[0] != self.size
-        ):
-            raise ValueError("the draft vocabulary holds repeated ids or ids outside the target's vocabulary")
+        self._check(self.ids)
         self.to_draft_index = torch.full(
             (self.target_vocab,), self.size, dtype=torch.long, device=self.ids.device
         )
