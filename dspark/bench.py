@@ -367,7 +367,8 @@ def bench_serve(args: argparse.Namespace) -> dict:
     tokenizer, target = load_model(args)
     points = pareto.serve_points(target, tokenizer, args.policies, args.concurrency, args.requests, args.max_new_tokens,
                                  gpu.device_profile(target), SamplingParams(args.temperature),
-                                 arrival_rate=args.poisson, cost_aware=not args.ignore_draft_cost)  # fmt: skip
+                                 arrival_rate=args.poisson, cost_aware=not args.ignore_draft_cost,
+                                 target_name=args.target_name)  # fmt: skip
     mode = f"Poisson arrivals at {args.poisson:g}/s" if args.poisson else "closed loop"
     device = model_device(target)
     where = (f"this CPU ({torch.get_num_threads()} threads" if device.type == "cpu"
@@ -388,10 +389,11 @@ def bench_simulate(args: argparse.Namespace) -> dict:
     tokenizer, target = load_model(args)
     profile = profiler.named_profile(args.profile, target)
     traces = pareto.policy_traces(
-        target, tokenizer, args.policies, SamplingParams(args.temperature), args.refresh
+        target, tokenizer, args.policies, SamplingParams(args.temperature), args.refresh, args.target_name
     )
     if args.profile == "cpu":  # measured here, like the profile
-        costs = {name: draft_cost.cpu_draft_cost(target, get_drafter(name, target), gamma)
+        costs = {name: draft_cost.cpu_draft_cost(target, get_drafter(name, target, target_name=args.target_name),
+                                                 gamma)
                  for name, gamma in (("dspark", 7), ("mtp", 1))}  # fmt: skip
     else:
         costs = pareto.gpu_draft_costs()
@@ -510,7 +512,7 @@ def add_frontier_options(p: argparse.ArgumentParser, concurrency: list[int], req
                    help=f"comma-separated concurrencies (default: {','.join(map(str, concurrency))})")  # fmt: skip
     option(p, "--requests", requests, "requests per point", low=1)
     cli.add_sampling(p, temperature=1.0)
-    cli.add_target(p)
+    cli.add_target(p, pretrained=True)
     cli.add_device(p)
     cli.add_outputs(p, "write the table and the PNG figures into DIR")
 

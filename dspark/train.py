@@ -234,10 +234,11 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     from dspark.scheduling import calibration
     from dspark.study import offline
 
-    tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
-    target = load_target(args.checkpoint)[0].to(cli.device_of(args))
-    path = Path(args.drafter_checkpoint) if args.drafter_checkpoint else default_path(args.drafter)
-    drafter = get_drafter(args.drafter, target, path)
+    tokenizer, target, target_name = cli.load_target(args)
+    path = (
+        Path(args.drafter_checkpoint) if args.drafter_checkpoint else default_path(args.drafter, target_name)
+    )
+    drafter = get_drafter(args.drafter, target, path, target_name)
     if not drafter.has_confidence:
         with_head = ", ".join(kind for kind, head in PARALLEL_KINDS.items() if head != "none")
         raise UsageError(f"{args.drafter} has no trained confidence head to calibrate (use {with_head})")
@@ -392,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
         "calibrate", cmd_calibrate, "fit Sequential Temperature Scaling of a drafter's confidence head"
     )
     cli.add_drafter(p, tuple(PARALLEL_KINDS))
-    cli.add_target(p)
+    cli.add_target(p, pretrained=True)
     cli.add_sampling(p, temperature=1.0, max_new_tokens=96, tokens_help="tokens per prompt")
     cli.add_threads(p)
     cli.add_device(p)

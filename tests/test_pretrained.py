@@ -343,3 +343,9 @@ def test_drafter_for_a_gguf_target_end_to_end(tmp_path, original, hf_tok, monkey
         "--drafter", "dspark", "--drafter-checkpoint", str(out), "--dtype", "bfloat16"
     )  # drafter cast too
     assert bf16["new_tokens"] >= 1 and bf16["rounds"] >= 1
+
+    # STS calibration on the same target: temperatures stored next to the drafter, one per position
+    train.main(["calibrate", "--model", model_file, "--dtype", "float32", "--drafter", "dspark",
+                "--drafter-checkpoint", str(out), "--max-new-tokens", "6"])  # fmt: skip
+    calibration = json.loads(out.with_suffix(".json").read_text())["calibration"]
+    assert len(calibration["sts_temperatures"]) == 3 and calibration["rounds"] > 0

@@ -52,3 +52,21 @@ def test_fp32_greedy_identity(smollm2, kind):
     spec = speculative_generate(model, drafter, prompts, 32, params, gamma, torch.Generator().manual_seed(0),
                                 tok.eos_id)  # fmt: skip
     assert spec.tokens == plain.tokens
+
+
+def test_serve_uses_the_drafters_shipped_for_the_target(smollm2, tmp_path, monkeypatch):
+    """`bench serve --model smollm2-135m`: the engine runs the drafter shipped for SmolLM2 (the tiny target's
+    would not even load), with its calibration; traces of a named target are cached apart from the tiny one's."""
+    from dspark.scheduling.scheduler import ThroughputProfile
+    from dspark.study import pareto
+
+    monkeypatch.setenv("DSPARK_HOME", str(tmp_path))
+    assert pareto.trace_path("dspark", 1.0, "smollm2-135m") != pareto.trace_path("dspark", 1.0)
+    profile = ThroughputProfile([40.0 - i for i in range(16)], "synthetic")
+    points = pareto.serve_points(smollm2.model, smollm2.tokenizer, ["none", "dspark"], [2], 2, 6, profile,
+                                 SamplingParams(0.0), cost_aware=False, target_name=smollm2.name)  # fmt: skip
+    assert [(p["policy"], p["drafter"], p["completed"]) for p in points] == [
+        ("none", "none", 2),
+        ("dspark", "dspark", 2),
+    ]
+    assert points[0]["tau"] == 1.0 and points[1]["mean_verify_len"] > 0

@@ -73,11 +73,12 @@ def serve_points(
     seed: int = 0,
     arrival_rate: float | None = None,
     cost_aware: bool = True,
+    target_name: str = "tiny",
 ) -> list[dict]:
     """Measured points of the real engine on this machine: closed loop, or with
     `arrival_rate` requests/s arriving as a Poisson process (C then caps the active ones).
     The cost-aware policies weigh the drafter's measured drafting time (CPU, cached) unless
-    `cost_aware` is False (the ablation)."""
+    `cost_aware` is False (the ablation). The drafters are those shipped for `target_name`."""
     pool = [
         p
         for ps in offline.prompts_by_domain(tokenizer, 40, 0, target.config.max_seq_len).values()
@@ -90,20 +91,27 @@ def serve_points(
         gaps = torch.empty(requests).exponential_(arrival_rate, generator=torch.Generator().manual_seed(seed))
         arrivals = torch.cumsum(gaps, 0).tolist()
     drafters: dict[str, Drafter] = {}
-    points = []
-    bar = tqdm(total=len(policies) * len(concurrencies) * requests, desc="serve", unit="req")
+    setups = {}  # policy -> (drafter name, γ, drafting cost, STS temperatures)
     for policy_name in policies:
         name, gamma = drafter_for(policy_name)
         if name not in drafters:
             drafters[name] = (
-                NoDrafter(target.config.vocab_size) if name == "none" else get_drafter(name, target)
+                NoDrafter(target.config.vocab_size)
+                if name == "none"
+                else get_drafter(name, target, target_name=target_name)
             )
-        drafter = drafters[name]
         cost = None  # measured once per policy (cached), before any engine resets the drafter
         if cost_aware and make_policy(policy_name).cost_aware and model_device(target).type == "cpu":
-            cost = cpu_draft_cost(target, drafter, gamma)
-        temperatures = get_calibration(name)
-        for C in concurrencies:
+            cost = cpu_draft_cost(target, drafters[name], gamma)
+        setups[policy_name] = (name, gamma, cost, get_calibration(name, target_name=target_name))
+    points = []
+    bar = tqdm(total=len(policies) * len(concurrencies) * requests, desc="serve", unit="req")
+    for (
+        C
+    ) in concurrencies:  # the policies side by side at each C: a drift of the machine's speed hits them alike
+        for policy_name in policies:
+            name, gamma, cost, temperatures = setups[policy_name]
+            drafter = drafters[name]
             scheduler = VerifyScheduler.for_drafter(
                 make_policy(policy_name), drafter, profile, temperatures, cost
             )
@@ -114,7 +122,7 @@ def serve_points(
                                 torch.Generator().manual_seed(seed), bar.update)  # fmt: skip
             points.append({"policy": policy_name, "drafter": name, "concurrency": C, **serve_metrics(result)})
     bar.close()
-    return points
+    return sorted(points, key=lambda p: (policies.index(p["policy"]), p["concurrency"]))  # policy by policy
 
 
 def serve_metrics(result: EngineResult) -> dict:
@@ -137,18 +145,18 @@ def serve_metrics(result: EngineResult) -> dict:
     }
 
 
-def trace_path(drafter: str, temperature: float) -> Path:
-    return paths.dspark_home() / "traces" / f"{drafter}_T{temperature:g}.json"
+def trace_path(drafter: str, temperature: float, target_name: str = "tiny") -> Path:
+    return paths.target_home(target_name) / "traces" / f"{drafter}_T{temperature:g}.json"
 
 
 def record_traces(
     target: Transformer, tokenizer: Tokenizer, drafter_name: str, gamma: int, params: SamplingParams,
-    per_domain: int = 16, max_new_tokens: int = 128, refresh: bool = False,
+    per_domain: int = 16, max_new_tokens: int = 128, refresh: bool = False, target_name: str = "tiny",
 ) -> tuple[list[RequestTrace], torch.Tensor | None]:  # fmt: skip
-    """Fully verified rounds of a real drafter on held-out prompts (cached under DSPARK_HOME),
-    and its STS temperatures."""
-    drafter = get_drafter(drafter_name, target)
-    path = trace_path(drafter_name, params.temperature)
+    """Fully verified rounds of a real drafter (shipped for `target_name`) on held-out prompts (cached under
+    DSPARK_HOME, per target), and its STS temperatures."""
+    drafter = get_drafter(drafter_name, target, target_name=target_name)
+    path = trace_path(drafter_name, params.temperature, target_name)
     if path.is_file() and not refresh:
         record = json.loads(path.read_text())
     else:
@@ -162,7 +170,7 @@ def record_traces(
         path.parent.mkdir(parents=True, exist_ok=True)
         paths.write_text_atomic(path, json.dumps(record) + "\n")
     traces = traces_from_records(record["verify_lens"], record["accepted"], record["confidences"], gamma)
-    return traces, get_calibration(drafter_name)
+    return traces, get_calibration(drafter_name, target_name=target_name)
 
 
 def simulate_points(
@@ -219,13 +227,16 @@ def policy_traces(
     policies: list[str],
     params: SamplingParams,
     refresh: bool = False,
+    target_name: str = "tiny",
 ) -> dict[str, tuple[list[RequestTrace], torch.Tensor | None]]:
     """`record_traces` of every drafter the policies use (and of DSpark, which `none` replays)."""
     traces = {}
     for name in {drafter_for(p)[0] for p in policies} | {"dspark"}:
         if name != "none":
             gamma = drafter_for("mtp1" if name == "mtp" else "dspark")[1]
-            traces[name] = record_traces(target, tokenizer, name, gamma, params, refresh=refresh)
+            traces[name] = record_traces(
+                target, tokenizer, name, gamma, params, refresh=refresh, target_name=target_name
+            )
     return traces
 
 
