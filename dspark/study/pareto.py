@@ -106,9 +106,8 @@ def serve_points(
         setups[policy_name] = (name, gamma, cost, get_calibration(name, target_name=target_name))
     points = []
     bar = tqdm(total=len(policies) * len(concurrencies) * requests, desc="serve", unit="req")
-    for (
-        C
-    ) in concurrencies:  # the policies side by side at each C: a drift of the machine's speed hits them alike
+    # the policies side by side at each C: a drift of the machine's speed hits them alike
+    for C in concurrencies:
         for policy_name in policies:
             name, gamma, cost, temperatures = setups[policy_name]
             drafter = drafters[name]
