@@ -49,11 +49,12 @@ from dspark.data.corpus import DOMAINS, EVAL_PER_DOMAIN
 from dspark.data.tokenizer import Tokenizer
 from dspark.device import model_device
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
-from dspark.drafters.registry import default_path, get_drafter, load_calibration, new_drafter
+from dspark.drafters.registry import default_path, get_calibration, get_drafter, load_calibration, new_drafter
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduling import calibration, draft_cost, profiler
-from dspark.scheduling.scheduler import POLICY_NAMES
+from dspark.scheduling.scheduler import POLICY_NAMES, make_policy
+from dspark.scheduling.step import VerifyScheduler
 from dspark.study import gpu, offline, pareto, plots, tables
 from dspark.study import kernels as kernel_study
 
@@ -82,6 +83,16 @@ def write_outputs(args: argparse.Namespace, stem: str, table: str, plot) -> None
     print(f"wrote {out / stem}.md and its figure(s)")
 
 
+def dtype_name(target: Transformer) -> str:
+    """The target's weight dtype, as the --dtype option spells it."""
+    return str(target.embed.weight.dtype).removeprefix("torch.")
+
+
+def policy_for(policy: str, drafter) -> str:
+    """`policy` for a drafter it can run with; `fixed` for one without the confidences it ranks by."""
+    return "fixed" if make_policy(policy).needs_confidence and not drafter.has_confidence else policy
+
+
 def bench_ar(args: argparse.Namespace) -> dict:
     """Tokens/s of plain autoregressive greedy decoding with the target, at each batch size."""
     if args.max_new_tokens < 2:
@@ -108,18 +119,28 @@ def bench_offline(args: argparse.Namespace) -> dict:
     """Speculative decoding on the held-out prompts, one request at a time: per drafter, domain and temperature,
     tau (tokens per round incl. the bonus), position-wise conditional acceptance, tokens/s and the speed-up
     over plain decoding on this machine. With --out: table1.md and position_acceptance_T<t>.png (paper Table 1
-    and Fig. 2 analogues).
+    and Fig. 2 analogues). With --policy the drafters run `generate --policy`'s scheduler, so the speed-up is
+    that of `python -m dspark.generate --drafter NAME --policy P` against `--drafter none`.
     """
     tokenizer, target = load_model(args)
     drafters = offline.load_labelled_drafters(target, args.drafters, args.target_name)
     gammas = {
         name: cli.resolve_gamma(args.gamma, d, name, mtp_drafts_one=True) for name, d in drafters.items()
     }
+    checkpoints = {label: path or None for label, _, path in (s.partition("=") for s in args.drafters)}
+    policies = {name: policy_for(args.policy, d) for name, d in drafters.items()}
+
+    def scheduler_for(name: str, drafter) -> VerifyScheduler | None:
+        """The scheduler `generate --policy` builds (fresh per request: it learns from its rounds)."""
+        temperatures = get_calibration(name, checkpoints[name], args.target_name)
+        return gpu.measured_scheduler(policies[name], drafter, target, gammas[name], temperatures,
+                                      cost_aware=not args.ignore_draft_cost)  # fmt: skip
+
     rows = offline.run_speedup(target, drafters, study_prompts(args, tokenizer, target), args.temperatures,
-                               gammas, args.max_new_tokens, tokenizer.eos_id)  # fmt: skip
-    print(f"offline speculative decoding, gamma {', '.join(f'{n} {g}' for n, g in gammas.items())}, "
-          f"{args.prompts_per_domain} held-out prompts per domain, batch 1, {torch.get_num_threads()} CPU "
-          "threads\n")  # fmt: skip
+                               gammas, args.max_new_tokens, tokenizer.eos_id, scheduler_for)  # fmt: skip
+    print(f"offline speculative decoding, gamma {', '.join(f'{n} {g}' for n, g in gammas.items())}, policy "
+          f"{', '.join(f'{n} {p}' for n, p in policies.items())}, {args.prompts_per_domain} held-out prompts "
+          f"per domain, batch 1, {torch.get_num_threads()} CPU threads, {dtype_name(target)}\n")  # fmt: skip
     print(tables.speedup_table(rows), end="")
     table = tables.table1(rows)
     print("\nTable 1 analogue: tau (tokens per round incl. the bonus token)\n\n" + table)
@@ -131,7 +152,8 @@ def bench_offline(args: argparse.Namespace) -> dict:
                                            f"conditional acceptance by position, T = {temperature:g}")  # fmt: skip
 
     write_outputs(args, "table1", table, plot)
-    return {"benchmark": "offline", "gamma": gammas, "results": rows}
+    return {"benchmark": "offline", "gamma": gammas, "policy": policies, "dtype": dtype_name(target),
+            "results": rows}  # fmt: skip
 
 
 def bench_depth(args: argparse.Namespace) -> dict:
@@ -541,6 +563,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated shipped drafter names or LABEL=CHECKPOINT (default: mtp,eagle)")  # fmt: skip
     p.add_argument("--temperatures", type=parse_float_list, default=[1.0],
                    help="comma-separated sampling temperatures (default: 1)")  # fmt: skip
+    p.add_argument("--policy", choices=POLICY_NAMES, default="fixed",
+                   help="verify-length policy, built as `generate --policy` builds it (drafters without a "
+                   "confidence head verify every draft under a policy that ranks by confidences) "
+                   "(default: %(default)s = verify every draft)")  # fmt: skip
+    cli.add_draft_cost(p)
     cli.add_gamma(p)
     add_study_options(p, prompts_per_domain=8, temperature=False)
 

@@ -48,14 +48,11 @@ from dspark.cli import UsageError, run_main
 from dspark.data.corpus import eval_prompts_by_domain
 from dspark.data.tokenizer import Tokenizer
 from dspark.decoding import check_prompts, generate
-from dspark.device import model_device
 from dspark.drafters.registry import get_calibration, get_drafter
 from dspark.sampling import SamplingParams
-from dspark.scheduling.draft_cost import cpu_draft_cost
-from dspark.scheduling.scheduler import POLICY_NAMES, make_policy
-from dspark.scheduling.step import VerifyScheduler
+from dspark.scheduling.scheduler import POLICY_NAMES
 from dspark.serving.speculative import SpeculativeResult, speculative_generate
-from dspark.study.gpu import device_profile
+from dspark.study.gpu import measured_scheduler
 
 
 def _style(text: str, sgr: int) -> str:
@@ -146,16 +143,14 @@ def main(argv: list[str] | None = None) -> None:
     gamma = cli.resolve_gamma(args.gamma, drafter, args.drafter)
     generator = torch.Generator().manual_seed(args.seed)
     verify_fn = observe_fn = speculate_fn = None
-    if args.drafter != "none" and args.policy != "fixed":
-        policy = make_policy(args.policy, threshold=args.threshold)
+    if args.drafter != "none":
         temperatures = get_calibration(
             args.drafter, args.drafter_checkpoint, target_name
-        )  # STS, stored with the drafter
-        cost = None  # the drafting time: measured (and cached) on a CPU; not yet on a GPU
-        if policy.cost_aware and not args.ignore_draft_cost and model_device(model).type == "cpu":
-            cost = cpu_draft_cost(model, drafter, gamma)
-        scheduler = VerifyScheduler.for_drafter(policy, drafter, device_profile(model), temperatures, cost)
-        verify_fn, observe_fn, speculate_fn = scheduler, scheduler.observe, scheduler.speculate
+        )  # STS, with the drafter
+        scheduler = measured_scheduler(args.policy, drafter, model, gamma, temperatures, args.threshold,
+                                       cost_aware=not args.ignore_draft_cost)  # fmt: skip
+        if scheduler is not None:
+            verify_fn, observe_fn, speculate_fn = scheduler, scheduler.observe, scheduler.speculate
     with kernels_as(args.kernels):
         if args.drafter == "none":
             result = generate(model, prompts, args.max_new_tokens, params, generator, eos_id=tokenizer.eos_id)

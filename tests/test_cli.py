@@ -268,6 +268,30 @@ def test_bench_study_commands_write_tables_and_figures(small_checkpoint, small_d
     assert "python -m dspark.train drafter --kind dspark --layers 2" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("policy", ["dspark", "none"])
+def test_bench_offline_runs_generates_policy(
+    small_checkpoint, small_drafters, policy, tmp_path, monkeypatch, capsys
+):
+    """bench offline --policy builds generate's scheduler for each drafter (fixed for one without
+    confidences under a confidence policy), and at T = 0 counts the prompts that kept plain decoding's text."""
+    monkeypatch.setenv("DSPARK_HOME", str(tmp_path))  # the measured SPS profile is cached there
+    out = tmp_path / "o.json"
+    argv = ["offline", "--drafters", f"d={small_drafters['dspark']},e={small_drafters['eagle']}", "--gamma", "3",
+            "--policy", policy, "--temperatures", "0", "--prompts-per-domain", "2", "--max-new-tokens", "6",
+            "--checkpoint", str(small_checkpoint), "--json", str(out)]  # fmt: skip
+    assert run_main(bench.main, argv) == 0
+    assert "| text = plain |" in capsys.readouterr().out
+    record = json.loads(out.read_text())
+    assert record["policy"] == {"d": policy, "e": "fixed" if policy == "dspark" else policy}
+    rows = [r for r in record["results"] if r["drafter"] != "none"]
+    assert len(rows) == 6 and all(r["same_as_plain"] == "2/2" for r in rows)  # fp32 greedy: exact
+    verified = {r["drafter"]: r["mean_verify_len"] for r in rows}
+    if policy == "none":  # the scheduler really decides: nothing is verified
+        assert verified == {"d": 0.0, "e": 0.0}
+    else:
+        assert 0 <= verified["d"] <= 3 and verified["e"] == 3.0
+
+
 def test_calibrate_then_bench_calibration(small_checkpoint, small_drafters, tmp_path, capsys):
     drafter = tmp_path / "d.safetensors"
     for suffix in (".safetensors", ".json"):

@@ -42,11 +42,12 @@ import torch
 from dspark import paths
 from dspark.data.tokenizer import Tokenizer
 from dspark.device import host_sync_counts, model_device
-from dspark.drafters.base import NoDrafter
+from dspark.drafters.base import Drafter, NoDrafter
 from dspark.drafters.registry import get_calibration, get_drafter
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduling import profiler
+from dspark.scheduling.draft_cost import cpu_draft_cost
 from dspark.scheduling.scheduler import ThroughputProfile, make_policy
 from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.engine import Engine, Request
@@ -163,6 +164,28 @@ def device_profile(target: Transformer, refresh: bool = False) -> ThroughputProf
     record = {"key": key, "name": profile.name, "steps_per_second": profile.steps_per_second}
     paths.write_text_atomic(path, json.dumps(record) + "\n")
     return profile
+
+
+def measured_scheduler(
+    policy_name: str,
+    drafter: Drafter,
+    target: Transformer,
+    gamma: int,
+    temperatures: list[float] | None,
+    threshold: float = 0.5,
+    cost_aware: bool = True,
+) -> VerifyScheduler | None:
+    """The verify-length scheduler `python -m dspark.generate --policy NAME` runs with: the policy on
+    this device's measured SPS profile (`device_profile`), the drafter's STS `temperatures`, and for a
+    cost-aware policy on a CPU the drafter's measured drafting time (cached; not yet measured on a GPU).
+    None for `fixed` (verify every draft) and for plain decoding."""
+    if policy_name == "fixed" or drafter.max_gamma == 0:
+        return None
+    policy = make_policy(policy_name, threshold=threshold)
+    cost = None
+    if policy.cost_aware and cost_aware and model_device(target).type == "cpu":
+        cost = cpu_draft_cost(target, drafter, gamma)
+    return VerifyScheduler.for_drafter(policy, drafter, device_profile(target), temperatures, cost)
 
 
 # ---- the sections -----------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from dspark.device import model_device
 from dspark.drafters.base import Drafter, TargetFeatures
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams, probabilities, sample
+from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.rounds import RoundStats
 from dspark.serving.speculative import speculative_generate
 
@@ -222,40 +223,53 @@ def run_speedup(
     gammas: dict[str, int],
     max_new_tokens: int,
     eos_id: int | None,
+    scheduler_for: Callable[[str, Drafter], VerifyScheduler | None] | None = None,
 ) -> list[dict]:
     """Single stream (one request at a time), per temperature, domain and drafter (drafting `gammas[name]`
     tokens per round): tau, conditional acceptance by position, tokens/s and the speed-up over plain
-    decoding (row drafter "none")."""
+    decoding (row drafter "none"). Each prompt runs plainly and then with every drafter before the next
+    prompt, so a drift of the machine's speed hits them alike. `scheduler_for(name, drafter)` gives a
+    fresh verify-length scheduler per request (None or no function: verify all γ drafts). At T = 0
+    each row also counts the prompts whose text equals plain decoding's (`same_as_plain`)."""
     rows = []
     for temperature in temperatures:
         params = SamplingParams(temperature=temperature)
         for domain, prompts in by_domain.items():
             generate(target, prompts[:1], 4, params)  # warm-up
-            base_tokens = base_time = 0.0
+            tokens, seconds = (
+                {"none": 0, **dict.fromkeys(drafters, 0)},
+                {"none": 0.0, **dict.fromkeys(drafters, 0.0)},
+            )
+            stats = {name: RoundStats() for name in drafters}
+            same = dict.fromkeys(drafters, 0)
             for i, prompt in enumerate(prompts):
-                r = generate(
+                base = generate(
                     target, [prompt], max_new_tokens, params, torch.Generator().manual_seed(i), eos_id
                 )
-                base_tokens += r.new_tokens
-                base_time += r.prefill_seconds + r.decode_seconds
-            base_tps = base_tokens / base_time
+                tokens["none"] += base.new_tokens
+                seconds["none"] += base.prefill_seconds + base.decode_seconds
+                for name, drafter in drafters.items():
+                    sched = scheduler_for(name, drafter) if scheduler_for else None
+                    hooks = (sched, sched.observe, sched.speculate) if sched else ()
+                    r = speculative_generate(target, drafter, [prompt], max_new_tokens, params, gammas[name],
+                                             torch.Generator().manual_seed(i), eos_id, *hooks)  # fmt: skip
+                    tokens[name] += r.new_tokens
+                    seconds[name] += r.prefill_seconds + r.decode_seconds
+                    stats[name].extend(r.stats)
+                    same[name] += r.tokens == base.tokens
+            base_tps = tokens["none"] / seconds["none"]
             rows.append({"drafter": "none", "domain": domain, "temperature": temperature, "gamma": 0,
                          "tau": 1.0, "cond_acceptance": [], "tokens_per_s": base_tps, "speedup": 1.0})  # fmt: skip
-            for name, drafter in drafters.items():
-                g = gammas[name]
-                n_tokens = seconds = 0.0
-                stats = RoundStats()
-                for i, prompt in enumerate(prompts):
-                    r = speculative_generate(target, drafter, [prompt], max_new_tokens, params, g,
-                                             torch.Generator().manual_seed(i), eos_id)  # fmt: skip
-                    n_tokens += r.new_tokens
-                    seconds += r.prefill_seconds + r.decode_seconds
-                    stats.extend(r.stats)
-                tps = n_tokens / seconds
-                rows.append({"drafter": name, "domain": domain, "temperature": temperature, "gamma": g,
-                             "tau": stats.tau, "cond_acceptance": stats.acceptance_by_position(g),
-                             "cond_tries": stats.acceptance_counts(g)[1], "rounds": stats.rounds,
-                             "tokens_per_s": tps, "speedup": tps / base_tps})  # fmt: skip
+            for name in drafters:
+                g, tps = gammas[name], tokens[name] / seconds[name]
+                row = {"drafter": name, "domain": domain, "temperature": temperature, "gamma": g,
+                       "tau": stats[name].tau, "cond_acceptance": stats[name].acceptance_by_position(g),
+                       "cond_tries": stats[name].acceptance_counts(g)[1], "rounds": stats[name].rounds,
+                       "mean_verify_len": stats[name].mean_verify_len, "tokens_per_s": tps,
+                       "speedup": tps / base_tps}  # fmt: skip
+                if temperature == 0:
+                    row["same_as_plain"] = f"{same[name]}/{len(prompts)}"
+                rows.append(row)
     return rows
 
 

@@ -34,13 +34,15 @@ def ar_table(rows: list[dict]) -> str:
 
 
 def speedup_table(rows: list[dict]) -> str:
-    """Markdown of `run_speedup`'s rows, one per temperature, domain and drafter."""
-    lines = ["| T | drafter | domain | tau | tokens/s | speed-up | conditional acceptance by position |",
-             "|---|---|---|---:|---:|---:|---|"]  # fmt: skip
+    """Markdown of `run_speedup`'s rows, one per temperature, domain and drafter: with the mean verify
+    length and, at T = 0, how many prompts gave plain decoding's exact text."""
+    lines = ["| T | drafter | domain | tau | verified | tokens/s | speed-up | text = plain | "
+             "conditional acceptance by position |", "|---|---|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for r in rows:
         acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["cond_acceptance"])
-        lines.append(f"| {r['temperature']:g} | {r['drafter']} | {r['domain']} | {r['tau']:.2f} | "
-                     f"{r['tokens_per_s']:.0f} | {r['speedup']:.2f}x | {acc} |")  # fmt: skip
+        verified = f"{r['mean_verify_len']:.2f}" if "mean_verify_len" in r else "-"
+        lines.append(f"| {r['temperature']:g} | {r['drafter']} | {r['domain']} | {r['tau']:.2f} | {verified} | "
+                     f"{r['tokens_per_s']:.0f} | {r['speedup']:.2f}x | {r.get('same_as_plain', '-')} | {acc} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
