@@ -201,7 +201,9 @@ def cmd_drafter(args: argparse.Namespace) -> None:
     train_set, val_set = feature_caches(args, target)
     gamma = 1 if args.kind == "mtp" else args.gamma
     torch.manual_seed(args.seed)
-    drafter = new_drafter(target, args.kind, gamma, args.layers, args.rank, args.draft_vocab)
+    drafter = new_drafter(
+        target, args.kind, gamma, args.layers, args.rank, args.draft_vocab, args.final_hidden
+    )
     if args.draft_vocab:  # the K ids the target writes most often in the training responses (EOS always)
         counts = response_token_counts(
             load_responses(Path(args.responses), "train"), target.config.vocab_size
@@ -360,6 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
     option(p, "--rank", PARALLEL.rank, "DSpark sequential-head rank r", low=1)
     option(p, "--draft-vocab", PARALLEL.draft_vocab, "score only the K ids the target writes most often in "
            "the training responses (q = 0 elsewhere: still lossless); 0 = the whole vocabulary", low=0)  # fmt: skip
+    p.add_argument("--final-hidden", action="store_true",
+                   help="eagle and the parallel kinds also read the target's final-normed hidden state (what "
+                   "mtp reads) next to the tap layers")  # fmt: skip
     dc = DrafterTrainConfig()
     option(
         p, "--epochs", dc.epochs, "epochs over the supervised positions (the budget of every drafter)", low=0

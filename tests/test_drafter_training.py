@@ -12,10 +12,13 @@ from dspark.training.drafters import DrafterTrainConfig, train_drafter, unrolled
 from dspark.training.feature_cache import FeatureBatch, LiveFeatures
 
 
-@pytest.mark.parametrize("kind, unroll, layers", [("mtp", 1, 1), ("eagle", 4, 1), ("eagle", 3, 2)])
-def test_unrolled_training_forward_matches_inference(tiny_model, kind, unroll, layers):
+@pytest.mark.parametrize("kind, unroll, layers, final_hidden",
+                         [("mtp", 1, 1, False), ("eagle", 4, 1, False), ("eagle", 3, 2, False), ("eagle", 3, 1, True)])  # fmt: skip
+def test_unrolled_training_forward_matches_inference(tiny_model, kind, unroll, layers, final_hidden):
+    """(final_hidden: EAGLE fuses the target's final hidden state with its taps, in both paths.)"""
     torch.manual_seed(0)
-    config = AutoregressiveDrafterConfig(kind, 1 if kind == "mtp" else 4, n_layers=layers, ffn_hidden=64)
+    config = AutoregressiveDrafterConfig(kind, 1 if kind == "mtp" else 4, n_layers=layers, ffn_hidden=64,
+                                         final_hidden=final_hidden)  # fmt: skip
     drafter = AutoregressiveDrafter(tiny_model, config).eval()
     tokens = torch.randint(0, 97, (2, 20))
     lengths = torch.tensor([20, 14])
@@ -23,6 +26,12 @@ def test_unrolled_training_forward_matches_inference(tiny_model, kind, unroll, l
         out = tiny_model(tokens, return_taps=True)
         batch = FeatureBatch(tokens, lengths, torch.tensor([0, 0]), out.taps, out.last_hidden)
         steps = unrolled_log_probs(drafter, tiny_model, batch, unroll)
+        other = FeatureBatch(
+            tokens, lengths, torch.tensor([0, 0]), out.taps, torch.randn_like(out.last_hidden)
+        )
+        assert torch.equal(steps[0][0], unrolled_log_probs(drafter, tiny_model, other, unroll)[0][0]) != (
+            final_hidden or kind == "mtp"
+        )  # the final hidden state is read by MTP-1, and by EAGLE only when configured
         for b, i in [(0, 0), (0, 7), (1, 5), (0, 15)]:
             # inference: entries for committed positions 0..i (the token after i is the anchor) ...
             drafter.reset(1)

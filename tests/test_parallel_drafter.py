@@ -21,10 +21,11 @@ from dspark.training.feature_cache import FeatureBatch
 from dspark.training.packed_blocks import BlockLoss, block_losses, block_visibility, packed_blocks
 
 
-def make(target, kind, gamma=4, rank=8, seed=0):
+def make(target, kind, gamma=4, rank=8, seed=0, final_hidden=False):
     torch.manual_seed(seed)
     mask_id = min(5, target.config.vocab_size - 1)
-    config = ParallelDrafterConfig(kind, gamma=gamma, ffn_hidden=64, rank=rank, mask_id=mask_id)
+    config = ParallelDrafterConfig(kind, gamma=gamma, ffn_hidden=64, rank=rank, mask_id=mask_id,
+                                   final_hidden=final_hidden)  # fmt: skip
     drafter = ParallelDrafter(target, config)
     if kind != "dflash":  # a non-trivial sequential head (W2 starts at zero)
         torch.nn.init.normal_(drafter.w2.weight, std=0.5)
@@ -41,20 +42,28 @@ def test_block_visibility_hand_worked():
     assert vis.tolist() == expected
 
 
-@pytest.mark.parametrize("kind", ["dflash", "dspark", "dspark-rnn"])
-def test_packed_training_blocks_equal_the_inference_path(tiny_model, kind):
-    drafter = make(tiny_model, kind)
+@pytest.mark.parametrize("kind, final_hidden", [("dflash", False), ("dspark", False), ("dspark-rnn", False),
+                                               ("dspark", True)])  # fmt: skip
+def test_packed_training_blocks_equal_the_inference_path(tiny_model, kind, final_hidden):
+    drafter = make(tiny_model, kind, final_hidden=final_hidden)
     tokens = torch.randint(0, TINY.vocab_size, (1, 30), generator=torch.Generator().manual_seed(1))
     anchors = torch.tensor([[3, 11, 12, 25]])
     with torch.no_grad():
-        taps = tiny_model(tokens, return_taps=True).taps
-        _, u_packed = packed_blocks(drafter, taps, tokens, anchors)
+        out = tiny_model(tokens, return_taps=True)
+        taps, last = out.taps, out.last_hidden
+        _, u_packed = packed_blocks(drafter, taps, tokens, anchors, last_hidden=last)
+        _, u_other = packed_blocks(drafter, taps, tokens, anchors, last_hidden=torch.randn_like(last))
+        assert (
+            torch.equal(u_packed, u_other) != final_hidden
+        )  # it reads the final hidden state iff configured
         for j, a in enumerate(anchors[0].tolist()):
-            _, u_alone = packed_blocks(drafter, taps, tokens, anchors[:, j : j + 1])  # no other block present
-            torch.testing.assert_close(u_packed[0, j], u_alone[0, 0], atol=1e-5, rtol=0)
+            _, u_alone = packed_blocks(drafter, taps, tokens, anchors[:, j : j + 1], last_hidden=last)
+            torch.testing.assert_close(
+                u_packed[0, j], u_alone[0, 0], atol=1e-5, rtol=0
+            )  # no other block there
             drafter.reset(2)
             slot = torch.tensor([1])
-            feats = TargetFeatures(taps[0, :a], taps[0, :a, 0])
+            feats = TargetFeatures(taps[0, :a], last[0, :a])
             drafter.append_context(slot, feats, torch.tensor([a]))  # positions strictly before the anchor
             _, u_inf = drafter.draft_block(slot, tokens[0, a : a + 1], drafter.config.gamma)
             torch.testing.assert_close(u_packed[0, j], u_inf[0], atol=1e-5, rtol=0)

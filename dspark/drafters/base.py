@@ -63,6 +63,11 @@ class TargetFeatures:
         """The first n positions."""
         return TargetFeatures(self.taps[:n], self.last_hidden[:n])
 
+    def flat(self, final_hidden: bool = False) -> torch.Tensor:
+        """(N, n_taps * dim) the taps side by side; with `final_hidden` the final hidden state after them."""
+        taps = self.taps.flatten(1)
+        return torch.cat([taps, self.last_hidden.to(taps.dtype)], dim=-1) if final_hidden else taps
+
 
 class Drafter(nn.Module):
     """Base class; subclasses implement `reset`, `propose` and optionally `release`."""

@@ -145,6 +145,7 @@ class ParallelDrafterConfig:
     mask_id: int = SPECIAL_TOKENS.index(MASK)  # token that fills the γ-1 future slots (<|mask|>)
     normed_head_input: bool = True  # heads read RMSNorm(h), the LM head's input (False: raw h)
     draft_vocab: int = 0  # K: score only the K most frequent target ids (drafters/vocab.py); 0 = all of them
+    final_hidden: bool = False  # also read the target's final-normed hidden state next to its tap layers
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -171,7 +172,8 @@ class ParallelDrafter(Drafter):
         tc = target.config
         self.config, self.name, self.max_gamma = config, config.kind, config.gamma
         self.layer_config = tc.drafter_layers(config.n_layers, config.ffn_hidden, config.gamma + 1)
-        self.ctx_proj = nn.Linear(len(tc.tap_layers) * tc.dim, tc.dim, bias=False)  # W_c
+        n_feat = len(tc.tap_layers) + config.final_hidden
+        self.ctx_proj = nn.Linear(n_feat * tc.dim, tc.dim, bias=False)  # W_c
         self.ctx_norm = RMSNorm(tc.dim, tc.norm_eps)
         self.layers = nn.ModuleList(Block(self.layer_config) for _ in range(config.n_layers))
         self.out_norm = RMSNorm(tc.dim, tc.norm_eps)
@@ -205,8 +207,8 @@ class ParallelDrafter(Drafter):
 
     # ---- context features and their keys/values ------------------------------------------
     def context_features(self, features: TargetFeatures) -> torch.Tensor:
-        """H_ctx (N, dim) = RMSNorm(W_c [taps])."""
-        return self.ctx_norm(self.ctx_proj(features.taps.flatten(1)))
+        """H_ctx (N, dim) = RMSNorm(W_c [taps]) (taps and the final hidden state with `final_hidden`)."""
+        return self.ctx_norm(self.ctx_proj(features.flat(self.config.final_hidden)))
 
     def context_kv(self, layer: Block, h_ctx: torch.Tensor, positions: torch.Tensor):
         """Keys/values of context features through `layer`'s own projections (..., Hkv, hd)."""

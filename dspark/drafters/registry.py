@@ -108,19 +108,26 @@ def new_drafter(
     layers: int = 0,
     rank: int | None = None,
     draft_vocab: int = 0,
+    final_hidden: bool = False,
 ) -> Drafter:
     """A freshly initialised drafter of `kind` for `target` (its SwiGLU width); MTP-1 always drafts 1 token,
     `layers` 0 = the kind's default depth, `rank` None = the default sequential-head rank, `draft_vocab` K > 0:
-    it scores K target ids (the first K until `drafter.vocab.set_ids` chooses them), 0 = all."""
+    it scores K target ids (the first K until `drafter.vocab.set_ids` chooses them), 0 = all; `final_hidden`:
+    EAGLE and the parallel kinds read the target's final hidden state next to its tap layers."""
     if kind in PARALLEL_KINDS:
         config = ParallelDrafterConfig(kind, gamma, layers or ParallelDrafterConfig.n_layers, target.config.ffn_hidden,
                                        rank=ParallelDrafterConfig.rank if rank is None else rank,
                                        mask_id=min(ParallelDrafterConfig.mask_id, target.config.vocab_size - 1),
-                                       draft_vocab=draft_vocab)  # fmt: skip
+                                       draft_vocab=draft_vocab, final_hidden=final_hidden)  # fmt: skip
         return ParallelDrafter(target, config)
     layers = layers or AutoregressiveDrafterConfig.n_layers
     config = AutoregressiveDrafterConfig(
-        kind, 1 if kind == "mtp" else gamma, layers, target.config.ffn_hidden, draft_vocab=draft_vocab
+        kind,
+        1 if kind == "mtp" else gamma,
+        layers,
+        target.config.ffn_hidden,
+        draft_vocab=draft_vocab,
+        final_hidden=final_hidden and kind == "eagle",
     )
     return AutoregressiveDrafter(target, config)
 

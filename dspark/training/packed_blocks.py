@@ -93,12 +93,17 @@ def packed_blocks(
     tokens: torch.Tensor,
     anchors: torch.Tensor,
     keep: torch.Tensor | None = None,
+    last_hidden: torch.Tensor | None = None,
 ):
     """Backbone over all blocks of a batch at once: (head input h, U), (B, A, γ, dim) and (B, A, γ, V),
     or with `keep` (B, A) bool only the kept blocks' (N, γ, dim) and (N, γ, V).
 
-    target_taps (B, T, n_taps, dim); anchors (B, A) positions in 0..T-1."""
-    h_ctx = drafter.ctx_norm(drafter.ctx_proj(target_taps.flatten(2)))  # (B, T, dim)
+    target_taps (B, T, n_taps, dim); anchors (B, A) positions in 0..T-1; last_hidden (B, T, dim) the
+    target's final hidden state, read by a drafter configured with `final_hidden`."""
+    context = target_taps.flatten(2)  # (B, T, n_taps * dim)
+    if drafter.config.final_hidden:
+        context = torch.cat([context, last_hidden.to(context.dtype)], dim=-1)
+    h_ctx = drafter.ctx_norm(drafter.ctx_proj(context))  # (B, T, dim)
     h = packed_backbone(drafter, h_ctx, tokens, anchors)
     return drafter.block_outputs(h if keep is None else h[keep])
 
@@ -122,7 +127,9 @@ def block_losses(
     if target_probs is None:
         target_probs = supervised_target_probs(target, batch, vocab.ids if vocab.size else None)
     probs, row_of = target_probs  # (N + 1, K or V)
-    h, u_logits = packed_blocks(drafter, batch.taps, tokens, anchors, keep=valid_anchor)  # (N, γ, ·)
+    h, u_logits = packed_blocks(
+        drafter, batch.taps, tokens, anchors, valid_anchor, batch.last_hidden
+    )  # (N, γ, ·)
     row = torch.arange(B)[:, None].expand_as(anchors)[valid_anchor]  # (N,) sequence of each block
     pos = anchors[valid_anchor][:, None] + torch.arange(
         gamma
