@@ -171,7 +171,7 @@ def measured_scheduler(
     drafter: Drafter,
     target: Transformer,
     gamma: int,
-    temperatures: list[float] | None,
+    temperatures: torch.Tensor | None,
     threshold: float = 0.5,
     cost_aware: bool = True,
 ) -> VerifyScheduler | None:

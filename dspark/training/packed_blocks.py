@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter
 from dspark.model import Transformer
 from dspark.training.feature_cache import FeatureBatch, supervised_target_probs
@@ -100,10 +101,7 @@ def packed_blocks(
 
     target_taps (B, T, n_taps, dim); anchors (B, A) positions in 0..T-1; last_hidden (B, T, dim) the
     target's final hidden state, read by a drafter configured with `final_hidden`."""
-    context = target_taps.flatten(2)  # (B, T, n_taps * dim)
-    if drafter.config.final_hidden:
-        context = torch.cat([context, last_hidden.to(context.dtype)], dim=-1)
-    h_ctx = drafter.ctx_norm(drafter.ctx_proj(context))  # (B, T, dim)
+    h_ctx = drafter.context_features(TargetFeatures(target_taps, last_hidden))  # (B, T, dim), as at inference
     h = packed_backbone(drafter, h_ctx, tokens, anchors)
     return drafter.block_outputs(h if keep is None else h[keep])
 
