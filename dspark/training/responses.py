@@ -4,7 +4,8 @@ A drafter must imitate the *target*, not the corpus: so the training prompts
 are answered again by the shipped target itself (sampled at temperature 1,
 like the paper), and drafters train on prompt + regenerated response. The
 result is cached on disk as JSON lines `{"domain", "split", "prompt_ids",
-"response_ids"}`; an interrupted run continues where it stopped.
+"response_ids"}`; an interrupted run continues where it stopped, and a
+larger selection (more prompts per domain) answers only the prompts not yet answered.
 
 What this file does not do: train anything, or touch the held-out evaluation
 prompts (only the corpus's train and val splits are used).
@@ -29,7 +30,10 @@ from dspark.sampling import SamplingParams
 def pick_prompts(
     corpus_path: Path, per_domain: dict[str, int], max_prompt_tokens: int, tokenizer: Tokenizer, seed: int
 ):
-    """A seeded selection of (domain, split, prompt ids) from the corpus's train and val splits."""
+    """A seeded selection of (domain, split, prompt ids) from the corpus's train and val splits, interleaved:
+    the first prompt of every (domain, split), then the second of each, and so on, so that a run stopped
+    anywhere leaves every domain with as many answers as the others (and a larger selection starts with the
+    same prompts as a smaller one)."""
     by_key: dict[tuple[str, str], list[str]] = {}
     with open(corpus_path, encoding="utf-8") as f:
         for line in f:
@@ -37,21 +41,34 @@ def pick_prompts(
             if s["split"] in ("train", "val"):
                 by_key.setdefault((s["domain"], s["split"]), []).append(s["prompt"])
     rng = random.Random(seed)
-    chosen = []
+    ranked = []  # (rank within its (domain, split), domain, split, ids)
     for (domain, split), prompts in sorted(by_key.items()):
         want = per_domain[split]
-        if want < 1:
-            continue
+        # shuffled even when none are wanted: each list's order is the same whatever the counts
         rng.shuffle(prompts)
         taken = 0
         for p in prompts:
+            if taken == want:
+                break
             ids = tokenizer.chat_prompt(p)
             if len(ids) <= max_prompt_tokens:
-                chosen.append((domain, split, ids))
+                ranked.append((taken, domain, split, ids))
                 taken += 1
-                if taken == want:
-                    break
-    return chosen
+    ranked.sort(key=lambda r: r[:3])
+    return [(domain, split, ids) for _, domain, split, ids in ranked]
+
+
+def answered_prompts(out_path: Path) -> set[tuple[str, str, tuple[int, ...]]]:
+    """The (domain, split, prompt ids) already answered in `out_path` (empty when it does not exist)."""
+    if not Path(out_path).exists():
+        return set()
+    done = set()
+    with open(out_path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                done.add((r["domain"], r["split"], tuple(r["prompt_ids"])))
+    return done
 
 
 @torch.no_grad()
@@ -71,13 +88,15 @@ def regenerate(
     chosen = pick_prompts(
         corpus_path, {"train": train_per_domain, "val": val_per_domain}, max_prompt, tokenizer, seed
     )
-    done = sum(1 for _ in open(out_path)) if out_path.exists() else 0
+    answered = answered_prompts(out_path)
+    todo = [(i, c) for i, c in enumerate(chosen) if (c[0], c[1], tuple(c[2])) not in answered]
     params = SamplingParams(temperature=1.0)
-    bar = tqdm(total=len(chosen), initial=done, desc="responses", unit="prompt")
+    bar = tqdm(total=len(chosen), initial=len(chosen) - len(todo), desc="responses", unit="prompt")
     with open(out_path, "a", encoding="utf-8") as f:
-        for start in range(done, len(chosen), batch_size):
-            batch = chosen[start : start + batch_size]
-            gen = torch.Generator().manual_seed(seed * 1_000_003 + start)  # resumable and reproducible
+        for start in range(0, len(todo), batch_size):
+            batch = [c for _, c in todo[start : start + batch_size]]
+            # seeded by the first prompt's place in the whole selection: a resumed run repeats an uninterrupted one
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + todo[start][0])
             result = generate(
                 target, [ids for _, _, ids in batch], max_new_tokens, params, gen, tokenizer.eos_id
             )
