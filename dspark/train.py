@@ -194,10 +194,14 @@ def cmd_drafter(args: argparse.Namespace) -> None:
     test: it is unrolled on its own outputs for --gamma steps. The parallel drafters (dflash, dspark,
     dspark-rnn) train on --anchors packed blocks per sequence; dspark adds the three-term loss of the paper.
     """
-    from dspark.training.drafters import train_drafter
+    from dspark.training.drafters import train_drafter, trainer_state_path
     from dspark.training.responses import load_responses, response_token_counts
 
     target = load_training_target(args)
+    out = Path(args.out) if args.out else default_path(args.kind, args.target_name)
+    if trainer_state_path(out).exists() and not args.resume:
+        raise UsageError(f"an interrupted run left {trainer_state_path(out)}: pass --resume to continue it, or "
+                         "delete that file to start afresh")  # fmt: skip
     train_set, val_set = feature_caches(args, target)
     gamma = 1 if args.kind == "mtp" else args.gamma
     torch.manual_seed(args.seed)
@@ -213,11 +217,10 @@ def cmd_drafter(args: argparse.Namespace) -> None:
                             anchors_per_seq=args.anchors, lr=args.lr, eval_every=args.eval_every,
                             position_decay=args.position_decay, ce_weight=args.ce_weight, soft_ce=args.soft_ce,
                             bf16=args.bf16, seed=args.seed)  # fmt: skip
-    out = Path(args.out) if args.out else default_path(args.kind, args.target_name)
     source = args.model or Path(args.checkpoint).name
     meta = {"target_checkpoint": source, "tap_layers": list(target.config.tap_layers),
             "responses": len(train_set), "features": "live" if args.live else "cache"}  # fmt: skip
-    meta = train_drafter(drafter, target, train_set, val_set, tc, out, meta)
+    meta = train_drafter(drafter, target, train_set, val_set, tc, out, meta, resume=args.resume)
     acc = " ".join(f"{a:.3f}" for a in meta["val_expected_acceptance"])
     print(f"saved {out}; {meta['epochs']:.2f} epochs, {meta['seconds'] / 60:.1f} min, "
           f"{meta['anchors_per_s']:.0f} anchors/s; validation expected acceptance per position: {acc}")  # fmt: skip
@@ -392,6 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "sampled token, the paper's)")  # fmt: skip
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=dc.bf16,
                    help="drafter forward under bf16 autocast, losses in fp32 (--no-bf16: all fp32)")  # fmt: skip
+    p.add_argument("--resume", action="store_true",
+                   help="continue the interrupted run whose state lies next to --out (OUT.trainer.pt, written at "
+                   "every validation) exactly where it stopped; same options required")  # fmt: skip
     add_optimizer(p, dc, "sequences", "validations")
 
     p = command(

@@ -60,6 +60,9 @@ def files(small_checkpoint, small_drafters, tmp_path_factory) -> dict[str, str]:
     truncated.write_bytes(Path(small_drafters["dspark"]).read_bytes()[:200])
     shutil.copy(Path(small_drafters["dspark"]).with_suffix(".json"), truncated.with_suffix(".json"))
     out["truncated"] = str(truncated)
+    # what an interrupted `train drafter` leaves next to its --out
+    (root / "interrupted.trainer.pt").write_bytes(b"a run's state")
+    out["interrupted"] = str(root / "interrupted.safetensors")
     return out
 
 
@@ -159,6 +162,8 @@ CASES = [
      "{garbage} line 1"),
     ("drafter-missing-responses", "train", ["drafter", "--kind", "mtp", "--responses", "/nonexistent.jsonl"], {},
      "not found"),
+    ("drafter-interrupted-run-left", "train", ["drafter", "--kind", "mtp", *TINY, "--out", "{interrupted}"], {},
+     "pass --resume"),
     ("calibrate-gamma-0", "train", ["calibrate", "--gamma", "0"], {}, "--gamma"),
     ("responses-nothing", "train", ["responses", "--per-domain", "0", "--val-per-domain", "0"], {},
      "nothing to generate"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -80,3 +82,60 @@ def test_training_improves_acceptance_and_round_trips(tmp_path, tiny_model):
     assert loaded.config == drafter.config
     for (name, a), (_, b) in zip(drafter.state_dict().items(), loaded.state_dict().items()):
         torch.testing.assert_close(a.half().float(), b, msg=name)
+
+
+class StopsAt:
+    """A feature source that raises KeyboardInterrupt when asked for its `n`-th batch (an interrupted run)."""
+
+    def __init__(self, source, n: int):
+        self.source, self.n, self.calls = source, n, 0
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def lengths(self):
+        return self.source.lengths()
+
+    def batch(self, indices):
+        self.calls += 1
+        if self.calls == self.n:
+            raise KeyboardInterrupt
+        return self.source.batch(indices)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "dspark"])
+def test_an_interrupted_run_resumes_exactly(tmp_path, tiny_model, kind):
+    """Stopped during step 5 (after the validation at step 4), a resumed run ends with the same weights,
+    history and validation as the run that never stopped: same batches, same anchors, same optimizer."""
+    from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
+    from dspark.training.drafters import trainer_state_path
+
+    g = torch.Generator().manual_seed(0)
+    records = [{"domain": "code", "split": "train", "prompt_ids": torch.randint(0, 97, (4,), generator=g).tolist(),
+                "response_ids": torch.randint(0, 97, (6 + i,), generator=g).tolist()} for i in range(12)]  # fmt: skip
+    train, val = LiveFeatures(tiny_model, records), LiveFeatures(tiny_model, records[:4])
+
+    def fresh():
+        torch.manual_seed(0)
+        if kind == "eagle":
+            return AutoregressiveDrafter(tiny_model, AutoregressiveDrafterConfig("eagle", 3, ffn_hidden=64))
+        return ParallelDrafter(
+            tiny_model, ParallelDrafterConfig(kind, gamma=3, ffn_hidden=64, rank=4, mask_id=5)
+        )
+
+    tc = DrafterTrainConfig(steps=7, batch_size=3, unroll=3, anchors_per_seq=2, eval_every=2, bf16=False)
+    whole = train_drafter(fresh(), tiny_model, train, val, tc, tmp_path / "whole.safetensors", {})
+    assert not trainer_state_path(tmp_path / "whole.safetensors").exists()  # a finished run leaves no state
+
+    out = tmp_path / "cut.safetensors"
+    with pytest.raises(KeyboardInterrupt):
+        train_drafter(fresh(), tiny_model, StopsAt(train, 5), val, tc, out, {})
+    assert trainer_state_path(out).is_file()
+    with pytest.raises(ValueError, match="differs in: lr"):  # other settings: refused, state kept
+        train_drafter(fresh(), tiny_model, train, val, replace(tc, lr=0.5), out, {}, resume=True)
+    resumed = train_drafter(fresh(), tiny_model, train, val, tc, out, {}, resume=True)
+    assert resumed["history"] == whole["history"] and len(whole["history"]) == 4
+    a, b = (load_drafter(p, tiny_model).state_dict() for p in (tmp_path / "whole.safetensors", out))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ValueError, match="nothing to resume"):
+        train_drafter(fresh(), tiny_model, train, val, tc, out, {}, resume=True)

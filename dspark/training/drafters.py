@@ -24,7 +24,8 @@ drafters compared at the same `epochs` saw the same data equally often.
 Validation reports the expected acceptance c* = 1 − ½‖q − p_t‖₁ per draft
 position (the exact acceptance rate of speculative sampling at T = 1) on the
 validation responses, with the same anchor sampler; the fp16 checkpoint is
-rewritten at every validation, so an interrupted run leaves its latest weights.
+rewritten at every validation, so an interrupted run leaves its latest weights,
+and the trainer's state beside it lets `resume=True` continue the run exactly.
 
 What this file does not do: regenerate responses (`dspark.training.responses`)
 or build the feature cache.
@@ -241,6 +242,12 @@ def evaluate(drafter, target: Transformer, val: FeatureSource, tc: DrafterTrainC
     return (sums / counts.clamp(min=1)).tolist()
 
 
+def trainer_state_path(out_path: Path) -> Path:
+    """Where `train_drafter` keeps what a resumed run needs (fp32 weights, optimizer, generators, progress)
+    next to the fp16 checkpoint `out_path`; removed when the run finishes."""
+    return Path(out_path).with_suffix(".trainer.pt")
+
+
 def train_drafter(
     drafter: AutoregressiveDrafter | ParallelDrafter,
     target: Transformer,
@@ -249,22 +256,35 @@ def train_drafter(
     tc: DrafterTrainConfig,
     out_path: Path,
     meta: dict,
+    resume: bool = False,
 ) -> dict:
-    """Train `drafter` (the target stays frozen) and save it to `out_path` (fp16)."""
+    """Train `drafter` (the target stays frozen) and save it to `out_path` (fp16) at every validation, with the
+    trainer's state next to it (`trainer_state_path`): `resume=True` continues from that state, exactly as if
+    the run had not stopped (the same batches, anchors and weights), when `tc` and the data are the same."""
     for p in target.parameters():
         p.requires_grad_(False)
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=tc.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    g = torch.Generator().manual_seed(tc.seed)
+    order_gen = torch.Generator().manual_seed(tc.seed)  # the sequence order ...
+    g = torch.Generator().manual_seed(tc.seed + 1)  # ... and the anchors draw from separate generators
     lengths, prompt_lens = train.lengths()
-    order = length_bucketed_batches(lengths - prompt_lens, tc.batch_size, g)  # by response length
+    order = length_bucketed_batches(lengths - prompt_lens, tc.batch_size, order_gen)  # by response length
     steps = planned_steps(drafter, train, tc)
     warmup = max(1, round(tc.warmup * steps))
     total_anchors = float(candidate_counts(lengths, prompt_lens).sum())
-    history, seen, busy = [], 0, 0.0
+    identity = {"train_config": asdict(tc), "steps": steps, "sequences": len(train), "anchors": total_anchors,
+                "drafter": asdict(drafter.config)}  # what a resumed run must share  # fmt: skip
+    state = {"step": 0, "seen": 0, "busy": 0.0, "seconds": 0.0, "history": []}
+    trainer_path = trainer_state_path(out_path)
+    if resume:
+        state = resume_state(trainer_path, identity, drafter, optimizer, g)
+        for _ in range(state["step"]):  # replay the order (index lists only) up to where the run stopped
+            next(order)
     drafter.train()
-    bar = tqdm(range(steps), desc=f"drafter {drafter.config.kind}", unit="step")
-    t0 = time.perf_counter()
+    bar = tqdm(range(state["step"], steps), desc=f"drafter {drafter.config.kind}", unit="step",
+               initial=state["step"], total=steps)  # fmt: skip
+    t0 = time.perf_counter() - state["seconds"]
+    record = {}
     for step in bar:
         t_step = time.perf_counter()
         lr = tc.lr * min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / steps))
@@ -272,36 +292,59 @@ def train_drafter(
             group["lr"] = lr
         batch = train.batch(next(order))
         loss, acc, anchors, _ = batch_loss(drafter, target, batch, tc, g)
-        seen += anchors
+        state["seen"] += anchors
+        epochs = state["seen"] / total_anchors
         if loss is not None:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             optimizer.step()
-            bar.set_postfix(
-                loss=f"{loss.item():.3f}", c1=f"{float(acc[0]):.3f}", epochs=f"{seen / total_anchors:.2f}"
-            )
-        busy += time.perf_counter() - t_step
+            bar.set_postfix(loss=f"{loss.item():.3f}", c1=f"{float(acc[0]):.3f}", epochs=f"{epochs:.2f}")
+        state["busy"] += time.perf_counter() - t_step
         if (step + 1) % tc.eval_every == 0 or step + 1 == steps:
             val_acc = evaluate(drafter, target, val, tc)
-            history.append(
-                {"step": step + 1, "epochs": seen / total_anchors, "val_expected_acceptance": val_acc}
-            )
-            bar.write(f"step {step + 1} ({seen / total_anchors:.2f} epochs): expected acceptance per position "
+            state["history"].append({"step": step + 1, "epochs": epochs, "val_expected_acceptance": val_acc})
+            bar.write(f"step {step + 1} ({epochs:.2f} epochs): expected acceptance per position "
                       + " ".join(f"{a:.3f}" for a in val_acc))  # fmt: skip
-            record = {
-                **meta,
-                "train_config": asdict(tc),
-                "steps": steps,
-                "epochs": seen / total_anchors,
-                "anchors_seen": seen,
-                "anchors_per_s": seen / busy,
-                "val_expected_acceptance": val_acc,
-                "history": history,
-                "seconds": time.perf_counter() - t0,
-            }
+            state["step"], state["seconds"] = step + 1, time.perf_counter() - t0
+            record = {**meta, "train_config": asdict(tc), "steps": steps, "epochs": epochs,
+                      "anchors_seen": state["seen"], "anchors_per_s": state["seen"] / state["busy"],
+                      "val_expected_acceptance": val_acc, "history": state["history"], "seconds": state["seconds"]}  # fmt: skip
             save_checkpoint(drafter, drafter.config, out_path, dtype=torch.float16, meta=record)
+            save_trainer_state(trainer_path, identity, state, drafter, optimizer, g)
+    if not record:  # resumed a run that had already finished
+        raise ValueError(f"{trainer_path} holds a finished run; its weights are in {out_path}")
+    trainer_path.unlink(missing_ok=True)  # finished: the fp16 checkpoint is the result
     return record
+
+
+def save_trainer_state(
+    path: Path, identity: dict, state: dict, drafter, optimizer, g: torch.Generator
+) -> None:
+    """Write the trainer's state atomically (a run killed while writing keeps the previous one)."""
+    tmp = path.with_suffix(".tmp")
+    torch.save({"identity": identity, "state": state, "drafter": drafter.state_dict(),
+                "optimizer": optimizer.state_dict(), "anchor_rng": g.get_state()}, tmp)  # fmt: skip
+    tmp.replace(path)
+
+
+def resume_state(path: Path, identity: dict, drafter, optimizer, g: torch.Generator) -> dict:
+    """Load a run's saved state into `drafter`, `optimizer` and `g`; refuse one from other settings or data."""
+    if not path.is_file():
+        raise ValueError(
+            f"nothing to resume: {path} does not exist (a run writes it at its first validation)"
+        )
+    saved = torch.load(path, weights_only=False)
+    if saved["identity"] != identity:
+        flat = [{**i["train_config"], **i["drafter"], **{k: v for k, v in i.items() if not isinstance(v, dict)}}
+                for i in (saved["identity"], identity)]  # fmt: skip
+        diff = [k for k in flat[1] if flat[0].get(k) != flat[1][k]]
+        raise ValueError(f"{path} was written by a run with other settings or data (differs in: "
+                         f"{', '.join(diff)}); rerun with those or start afresh without --resume")  # fmt: skip
+    drafter.load_state_dict(saved["drafter"])
+    optimizer.load_state_dict(saved["optimizer"])
+    g.set_state(saved["anchor_rng"])
+    return saved["state"]
 
 
 def load_history(path: Path) -> dict:
