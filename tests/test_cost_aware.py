@@ -14,6 +14,7 @@ from dspark.decoding import generate
 from dspark.drafters.base import Proposal
 from dspark.sampling import SamplingParams
 from dspark.scheduling import draft_cost as draft_cost_module
+from dspark.scheduling import step as step_module
 from dspark.scheduling.draft_cost import DraftCost, cpu_draft_cost, measure_draft_cost, roofline_draft_cost
 from dspark.scheduling.profiler import RooflineConfig
 from dspark.scheduling.scheduler import (
@@ -95,6 +96,35 @@ def test_the_decision_reads_only_earlier_rounds():
     first = drafting_mask(history, [0, 1, 2, 3, 9], 7, CPU_LIKE, cost)
     again = drafting_mask([[list(r) for r in h] for h in history], [0, 1, 2, 3, 9], 7, CPU_LIKE, cost)
     assert torch.equal(first, again)
+
+
+def test_a_reused_decision_equals_a_fresh_one(monkeypatch):
+    """`VerifyScheduler.speculate` reuses its last decision while the inputs are the same; along an engine-like
+    sequence of steps (requests draft or idle, new ones arrive, realism moves) it always equals `drafting_mask`
+    computed afresh, and it does reuse (a lone idle request)."""
+    cost = DraftCost([0.0025 * (1 + 0.05 * n) for n in range(1, 65)], "about a target pass")
+    sched = VerifyScheduler(make_policy("dspark"), CPU_LIKE, None, cost)
+    g = torch.Generator().manual_seed(0)
+    computed = []
+    monkeypatch.setattr(step_module, "drafting_mask", lambda *a: computed.append(1) or drafting_mask(*a))
+    history, idle = [[[0.3] * 7]], [0]  # a request whose drafts did not pay: alone, it idles on
+    for step in range(200):
+        mask = sched.speculate(history, idle, 7)
+        fresh = drafting_mask(history, idle, 7, CPU_LIKE, cost, None, sched.realism)
+        assert torch.equal(mask, fresh), step
+        for r, drafts in enumerate(mask.tolist()):
+            if drafts:  # a new list, as the engine makes it
+                level = 0.99 if (step // 20 + r) % 3 else 0.3
+                history[r] = [*history[r], [level] * 7][-4:]
+                idle[r] = 0
+            else:
+                idle[r] += 1
+        if step % 50 == 49:  # a request that drafted well arrives; realism moves
+            history, idle = [*history, [[0.99] * 7]], [*idle, 0]
+            sched.observe(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+            sched.accepted_total += float(torch.rand(1, generator=g)) * 3
+            sched.predicted_total += 1.0
+    assert 50 < len(computed) < 200  # reused (the lone idle request), recomputed (fades, new rounds)
 
 
 def test_rows_that_did_not_draft_verify_nothing():

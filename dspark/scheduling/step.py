@@ -90,7 +90,10 @@ def forecast_survivals(
     rows = []
     for o, idle in zip(own, idle_steps):
         w = 0.0 if o is None else 0.5 ** (idle / IDLE_HALF_LIFE)
-        rows.append(population if o is None else w * o + (1 - w) * population)
+        if o is None:
+            rows.append(population)
+        else:  # with no other request that drafted, the population is o itself: no fade (exactly o)
+            rows.append(o if len(known) == 1 else w * o + (1 - w) * population)
     return torch.stack(rows)
 
 
@@ -146,13 +149,27 @@ class VerifyScheduler:
         self.draft_cost = draft_cost if policy.cost_aware and draft_cost is not None else DraftCost.free()
         self.accepted_total = self.predicted_total = 0.0  # over every drafted round: realised vs forecast
         self._predicted: torch.Tensor | None = None  # (R,) this round's survival-predicted accepted drafts
+        self._last_decision: tuple | None = None  # (inputs, history lists, mask) of the last `speculate`
 
     def speculate(self, history: list[list[list[float]]], idle_steps: list[int], gamma: int) -> torch.Tensor:
         """(R,) bool: which requests draft this step, from their recent drafted rounds only
-        (`drafting_mask`): never from this step's drafts, so the decision keeps the output exact."""
-        return drafting_mask(
+        (`drafting_mask`): never from this step's drafts, so the decision keeps the output exact.
+
+        The last decision is reused while its inputs are unchanged -- the same history lists (the engine
+        replaces a request's list when it drafts, never edits it), the same realism, and the same idle steps
+        where they matter (they only fade one request's forecast toward the others'): a lone request that
+        stopped drafting costs nothing per step to keep not drafting."""
+        fades = sum(1 for h in history if h) > 1
+        key = (gamma, self.realism, tuple(idle_steps) if fades else len(idle_steps))
+        last = self._last_decision
+        if last is not None and last[0] == key and len(last[1]) == len(history):
+            if all(a is b for a, b in zip(last[1], history)):
+                return last[2]
+        mask = drafting_mask(
             history, idle_steps, gamma, self.profile, self.draft_cost, self.temperatures, self.realism
         )
+        self._last_decision = (key, list(history), mask)
+        return mask
 
     @property
     def realism(self) -> float:

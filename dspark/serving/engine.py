@@ -267,49 +267,32 @@ class Engine:
                 drafting = [bool(d) for d in mask.tolist()]  # a host-side decision (CPU tensor)
             slots = upload([slot_of[i] for i in active], device)
             anchors = upload([anchor_of[i] for i in active], device)
-            g = gamma if any(drafting) else 0  # nobody drafts: a plain decode step, shaped as one (γ = 0)
-            t_draft = time.perf_counter()
-            proposal = self.draft(
-                [r for r in range(R) if drafting[r]], active, slots, anchors, pending, generator, g
-            )
-            draft_seconds += time.perf_counter() - t_draft
-            drafted_rounds += sum(drafting) if g > 0 else 0
-            drafts = proposal.tokens  # (R, γ)
-
-            # 3. verify lengths, capped by the context left after the anchor (known on the host)
-            wanted = [g] * R  # γ = 0 (plain decoding): nothing to ask
-            if self.verify_len_fn and g > 0:  # host sync: the lengths decide the shape of the target pass
-                wanted = to_host(self.verify_len_fn(proposal).long(), "engine: verify lengths")
-            if any(not 0 <= w <= g for w in wanted):
-                raise ValueError(f"verify lengths must be in 0..{g}")
-            ells = [
-                min(w, context - length_of[i] - 1) if d else 0 for w, i, d in zip(wanted, active, drafting)
-            ]
-            verify_lens = upload(ells, device)  # (R,)
-
-            # 4. one ragged target pass over anchor + ℓ_r drafts of every request, then verify
-            block_lens = [ell + 1 for ell in ells]
-            # (N,) where each verified token sits in the (R, γ+1) blocks: an index, not a mask (no sync)
-            keep = upload([r * (g + 1) + k for r, n in enumerate(block_lens) for k in range(n)], device)
-            blocks = torch.cat([anchors[:, None], drafts], dim=1).flatten()[keep]  # (N,) flat, request-major
-            res = target.forward_cached(blocks, slots, upload(block_lens, device), cache, return_taps=True)
-            steps += 1
-            V = target.config.vocab_size
-            target_probs = torch.zeros(R, g + 1, V, device=device)  # (R, γ+1, V)
-            target_probs.view(-1, V)[keep] = probabilities(res.logits, self.params)
-            result = verify(drafts, proposal.probs, target_probs, verify_lens,
-                            *draw_uniforms(R, g, generator, device))  # fmt: skip
-            if self.observe_fn is not None:
-                self.observe_fn(verify_lens, result.accepted)
-
-            # 5. roll back (on the device: anchor + accepted drafts stay), emit, commit, finish
-            cache.lengths[slots] -= verify_lens - result.accepted
-            outcome = [result.accepted[:, None], result.next_token[:, None], drafts]
-            if proposal.confidence is not None:
-                outcome.append(proposal.confidence)
-            # host sync: the round's outcome (accepted count, next token, drafts, confidences; int64 values
-            # and fp32 confidences are exact in fp64) -- emitting tokens and stopping are decided here
-            outcome = to_host(torch.cat([t.double() for t in outcome], dim=1), "engine: the round's outcome")
+            g = gamma if any(drafting) else 0  # nobody drafts: a plain decode step
+            if g == 0:  # no drafts to propose, schedule or verify: the step plain decoding takes
+                ells, block_lens, blocks = [0] * R, [1] * R, anchors
+                res = target.forward_cached(blocks, slots, torch.ones_like(slots), cache, return_taps=True)
+                steps += 1
+                # the same draws as verifying zero drafts (sample from p_0), so the same tokens
+                next_token = sample(probabilities(res.logits, self.params), generator)  # (R,)
+                if self.observe_fn is not None:
+                    nothing = torch.zeros(R, dtype=torch.long, device=device)
+                    self.observe_fn(nothing, nothing)
+                # host sync: the round's next tokens (emitting and stopping are decided here)
+                outcome = to_host(torch.stack([torch.zeros_like(next_token), next_token], 1).double(),
+                                  "engine: the round's outcome")  # fmt: skip
+                proposal = None
+            else:
+                t_draft = time.perf_counter()
+                proposal = self.draft(
+                    [r for r in range(R) if drafting[r]], active, slots, anchors, pending, generator, g
+                )
+                draft_seconds += time.perf_counter() - t_draft
+                drafted_rounds += sum(drafting)
+                ells, block_lens, blocks, res, outcome = self.verify_round(
+                    proposal, [length_of[i] for i in active], drafting, slots, anchors, generator
+                )
+                steps += 1
+            # 5. emit, commit, finish (the caches were rolled back to anchor + accepted drafts)
             feats = TargetFeatures(res.taps, res.last_hidden).split(block_lens)
             still = []
             for r, (i, toks) in enumerate(zip(active, blocks.split(block_lens))):
@@ -317,7 +300,7 @@ class Engine:
                 rec = records[i]
                 rec.verify_lens.append(ells[r])
                 rec.accepted.append(a)
-                if proposal.confidence is not None:
+                if self.drafter.has_confidence:
                     conf = outcome[r][2 + g :] if drafting[r] else []  # [] for a round without drafts
                     rec.confidences.append(conf)
                     if drafting[r]:
@@ -338,6 +321,51 @@ class Engine:
             step_syncs.append(host_syncs() - syncs_before)
         return EngineResult(records, now(), prefill_seconds, steps, step_syncs, prefill_syncs, draft_seconds,
                             drafted_rounds)  # fmt: skip
+
+    def verify_round(
+        self,
+        proposal: Proposal,
+        lengths: list[int],
+        drafting: list[bool],
+        slots: torch.Tensor,
+        anchors: torch.Tensor,
+        generator: torch.Generator,
+    ):
+        """Steps 3-4 of a step in which some request drafted: verify lengths (capped by the context left
+        after each anchor; `lengths` the requests' cache lengths, on the host), ONE ragged target pass over
+        anchor + ℓ_r drafts of every request, `verify`, and the caches rolled back to anchor + accepted.
+        Returns (ℓ per request, block lengths, the flat verified tokens, the target pass, the round's
+        outcome on the host: per request [accepted, next token, drafts..., confidences...])."""
+        target, cache, device = self.target, self.cache, model_device(self.target)
+        context, (R, g) = target.config.max_seq_len, proposal.tokens.shape
+        drafts = proposal.tokens  # (R, γ)
+        wanted = [g] * R
+        if self.verify_len_fn:  # host sync: the lengths decide the shape of the target pass
+            wanted = to_host(self.verify_len_fn(proposal).long(), "engine: verify lengths")
+        if any(not 0 <= w <= g for w in wanted):
+            raise ValueError(f"verify lengths must be in 0..{g}")
+        ells = [min(w, context - n - 1) if d else 0 for w, n, d in zip(wanted, lengths, drafting)]
+        verify_lens = upload(ells, device)  # (R,)
+        block_lens = [ell + 1 for ell in ells]
+        # (N,) where each verified token sits in the (R, γ+1) blocks: an index, not a mask (no sync)
+        keep = upload([r * (g + 1) + k for r, n in enumerate(block_lens) for k in range(n)], device)
+        blocks = torch.cat([anchors[:, None], drafts], dim=1).flatten()[keep]  # (N,) flat, request-major
+        res = target.forward_cached(blocks, slots, upload(block_lens, device), cache, return_taps=True)
+        V = target.config.vocab_size
+        target_probs = torch.zeros(R, g + 1, V, device=device)  # (R, γ+1, V)
+        target_probs.view(-1, V)[keep] = probabilities(res.logits, self.params)
+        result = verify(drafts, proposal.probs, target_probs, verify_lens,
+                        *draw_uniforms(R, g, generator, device))  # fmt: skip
+        if self.observe_fn is not None:
+            self.observe_fn(verify_lens, result.accepted)
+        cache.lengths[slots] -= verify_lens - result.accepted  # roll back: anchor + accepted drafts stay
+        outcome = [result.accepted[:, None], result.next_token[:, None], drafts]
+        if proposal.confidence is not None:
+            outcome.append(proposal.confidence)
+        # host sync: the round's outcome (accepted count, next token, drafts, confidences; int64 values
+        # and fp32 confidences are exact in fp64) -- emitting tokens and stopping are decided here
+        outcome = to_host(torch.cat([t.double() for t in outcome], dim=1), "engine: the round's outcome")
+        return ells, block_lens, blocks, res, outcome
 
     def draft(
         self,
