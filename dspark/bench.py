@@ -390,13 +390,15 @@ def bench_serve(args: argparse.Namespace) -> dict:
     points = pareto.serve_points(target, tokenizer, args.policies, args.concurrency, args.requests, args.max_new_tokens,
                                  gpu.device_profile(target), SamplingParams(args.temperature),
                                  arrival_rate=args.poisson, cost_aware=not args.ignore_draft_cost,
-                                 target_name=args.target_name)  # fmt: skip
+                                 target_name=args.target_name, repeats=args.repeats)  # fmt: skip
     mode = f"Poisson arrivals at {args.poisson:g}/s" if args.poisson else "closed loop"
     device = model_device(target)
     where = (f"this CPU ({torch.get_num_threads()} threads" if device.type == "cpu"
              else f"{gpu.device_name(device)} (")  # fmt: skip
     title = (f"measured on {where}, {mode}): {args.requests} requests of up "
              f"to {args.max_new_tokens} tokens, T = {args.temperature:g}")  # fmt: skip
+    if args.repeats > 1:
+        title += f"; medians of {args.repeats} interleaved repeats"
     report_points(points, args, title, "serve")
     return {"benchmark": "serve", "points": points}
 
@@ -636,6 +638,9 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_sampling(p, max_new_tokens=64)
     p.add_argument("--poisson", type=cli.number(float, 0), metavar="RATE",
                    help="requests arrive as a Poisson process at RATE per second (default: closed loop)")  # fmt: skip
+    option(p, "--repeats", 1, "run the whole sweep this many times, interleaved; the table then shows medians and "
+           "each policy's speed against plain decoding (and MTP-1) paired within a repeat, with 95%% intervals",
+           low=1)  # fmt: skip
     cli.add_draft_cost(p)
 
     p = command(

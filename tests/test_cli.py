@@ -354,7 +354,12 @@ def test_bench_serve_plain_policy(small_checkpoint, tmp_path, monkeypatch, mode,
     }
     assert all(keys <= set(p) and p["throughput"] > 0 and p["completed"] == 3 for p in points)
     assert (tmp_path / "serve_frontier.png").is_file()
-    capsys.readouterr()
+    assert (
+        run_main(bench.main, [*argv[:-4], "--repeats", "2", "--json", str(out)]) == 0
+    )  # medians of 2 sweeps
+    points = json.loads(out.read_text())["points"]
+    assert [(p["concurrency"], p["repeats"]) for p in points] == [(1, 2), (2, 2)]
+    assert "medians of 2 interleaved repeats" in capsys.readouterr().out
     assert run_main(bench.main, ["serve", "--policy", "fastest"]) == 2
     assert "unknown policy 'fastest'" in capsys.readouterr().err
 

@@ -99,3 +99,32 @@ def test_acceptance_counts_are_behind_the_rates():
     hits, tries = stats.acceptance_counts(3)
     assert (hits, tries) == ([2, 1, 1], [3, 2, 1])
     assert stats.acceptance_by_position(3) == [2 / 3, 1 / 2, 1.0]
+
+
+def test_repeated_serve_sweeps_are_paired_within_a_repeat():
+    """`combine_repeats`: medians per (policy, C), and ratios to plain decoding / MTP-1 taken within the same
+    repeat, so a machine twice as fast in one repeat moves nothing; the 95% interval holds the mean."""
+    from dspark.study.pareto import combine_repeats, frontier_report
+    from dspark.study.stats import mean_interval
+
+    points = []
+    for repeat, speed in enumerate([1.0, 2.0, 1.1]):  # the machine's speed drifts between repeats
+        for policy, own in (("none", 100.0), ("mtp1", 90.0), ("dspark", 105.0 + repeat)):
+            points.append({"policy": policy, "drafter": "x", "concurrency": 4, "repeat": repeat,
+                           "throughput": own * speed, "tps_per_user": own * speed / 4, "tpot_ms": 1.0,
+                           "mean_verify_len": 1.0, "tau": 1.5, "completed": 3})  # fmt: skip
+    combined = {p["policy"]: p for p in combine_repeats(points)}
+    assert (
+        combined["none"]["throughput"] == pytest.approx(110.0) and combined["none"]["repeats"] == 3
+    )  # median
+    assert "vs_plain" not in combined["none"] and "per_user_vs_mtp1" not in combined["mtp1"]
+    ratios = combined["dspark"]["vs_plain"]["ratios"]
+    assert ratios == pytest.approx([1.05, 1.06, 1.07])  # paired: the drift cancels
+    r = combined["dspark"]["vs_plain"]
+    assert r["mean"] == pytest.approx(1.06) and r["low"] < r["mean"] < r["high"] < 1.1
+    assert combined["mtp1"]["vs_plain"]["mean"] == pytest.approx(0.9) == combined["mtp1"]["vs_plain"]["low"]
+    assert combined["dspark"]["per_user_vs_mtp1"]["mean"] == pytest.approx(1.06 / 0.9)
+    assert "+6.0% (" in frontier_report(list(combined.values()), ["none", "mtp1", "dspark"])
+    assert mean_interval([2.0]) == (2.0, 2.0, 2.0)
+    mean, low, high = mean_interval([1.0, 2.0, 3.0, 4.0])
+    assert mean == 2.5 and high - mean == pytest.approx(3.182 * (5 / 3) ** 0.5 / 2)

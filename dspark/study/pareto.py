@@ -50,6 +50,7 @@ from dspark.serving.engine import Engine, EngineResult, Request
 from dspark.serving.rounds import RoundStats
 from dspark.study import offline, tables
 from dspark.study.simulator import RequestTrace, simulate, traces_from_records
+from dspark.study.stats import mean_interval
 
 
 def drafter_for(policy: str) -> tuple[str, int]:
@@ -74,11 +75,14 @@ def serve_points(
     arrival_rate: float | None = None,
     cost_aware: bool = True,
     target_name: str = "tiny",
+    repeats: int = 1,
 ) -> list[dict]:
     """Measured points of the real engine on this machine: closed loop, or with
     `arrival_rate` requests/s arriving as a Poisson process (C then caps the active ones).
     The cost-aware policies weigh the drafter's measured drafting time (CPU, cached) unless
-    `cost_aware` is False (the ablation). The drafters are those shipped for `target_name`."""
+    `cost_aware` is False (the ablation). The drafters are those shipped for `target_name`.
+    With `repeats` > 1 the whole sweep runs that many times and the points are combined
+    (`combine_repeats`)."""
     pool = [
         p
         for ps in offline.prompts_by_domain(tokenizer, 40, 0, target.config.max_seq_len).values()
@@ -105,9 +109,9 @@ def serve_points(
             cost = cpu_draft_cost(target, drafters[name], gamma)
         setups[policy_name] = (name, gamma, cost, get_calibration(name, target_name=target_name))
     points = []
-    bar = tqdm(total=len(policies) * len(concurrencies) * requests, desc="serve", unit="req")
-    # the policies side by side at each C: a drift of the machine's speed hits them alike
-    for C in concurrencies:
+    bar = tqdm(total=repeats * len(policies) * len(concurrencies) * requests, desc="serve", unit="req")
+    # the policies side by side at each C (and the sweep repeated): a drift of the machine's speed hits them alike
+    for repeat, C in ((r, C) for r in range(repeats) for C in concurrencies):
         for policy_name in policies:
             name, gamma, cost, temperatures = setups[policy_name]
             drafter = drafters[name]
@@ -119,9 +123,42 @@ def serve_points(
             engine.run([Request(prompts[0], 4)] * min(C, 2))  # warm-up
             result = engine.run([Request(p, max_new_tokens, a) for p, a in zip(prompts, arrivals)],
                                 torch.Generator().manual_seed(seed), bar.update)  # fmt: skip
-            points.append({"policy": policy_name, "drafter": name, "concurrency": C, **serve_metrics(result)})
+            points.append({"policy": policy_name, "drafter": name, "concurrency": C, "repeat": repeat,
+                           **serve_metrics(result)})  # fmt: skip
     bar.close()
+    points = combine_repeats(points) if repeats > 1 else points
     return sorted(points, key=lambda p: (policies.index(p["policy"]), p["concurrency"]))  # policy by policy
+
+
+PAIRED = (
+    ("vs_plain", "none", "throughput"),
+    ("per_user_vs_mtp1", "mtp1", "tps_per_user"),
+)  # (name, base, metric)
+
+
+def combine_repeats(points: list[dict]) -> list[dict]:
+    """One point per (policy, C) from repeated sweeps: the median of every measured number, the number of
+    repeats, and -- paired within a repeat and C, so that the machine's drift between repeats cancels --
+    the mean ratio and its 95% interval of the throughput to plain decoding's (`vs_plain`) and of the
+    per-user speed to MTP-1's (`per_user_vs_mtp1`), where those policies ran."""
+    runs: dict[tuple[str, int], list[dict]] = {}
+    for p in points:
+        runs.setdefault((p["policy"], p["concurrency"]), []).append(p)
+    out = []
+    for (policy, C), mine in runs.items():
+        point = {"policy": policy, "drafter": mine[0]["drafter"], "concurrency": C, "repeats": len(mine)}
+        for key, value in mine[0].items():
+            if key not in point and key != "repeat" and isinstance(value, (int, float)):
+                point[key] = statistics.median(r[key] for r in mine)
+        for name, base, metric in PAIRED:
+            if policy != base and (base, C) in runs:
+                of_base = {r["repeat"]: r[metric] for r in runs[(base, C)]}
+                ratios = [r[metric] / of_base[r["repeat"]] for r in mine if of_base.get(r["repeat"])]
+                if ratios:
+                    mean, low, high = mean_interval(ratios)
+                    point[name] = {"mean": mean, "low": low, "high": high, "ratios": ratios}
+        out.append(point)
+    return out
 
 
 def serve_metrics(result: EngineResult) -> dict:
@@ -245,6 +282,13 @@ def frontier_report(points: list[dict], policies: list[str]) -> str:
               "τ"]  # fmt: skip
     body = [[p["policy"], p["drafter"], p["concurrency"], p["throughput"], p["tps_per_user"], p["tpot_ms"],
              p["mean_verify_len"], p["tau"]] for p in points]  # fmt: skip
+    paired = [(name, base) for name, base, _ in PAIRED if any(name in p for p in points)]
+    for name, base in paired:  # repeated sweeps: the paired ratios with their 95% intervals
+        header.append({"none": "throughput vs plain (95% CI)", "mtp1": "per user vs MTP-1 (95% CI)"}[base])
+        for row, p in zip(body, points):
+            r = p.get(name)
+            row.append(f"{100 * (r['mean'] - 1):+.1f}% ({100 * (r['low'] - 1):+.1f}..{100 * (r['high'] - 1):+.1f}%)"
+                       if r else "")  # fmt: skip
     table = tables.markdown_table(header, body)
     matched = ""
     for policy in dict.fromkeys(p["policy"] for p in points):

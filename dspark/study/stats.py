@@ -4,7 +4,9 @@ The losslessness checks (tests/, walkthrough 08) count the tokens a sampler
 draws and compare them with the target's probabilities: `chi_square` gives
 Pearson's statistic and its degrees of freedom, `chi_square_critical` the
 threshold it must stay below. `wilson_interval` is the 95% interval the study's
-acceptance-by-position figures draw around each point.
+acceptance-by-position figures draw around each point; `mean_interval` the 95%
+interval of a mean of a few repeated measurements (Student's t), which
+`bench serve --repeats` puts around its paired speed ratios.
 """
 
 from __future__ import annotations
@@ -47,3 +49,22 @@ def wilson_interval(hits: int, tries: int, z: float = 1.96) -> tuple[float, floa
     centre = (p + z * z / (2 * tries)) / denom
     half = z * math.sqrt(p * (1 - p) / tries + z * z / (4 * tries * tries)) / denom
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+# two-sided 97.5% quantiles of Student's t by degrees of freedom (1..30); beyond 30, the normal's 1.96
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
+
+
+def mean_interval(values: list[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the 95% Student-t interval of the mean of `values` (low = high = the value
+    for a single one: no spread is known)."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("mean_interval needs at least one value")
+    mean = sum(values) / n
+    if n == 1:
+        return mean, mean, mean
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = (T_975[n - 2] if n - 1 <= len(T_975) else 1.96) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
