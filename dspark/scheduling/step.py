@@ -79,22 +79,25 @@ def forecast_survivals(
 ) -> torch.Tensor | None:
     """(R, γ) float64 forecast of this step's survivals from earlier rounds: each request's mean calibrated
     survivals over its recent drafted rounds, faded toward the other requests' mean the longer it has been
-    idle (half-life IDLE_HALF_LIFE steps); a request that never drafted gets the others' mean. None when no
-    request has drafted yet."""
-    own = [prefix_survival(torch.tensor([c[:gamma] for c in h], dtype=torch.float64, device=HOST), temperatures).mean(0)
-           if h else None for h in history]  # fmt: skip
-    known = [o for o in own if o is not None]
-    if not known:
+    idle (half-life IDLE_HALF_LIFE steps); a request that never drafted gets the others' mean, and a request
+    that is the only one with rounds keeps exactly its own. None when no request has drafted yet. All
+    requests' rounds go through `prefix_survival` together (one call, not one per request)."""
+    counts = [len(h) for h in history]
+    if not any(counts):
         return None
-    population = torch.stack(known).mean(0)  # (γ,)
-    rows = []
-    for o, idle in zip(own, idle_steps):
-        w = 0.0 if o is None else 0.5 ** (idle / IDLE_HALF_LIFE)
-        if o is None:
-            rows.append(population)
-        else:  # with no other request that drafted, the population is o itself: no fade (exactly o)
-            rows.append(o if len(known) == 1 else w * o + (1 - w) * population)
-    return torch.stack(rows)
+    rounds = torch.tensor([c[:gamma] for h in history for c in h], dtype=torch.float64, device=HOST)  # (N, γ)
+    survivals = prefix_survival(rounds, temperatures)  # (N, γ)
+    n = torch.tensor(counts, dtype=torch.float64, device=HOST)  # (R,)
+    owner = torch.repeat_interleave(torch.arange(len(history), device=HOST), n.long())  # (N,) whose round
+    own = torch.zeros(len(history), gamma, dtype=torch.float64, device=HOST).index_add_(0, owner, survivals)
+    own /= n.clamp(min=1)[:, None]  # (R, γ) each request's mean (0 for one without rounds)
+    known = n > 0
+    population = own[known].mean(0)  # (γ,)
+    idle = torch.tensor(idle_steps, dtype=torch.float64, device=HOST)
+    w = torch.where(known, 0.5 ** (idle / IDLE_HALF_LIFE), 0.0)  # (R,) weight of the request's own rounds
+    if int(known.sum()) == 1:  # the population is that request itself: no fade, exactly its own
+        w = known.double()
+    return w[:, None] * own + (1 - w[:, None]) * population
 
 
 def drafting_mask(
