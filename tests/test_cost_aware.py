@@ -87,6 +87,19 @@ def test_only_the_requests_worth_their_draft_draft():
     ]  # new: the others' mean
 
 
+def test_an_idle_request_pays_for_catching_up():
+    """A request that idled brings the tokens committed meanwhile to its next drafting pass: with a cost per
+    such token, of two requests with the same recent rounds the one idle for long drafts only when that
+    catch-up is cheap."""
+    history = [[[0.95] * 7], [[0.95] * 7]]  # the same rounds: the same forecast, whatever the fade
+    base = [0.0025 * (1 + 0.05 * n) for n in range(1, 65)]
+    cheap, dear = DraftCost(base, "", 0.0), DraftCost(base, "", 0.001)
+    assert drafting_mask(history, [0, 60], 7, CPU_LIKE, cheap).tolist() == [True, True]
+    assert drafting_mask(history, [0, 60], 7, CPU_LIKE, dear).tolist() == [True, False]
+    assert drafting_mask(history, [0, 0], 7, CPU_LIKE, dear).tolist() == [True, True]
+    assert DraftCost([0.0], "", 0.0).is_free and not DraftCost([0.0], "", 1e-3).is_free
+
+
 def test_the_decision_reads_only_earlier_rounds():
     """Same history in, same decision out, whatever the current proposal: the decision is a
     function of the earlier rounds' confidences and idle counts alone (its signature has no
@@ -176,6 +189,7 @@ def test_measuring_leaves_the_drafter_reset(tiny_model):
     drafter = make(tiny_model, "dspark", gamma=4)
     cost = measure_draft_cost(tiny_model, drafter, 4, [1, 2], context=8, repeats=1)
     assert len(cost.seconds_by_requests) == 2 and all(s > 0 for s in cost.seconds_by_requests)
+    assert cost.seconds_per_token >= 0  # the catch-up slope was measured (its size is the machine's)
     assert int(drafter.cache.lengths.sum()) == 0
 
 

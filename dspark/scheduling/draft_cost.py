@@ -11,7 +11,8 @@ draft in it, for the block size γ the engine uses:
 
   * `measure_draft_cost`: real `propose` calls of the drafter on a prefilled
     context, one new committed token per request per call (the steady state),
-    median of several, at a few request counts; `cpu_draft_cost` caches it
+    median of several, at a few request counts, and the cost per extra context
+    token a request brings after idling (it catches up in its next pass); `cpu_draft_cost` caches it
     under DSPARK_HOME keyed like the SPS profile (target config, drafter
     config, γ, threads) and measures again on `refresh`.
   * `roofline_draft_cost`: the same for a modelled GPU (the SPS roofline of
@@ -41,18 +42,24 @@ from dspark.scheduling.profiler import RooflineConfig
 from dspark.scheduling.scheduler import interpolated_times
 
 DRAFT_POINTS = [1, 2, 4, 8, 16, 32]  # drafting requests measured on the CPU
+CATCH_UP_TOKENS = 16  # extra context tokens per request when measuring the cost of catching up
 
 
 @dataclass
 class DraftCost:
     """Seconds of one drafting pass with n drafting requests, n = 1..len(seconds_by_requests)."""
 
-    seconds_by_requests: list[float]  # entry n-1: seconds when n requests draft
+    seconds_by_requests: list[float]  # entry n-1: seconds when n requests draft, one new context token each
     name: str = ""  # where it came from ("cpu-measured dspark", "h200-roofline", "free", ...)
+    # seconds per context token beyond one per request that the pass must first append: a request that
+    # idled for s steps brings s more committed tokens to its next drafting pass
+    seconds_per_token: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.seconds_by_requests or any(not s >= 0 for s in self.seconds_by_requests):
             raise ValueError("a drafting cost needs non-negative seconds for n = 1, 2, ...")
+        if not self.seconds_per_token >= 0:
+            raise ValueError("seconds_per_token must be >= 0")
 
     @classmethod
     def free(cls) -> DraftCost:
@@ -61,7 +68,7 @@ class DraftCost:
 
     @property
     def is_free(self) -> bool:
-        return not any(self.seconds_by_requests)
+        return not any(self.seconds_by_requests) and not self.seconds_per_token
 
     def seconds(self, requests: int) -> float:
         """T_draft(n); 0 when nobody drafts; beyond the table, proportionally longer."""
@@ -74,11 +81,16 @@ class DraftCost:
 
     @classmethod
     def from_points(
-        cls, requests: list[int], seconds: list[float], max_requests: int, name: str = ""
+        cls,
+        requests: list[int],
+        seconds: list[float],
+        max_requests: int,
+        name: str = "",
+        per_token: float = 0.0,
     ) -> DraftCost:
         """Interpolate measured times linearly over n = 1..max_requests (flat before the first point,
         proportional after the last), forced non-decreasing: more drafting requests never cost less."""
-        return cls(interpolated_times(requests, seconds, max_requests), name)
+        return cls(interpolated_times(requests, seconds, max_requests), name, per_token)
 
 
 @torch.no_grad()
@@ -114,9 +126,26 @@ def measure_draft_cost(
             if rep:
                 times.append(time.perf_counter() - t0)
         seconds.append(statistics.median(times))
+    # catching up: n requests bring `extra` more context tokens each (they idled); the slope per token
+    cost = DraftCost.from_points(requests, seconds, n_max)
+    drafter.reset(n_max)
+    drafter.propose(slots, prompt, TargetFeatures(out.taps, out.last_hidden), lens, anchors, gamma, params, g)
+    n = min(4, n_max)
+    room = (cfg.max_seq_len - context - gamma - 2) // (repeats + 1)  # context left for every call's tokens
+    extra = min(CATCH_UP_TOKENS, room - 1, len(prompt) // n - 1)
+    catch_up = []
+    for rep in range(repeats + 1 if extra > 0 else 0):
+        rows = slice(0, n * (1 + extra))
+        new = torch.full((n,), 1 + extra, dtype=torch.long)
+        t0 = time.perf_counter()
+        drafter.propose(slots[:n], prompt[rows], TargetFeatures(out.taps[rows], out.last_hidden[rows]), new,
+                        anchors[:n], gamma, params, g)  # fmt: skip
+        if rep:
+            catch_up.append(time.perf_counter() - t0)
+    per_token = max(0.0, (statistics.median(catch_up) - cost.seconds(n)) / (n * extra)) if catch_up else 0.0
     drafter.reset(n_max)  # forget the dummy context
     name = f"cpu-measured {drafter.name} γ={gamma} ({torch.get_num_threads()} threads)"
-    return DraftCost.from_points(requests, seconds, n_max, name)
+    return replace(cost, name=name, seconds_per_token=per_token)
 
 
 def draft_cost_path(key: dict) -> Path:
@@ -141,11 +170,12 @@ def cpu_draft_cost(target: Transformer, drafter: Drafter, gamma: int, refresh: b
     path = draft_cost_path(key)
     if path.is_file() and not refresh:
         record = json.loads(path.read_text())
-        if record.get("key") == key:
-            return DraftCost(record["seconds_by_requests"], record["name"])
+        if record.get("key") == key and "seconds_per_token" in record:  # (older files lack the catch-up)
+            return DraftCost(record["seconds_by_requests"], record["name"], record["seconds_per_token"])
     context = min(64, target.config.max_seq_len // 4)  # each call then appends one token per request
     cost = measure_draft_cost(target, drafter, gamma, DRAFT_POINTS, context)
-    record = {"key": key, "name": cost.name, "seconds_by_requests": cost.seconds_by_requests}
+    record = {"key": key, "name": cost.name, "seconds_by_requests": cost.seconds_by_requests,
+              "seconds_per_token": cost.seconds_per_token}  # fmt: skip
     paths.write_text_atomic(path, json.dumps(record) + "\n")
     return cost
 

@@ -24,8 +24,10 @@ each request's recent drafted rounds:
   2. the forecast verify lengths ℓ̂ and gains G_r = Σ_{j≤ℓ̂_r} a_{r,j} come from
      cost-aware Algorithm 1 on the forecasts, as if everybody drafted;
   3. requests sorted by G_r; drafting the top k has the expected rate
-         Θ̂(k) = (R + Σ_top-k G) / (1/SPS(R + Σ_top-k ℓ̂) + T_draft(k)),
-     T_draft(0) = 0; the k with the largest Θ̂ drafts (ties: more drafting).
+         Θ̂(k) = (R + Σ_top-k G) / (1/SPS(R + Σ_top-k ℓ̂) + T_draft(k) + c·Σ_top-k s_r),
+     T_draft(0) = 0, where s_r is r's idle steps (the tokens its pass must first
+     append) and c the measured cost of one; the k with the largest Θ̂ drafts
+     (ties: more drafting).
 
 With free drafting everybody drafts, and the step is exactly the paper's. If
 drafting could not pay even with every draft accepted, nobody drafts: the step
@@ -44,6 +46,8 @@ the step (dspark/serving/engine.py).
 """
 
 from __future__ import annotations
+
+from itertools import accumulate
 
 import torch
 
@@ -128,7 +132,10 @@ def drafting_mask(
     order = torch.argsort(-gain, stable=True)
     cum_gain = torch.cat([torch.zeros(1, dtype=torch.float64, device=HOST), gain[order].cumsum(0)]).tolist()
     cum_len = torch.cat([torch.zeros(1, dtype=torch.long, device=HOST), ell[order].cumsum(0)]).tolist()
-    rates = [step_rate(R + cum_gain[k], R + int(cum_len[k]), profile, cost.seconds(k)) for k in range(R + 1)]
+    # an idle request brings the tokens committed while it idled: its drafting pass appends them first
+    cum_idle = [0, *accumulate(idle_steps[r] for r in order.tolist())]
+    rates = [step_rate(R + cum_gain[k], R + int(cum_len[k]), profile,
+                       cost.seconds(k) + cost.seconds_per_token * cum_idle[k]) for k in range(R + 1)]  # fmt: skip
     k = max(range(R + 1), key=lambda i: (rates[i], i))
     mask = torch.zeros(R, dtype=torch.bool, device=HOST)
     mask[order[:k]] = True
