@@ -52,9 +52,10 @@ from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.registry import default_path, get_calibration, get_drafter, load_calibration, new_drafter
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
-from dspark.scheduling import calibration, draft_cost, profiler
+from dspark.scheduling import calibration, profiler
 from dspark.scheduling.scheduler import POLICY_NAMES, make_policy
 from dspark.scheduling.step import VerifyScheduler
+from dspark.serving.step_cost import engine_draft_cost
 from dspark.study import gpu, offline, pareto, plots, tables
 from dspark.study import kernels as kernel_study
 
@@ -416,8 +417,7 @@ def bench_simulate(args: argparse.Namespace) -> dict:
         target, tokenizer, args.policies, SamplingParams(args.temperature), args.refresh, args.target_name
     )
     if args.profile == "cpu":  # measured here, like the profile
-        costs = {name: draft_cost.cpu_draft_cost(target, get_drafter(name, target, target_name=args.target_name),
-                                                 gamma)
+        costs = {name: engine_draft_cost(target, get_drafter(name, target, target_name=args.target_name), gamma)
                  for name, gamma in (("dspark", 7), ("mtp", 1))}  # fmt: skip
     else:
         costs = pareto.gpu_draft_costs()

@@ -193,6 +193,33 @@ def test_measuring_leaves_the_drafter_reset(tiny_model):
     assert int(drafter.cache.lengths.sum()) == 0
 
 
+def test_engine_measured_cost_is_cached_beside_the_propose_table(tiny_model, tmp_path, monkeypatch):
+    """`engine_draft_cost`: T_draft(n) as the engine pays it (a step in which n requests draft and verify
+    nothing, minus one in which none drafts), cached under its own key next to the `propose` table whose
+    catch-up slope it takes; free for a drafter that drafts nothing; leaves the drafter reset."""
+    from dspark.drafters.base import NoDrafter
+    from dspark.serving import step_cost
+
+    monkeypatch.setenv("DSPARK_HOME", str(tmp_path))
+    monkeypatch.setattr(step_cost, "STEPS", 3)
+    calls = []
+    real = step_cost.measure_engine_draft_cost
+    monkeypatch.setattr(
+        step_cost, "measure_engine_draft_cost", lambda *a: calls.append(1) or real(*a, [1, 2])
+    )
+    drafter = make(tiny_model, "dspark", gamma=4)
+    first = step_cost.engine_draft_cost(tiny_model, drafter, 4)
+    assert first.name.startswith("engine-measured") and len(first.seconds_by_requests) == 2
+    assert all(s >= 0 for s in first.seconds_by_requests) and first.seconds_per_token >= 0
+    assert step_cost.engine_draft_cost(tiny_model, drafter, 4) == first and len(calls) == 1
+    step_cost.engine_draft_cost(tiny_model, drafter, 4, refresh=True)
+    assert (
+        len(calls) == 2 and len(list((tmp_path / "profiles").glob("draft-*.json"))) == 2
+    )  # + the propose table
+    assert step_cost.engine_draft_cost(tiny_model, NoDrafter(97), 0).is_free
+    assert int(drafter.cache.lengths.sum()) == 0
+
+
 # ---- the engine with speculate-or-not ---------------------------------------------------------------
 def run_engine(model, drafter, scheduler, concurrency, requests, params=None, seed=0, speculate=True):
     from dspark.serving.engine import Engine

@@ -20,7 +20,8 @@ draft in it, for the block size γ the engine uses:
     parallel drafter is one pass over n·γ block tokens, a chain drafter γ
     passes over n tokens.
 
-What this file does not do: decide anything (dspark/scheduling/cost_aware.py).
+What this file does not do: decide anything (dspark/scheduling/step.py), or time a whole engine step
+(dspark/serving/step_cost.py).
 """
 
 from __future__ import annotations
@@ -154,10 +155,8 @@ def draft_cost_path(key: dict) -> Path:
     return paths.dspark_home() / "profiles" / f"draft-{digest}.json"
 
 
-def cpu_draft_cost(target: Transformer, drafter: Drafter, gamma: int, refresh: bool = False) -> DraftCost:
-    """The measured drafting cost of `drafter` at γ on this machine, measured once and cached."""
-    if drafter.max_gamma == 0 or gamma == 0:
-        return DraftCost.free()
+def draft_cost_key(target: Transformer, drafter: Drafter, gamma: int) -> dict:
+    """What a cached drafting cost depends on: target and drafter configs, γ, threads (and a non-fp32 dtype)."""
     config = asdict(target.config) | {"tap_layers": list(target.config.tap_layers)}
     key = {
         "target": config,
@@ -167,6 +166,14 @@ def cpu_draft_cost(target: Transformer, drafter: Drafter, gamma: int, refresh: b
     }
     if target.embed.weight.dtype != torch.float32:  # (fp32 keys stay as they were before bf16 targets)
         key["dtype"] = str(target.embed.weight.dtype)
+    return key
+
+
+def cpu_draft_cost(target: Transformer, drafter: Drafter, gamma: int, refresh: bool = False) -> DraftCost:
+    """The measured drafting cost of `drafter` at γ on this machine, measured once and cached."""
+    if drafter.max_gamma == 0 or gamma == 0:
+        return DraftCost.free()
+    key = draft_cost_key(target, drafter, gamma)
     path = draft_cost_path(key)
     if path.is_file() and not refresh:
         record = json.loads(path.read_text())

@@ -47,11 +47,11 @@ from dspark.drafters.registry import get_calibration, get_drafter
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduling import profiler
-from dspark.scheduling.draft_cost import cpu_draft_cost
 from dspark.scheduling.scheduler import ThroughputProfile, make_policy
 from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.engine import Engine, Request
 from dspark.serving.speculative import speculative_generate
+from dspark.serving.step_cost import engine_draft_cost
 from dspark.study import kernels as kernel_study
 from dspark.study import offline, pareto
 from dspark.study.tables import markdown_table
@@ -184,7 +184,7 @@ def measured_scheduler(
     policy = make_policy(policy_name, threshold=threshold)
     cost = None
     if policy.cost_aware and cost_aware and model_device(target).type == "cpu":
-        cost = cpu_draft_cost(target, drafter, gamma)
+        cost = engine_draft_cost(target, drafter, gamma)
     return VerifyScheduler.for_drafter(policy, drafter, device_profile(target), temperatures, cost)
 
 

@@ -42,12 +42,13 @@ from dspark.drafters.base import Drafter, NoDrafter
 from dspark.drafters.registry import get_calibration, get_drafter
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
-from dspark.scheduling.draft_cost import DraftCost, cpu_draft_cost, roofline_draft_cost
+from dspark.scheduling.draft_cost import DraftCost, roofline_draft_cost
 from dspark.scheduling.profiler import RooflineConfig
 from dspark.scheduling.scheduler import ThroughputProfile, make_policy
 from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.engine import Engine, EngineResult, Request
 from dspark.serving.rounds import RoundStats
+from dspark.serving.step_cost import engine_draft_cost
 from dspark.study import offline, tables
 from dspark.study.simulator import RequestTrace, simulate, traces_from_records
 from dspark.study.stats import mean_interval
@@ -106,7 +107,7 @@ def serve_points(
             )
         cost = None  # measured once per policy (cached), before any engine resets the drafter
         if cost_aware and make_policy(policy_name).cost_aware and model_device(target).type == "cpu":
-            cost = cpu_draft_cost(target, drafters[name], gamma)
+            cost = engine_draft_cost(target, drafters[name], gamma)
         setups[policy_name] = (name, gamma, cost, get_calibration(name, target_name=target_name))
     points = []
     bar = tqdm(total=repeats * len(policies) * len(concurrencies) * requests, desc="serve", unit="req")

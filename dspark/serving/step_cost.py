@@ -1,0 +1,104 @@
+"""What a drafting step costs the engine, measured in the engine itself.
+
+`dspark.scheduling.draft_cost.measure_draft_cost` times the drafter's `propose`
+alone. A step in which requests draft costs the engine more than that: it
+assembles the proposal of a mixed batch, builds the (R, γ+1, V) target
+distributions and runs `verify`, and does the host-side work for every draft.
+On the shipped tiny target that is about 1 ms a drafting step beyond `propose`
+-- as much as the margins the cost-aware policy weighs at high load.
+
+`engine_draft_cost` therefore measures T_draft(n) as the difference between two
+runs of the real `Engine` over the same n requests: every request drafts γ
+tokens each step but verifies none (ℓ = 0, so the target pass is the same
+one-token-per-request pass as plain decoding), against nobody drafting. Each
+step then commits one token per request in both runs, and the per-step
+difference is the drafting overhead as the engine pays it. The cost per
+catch-up token (a request that idled appends the tokens committed meanwhile) is
+taken from `measure_draft_cost`. Cached under DSPARK_HOME next to the `propose`
+table (same key, plus the method), measured again on `refresh`.
+
+What this file does not do: decide anything (dspark/scheduling/step.py) or
+measure SPS (dspark/scheduling/profiler.py).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import torch
+
+from dspark import paths
+from dspark.drafters.base import Drafter
+from dspark.model import Transformer
+from dspark.sampling import SamplingParams
+from dspark.scheduling.draft_cost import (
+    DRAFT_POINTS,
+    DraftCost,
+    cpu_draft_cost,
+    draft_cost_key,
+    draft_cost_path,
+)
+from dspark.serving.engine import Engine, Request
+
+STEPS = 12  # engine steps per timed run
+REPEATS = 3  # timed runs per point and mode (the median counts)
+
+
+def seconds_per_step(
+    target: Transformer, drafter: Drafter, gamma: int, requests: int, drafting: bool, prompt_len: int
+) -> float:
+    """Median seconds per engine step over `requests` requests that all draft γ tokens and verify none
+    (`drafting`), or that never draft; every step commits one token per request either way."""
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, target.config.vocab_size, (prompt_len,), generator=g).tolist()
+               for _ in range(requests)]  # fmt: skip
+
+    def who(history: list, idle: list, gamma_: int) -> torch.Tensor:
+        return torch.full((len(history),), drafting, dtype=torch.bool)
+
+    def verify_none(proposal) -> torch.Tensor:
+        return torch.zeros(proposal.tokens.shape[0], dtype=torch.long)
+
+    engine = Engine(target, drafter, SamplingParams(1.0), gamma, requests, None, verify_none, None, who)
+    engine.run([Request(p, 3) for p in prompts])  # warm-up
+    times = []
+    for _ in range(REPEATS):
+        result = engine.run([Request(p, STEPS + 1) for p in prompts], torch.Generator().manual_seed(0))
+        times.append((result.seconds - result.prefill_seconds) / max(1, result.steps))
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def measure_engine_draft_cost(
+    target: Transformer, drafter: Drafter, gamma: int, points: list[int] = DRAFT_POINTS
+) -> DraftCost:
+    """T_draft(n) at each n of `points`: an engine step in which n requests draft (and verify nothing) minus
+    one in which none does; the catch-up cost per token from `cpu_draft_cost`."""
+    prompt_len = min(64, target.config.max_seq_len // 4)
+    points = [n for n in points if n <= max(1, target.config.max_seq_len)]
+    extra = [
+        max(0.0, seconds_per_step(target, drafter, gamma, n, True, prompt_len)
+            - seconds_per_step(target, drafter, gamma, n, False, prompt_len))
+        for n in points
+    ]  # fmt: skip
+    per_token = cpu_draft_cost(target, drafter, gamma).seconds_per_token
+    name = f"engine-measured {drafter.name} γ={gamma} ({torch.get_num_threads()} threads)"
+    return DraftCost.from_points(points, extra, max(points), name, per_token)
+
+
+def engine_draft_cost(target: Transformer, drafter: Drafter, gamma: int, refresh: bool = False) -> DraftCost:
+    """The drafting cost as the engine pays it (`measure_engine_draft_cost`), measured once and cached."""
+    if drafter.max_gamma == 0 or gamma == 0:
+        return DraftCost.free()
+    key = draft_cost_key(target, drafter, gamma) | {"method": "engine step"}
+    path = draft_cost_path(key)
+    if path.is_file() and not refresh:
+        record = json.loads(path.read_text())
+        if record.get("key") == key:
+            return DraftCost(record["seconds_by_requests"], record["name"], record["seconds_per_token"])
+    cost = measure_engine_draft_cost(target, drafter, gamma)
+    record = {"key": key, "name": cost.name, "seconds_by_requests": cost.seconds_by_requests,
+              "seconds_per_token": cost.seconds_per_token}  # fmt: skip
+    paths.write_text_atomic(path, json.dumps(record) + "\n")
+    return cost
