@@ -30,6 +30,7 @@ import hashlib
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -169,22 +170,27 @@ def draft_cost_key(target: Transformer, drafter: Drafter, gamma: int) -> dict:
     return key
 
 
-def cpu_draft_cost(target: Transformer, drafter: Drafter, gamma: int, refresh: bool = False) -> DraftCost:
-    """The measured drafting cost of `drafter` at γ on this machine, measured once and cached."""
-    if drafter.max_gamma == 0 or gamma == 0:
-        return DraftCost.free()
-    key = draft_cost_key(target, drafter, gamma)
+def cached_draft_cost(key: dict, measure: Callable[[], DraftCost], refresh: bool = False) -> DraftCost:
+    """The cost cached under `key` (DSPARK_HOME/profiles), else (or on `refresh`) `measure()`, stored."""
     path = draft_cost_path(key)
     if path.is_file() and not refresh:
         record = json.loads(path.read_text())
         if record.get("key") == key and "seconds_per_token" in record:  # (older files lack the catch-up)
             return DraftCost(record["seconds_by_requests"], record["name"], record["seconds_per_token"])
-    context = min(64, target.config.max_seq_len // 4)  # each call then appends one token per request
-    cost = measure_draft_cost(target, drafter, gamma, DRAFT_POINTS, context)
+    cost = measure()
     record = {"key": key, "name": cost.name, "seconds_by_requests": cost.seconds_by_requests,
               "seconds_per_token": cost.seconds_per_token}  # fmt: skip
     paths.write_text_atomic(path, json.dumps(record) + "\n")
     return cost
+
+
+def cpu_draft_cost(target: Transformer, drafter: Drafter, gamma: int, refresh: bool = False) -> DraftCost:
+    """The measured drafting cost of `drafter` at γ on this machine, measured once and cached."""
+    if drafter.max_gamma == 0 or gamma == 0:
+        return DraftCost.free()
+    context = min(64, target.config.max_seq_len // 4)  # each call then appends one token per request
+    return cached_draft_cost(draft_cost_key(target, drafter, gamma),
+                             lambda: measure_draft_cost(target, drafter, gamma, DRAFT_POINTS, context), refresh)  # fmt: skip
 
 
 def roofline_draft_cost(

@@ -53,7 +53,7 @@ import torch
 
 from dspark.device import host_syncs, model_device, to_host, upload
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
-from dspark.model import Transformer
+from dspark.model import ModelOutput, Transformer
 from dspark.sampling import SamplingParams, probabilities, sample
 from dspark.scheduling.step import RECENT_ROUNDS
 from dspark.serving.rounds import RoundStats
@@ -280,7 +280,6 @@ class Engine:
                 # host sync: the round's next tokens (emitting and stopping are decided here)
                 outcome = to_host(torch.stack([torch.zeros_like(next_token), next_token], 1).double(),
                                   "engine: the round's outcome")  # fmt: skip
-                proposal = None
             else:
                 t_draft = time.perf_counter()
                 proposal = self.draft(
@@ -330,7 +329,7 @@ class Engine:
         slots: torch.Tensor,
         anchors: torch.Tensor,
         generator: torch.Generator,
-    ):
+    ) -> tuple[list[int], list[int], torch.Tensor, ModelOutput, torch.Tensor]:
         """Steps 3-4 of a step in which some request drafted: verify lengths (capped by the context left
         after each anchor; `lengths` the requests' cache lengths, on the host), ONE ragged target pass over
         anchor + ℓ_r drafts of every request, `verify`, and the caches rolled back to anchor + accepted.

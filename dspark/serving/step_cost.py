@@ -23,21 +23,19 @@ measure SPS (dspark/scheduling/profiler.py).
 
 from __future__ import annotations
 
-import json
 import statistics
 
 import torch
 
-from dspark import paths
 from dspark.drafters.base import Drafter
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduling.draft_cost import (
     DRAFT_POINTS,
     DraftCost,
+    cached_draft_cost,
     cpu_draft_cost,
     draft_cost_key,
-    draft_cost_path,
 )
 from dspark.serving.engine import Engine, Request
 
@@ -76,7 +74,6 @@ def measure_engine_draft_cost(
     """T_draft(n) at each n of `points`: an engine step in which n requests draft (and verify nothing) minus
     one in which none does; the catch-up cost per token from `cpu_draft_cost`."""
     prompt_len = min(64, target.config.max_seq_len // 4)
-    points = [n for n in points if n <= max(1, target.config.max_seq_len)]
     extra = [
         max(0.0, seconds_per_step(target, drafter, gamma, n, True, prompt_len)
             - seconds_per_step(target, drafter, gamma, n, False, prompt_len))
@@ -92,13 +89,4 @@ def engine_draft_cost(target: Transformer, drafter: Drafter, gamma: int, refresh
     if drafter.max_gamma == 0 or gamma == 0:
         return DraftCost.free()
     key = draft_cost_key(target, drafter, gamma) | {"method": "engine step"}
-    path = draft_cost_path(key)
-    if path.is_file() and not refresh:
-        record = json.loads(path.read_text())
-        if record.get("key") == key:
-            return DraftCost(record["seconds_by_requests"], record["name"], record["seconds_per_token"])
-    cost = measure_engine_draft_cost(target, drafter, gamma)
-    record = {"key": key, "name": cost.name, "seconds_by_requests": cost.seconds_by_requests,
-              "seconds_per_token": cost.seconds_per_token}  # fmt: skip
-    paths.write_text_atomic(path, json.dumps(record) + "\n")
-    return cost
+    return cached_draft_cost(key, lambda: measure_engine_draft_cost(target, drafter, gamma), refresh)
