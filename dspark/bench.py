@@ -47,7 +47,7 @@ from dspark.cli import UsageError, parse_float_list, parse_int_list, parse_name_
 from dspark.cli import add_option as option
 from dspark.data.corpus import DOMAINS, EVAL_PER_DOMAIN
 from dspark.data.tokenizer import Tokenizer
-from dspark.device import model_device
+from dspark.device import cpu_description, model_device
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.registry import default_path, get_calibration, get_drafter, load_calibration, new_drafter
 from dspark.model import Transformer
@@ -110,10 +110,15 @@ def bench_ar(args: argparse.Namespace) -> dict:
     rows = offline.run_ar(model, tokenizer, args.batch_sizes, args.max_new_tokens, args.repeats)
     print(
         f"plain autoregressive decoding, greedy, {args.max_new_tokens} new tokens per request, "
-        f"{torch.get_num_threads()} CPU threads, {model.num_parameters() / 1e6:.1f}M-parameter target\n"
+        f"{cpu_description()}, {model.num_parameters() / 1e6:.1f}M-parameter target\n"
     )
     print(tables.ar_table(rows), end="")
-    return {"benchmark": "ar", "threads": torch.get_num_threads(), "results": rows}
+    return {
+        "benchmark": "ar",
+        "threads": torch.get_num_threads(),
+        "machine": cpu_description(),
+        "results": rows,
+    }
 
 
 def bench_offline(args: argparse.Namespace) -> dict:
@@ -141,7 +146,7 @@ def bench_offline(args: argparse.Namespace) -> dict:
                                gammas, args.max_new_tokens, tokenizer.eos_id, scheduler_for)  # fmt: skip
     print(f"offline speculative decoding, gamma {', '.join(f'{n} {g}' for n, g in gammas.items())}, policy "
           f"{', '.join(f'{n} {p}' for n, p in policies.items())}, {args.prompts_per_domain} held-out prompts "
-          f"per domain, batch 1, {torch.get_num_threads()} CPU threads, {dtype_name(target)}\n")  # fmt: skip
+          f"per domain, batch 1, {cpu_description()}, {dtype_name(target)}\n")  # fmt: skip
     print(tables.speedup_table(rows), end="")
     table = tables.table1(rows)
     print("\nTable 1 analogue: tau (tokens per round incl. the bonus token)\n\n" + table)
@@ -394,14 +399,15 @@ def bench_serve(args: argparse.Namespace) -> dict:
                                  target_name=args.target_name, repeats=args.repeats)  # fmt: skip
     mode = f"Poisson arrivals at {args.poisson:g}/s" if args.poisson else "closed loop"
     device = model_device(target)
-    where = (f"this CPU ({torch.get_num_threads()} threads" if device.type == "cpu"
+    where = (f"this CPU ({cpu_description()}" if device.type == "cpu"
              else f"{gpu.device_name(device)} (")  # fmt: skip
     title = (f"measured on {where}, {mode}): {args.requests} requests of up "
              f"to {args.max_new_tokens} tokens, T = {args.temperature:g}")  # fmt: skip
     if args.repeats > 1:
         title += f"; medians of {args.repeats} interleaved repeats"
     report_points(points, args, title, "serve")
-    return {"benchmark": "serve", "points": points}
+    return {"benchmark": "serve", "machine": cpu_description() if device.type == "cpu" else gpu.device_name(device),
+            "points": points}  # fmt: skip
 
 
 def bench_simulate(args: argparse.Namespace) -> dict:

@@ -24,7 +24,9 @@ What this file does not do: choose kernels (dspark/backend.py) or move models.
 
 from __future__ import annotations
 
+import platform
 from collections import Counter
+from pathlib import Path
 
 import torch
 
@@ -34,6 +36,27 @@ _SYNCS: Counter[str] = Counter()  # reason -> device-to-host reads so far (this 
 def model_device(module: torch.nn.Module) -> torch.device:
     """The device a model's tensors live on (its first parameter's)."""
     return next(module.parameters()).device
+
+
+def cpu_description(cpuinfo: str | None = None) -> str:
+    """This CPU for a benchmark's header: model, the vector instructions that decide its matmul speed, and
+    torch's thread count, e.g. "AMD EPYC, AVX-512 + BF16, 2 threads". Timings depend on these: bf16 matmuls
+    are fast only with BF16 instructions (emulated without), and per-op overhead varies between machines.
+    `cpuinfo`: the text of /proc/cpuinfo (read when None; where it is missing, only the platform's name)."""
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        cpuinfo = path.read_text(errors="replace") if path.is_file() else ""
+    fields = dict(line.split(":", 1) for line in cpuinfo.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    name = fields.get("model name") or platform.processor() or platform.machine() or "CPU"
+    flags = set(fields.get("flags", "").split())
+    if "avx512f" in flags:
+        vector = "AVX-512" + (" + BF16" if "avx512_bf16" in flags or "amx_bf16" in flags else ", no BF16")
+    elif "avx2" in flags:
+        vector = "AVX2 (no AVX-512, no BF16)"
+    else:
+        vector = ""
+    return ", ".join(x for x in (name, vector, f"{torch.get_num_threads()} threads") if x)
 
 
 def resolve_device(name: str | None) -> torch.device:

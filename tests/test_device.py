@@ -378,3 +378,17 @@ def test_bench_gpu_dry_run(tmp_path, capsys):
     assert all(row["plain_ms"] > 0 and row["compiled_ms"] > 0 for row in record["compile"]["rows"])
     assert record["syncs"]["counted_per_step"]
     assert (tmp_path / "gpu.md").is_file() and record["seconds"] < 60
+
+
+def test_cpu_description_names_the_vector_instructions():
+    """Benchmark headers say which instructions the timings ran on (bf16 matmuls are emulated without BF16)."""
+    avx512 = "model name\t: AMD EPYC 9R14\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n"
+    avx2 = "model name\t: AMD EPYC\nflags\t\t: fpu sse avx2\n"
+    threads = f"{torch.get_num_threads()} threads"
+    assert dev.cpu_description(avx512) == f"AMD EPYC 9R14, AVX-512 + BF16, {threads}"
+    assert dev.cpu_description(avx2) == f"AMD EPYC, AVX2 (no AVX-512, no BF16), {threads}"
+    assert dev.cpu_description(avx512.replace(" avx512_bf16", "")).startswith(
+        "AMD EPYC 9R14, AVX-512, no BF16"
+    )
+    assert dev.cpu_description("").endswith(threads)  # no /proc/cpuinfo: still a line
+    assert threads in dev.cpu_description()
