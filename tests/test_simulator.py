@@ -70,3 +70,43 @@ def test_drafting_time_is_paid_and_cost_aware_policies_stop_drafting_when_it_can
     plain = simulate(traces, make_policy("none"), FLAT, 2, 3, 4)
     assert aware["draft_share"] == 0 and aware["mean_verify_len"] == 0
     assert aware["throughput"] == pytest.approx(plain["throughput"])
+
+
+def test_recorded_traces_are_replayed_only_for_the_weights_they_came_from(tiny_model, tmp_path, monkeypatch):
+    """The trace cache is keyed by the target's and the drafter's weights (and γ, prompts, length): the same
+    drafter replays its cached rounds, a retrained one (other weights) is recorded afresh."""
+    import torch
+    from test_parallel_drafter import make
+
+    from dspark.sampling import SamplingParams
+    from dspark.serving.rounds import RoundStats
+    from dspark.study import pareto
+
+    monkeypatch.setenv("DSPARK_HOME", str(tmp_path))
+    drafter = make(tiny_model, "dspark", gamma=4)
+    recorded = []
+
+    def measure_tau(target, drafter_, prompts, params, gamma, max_new_tokens, eos_id):
+        recorded.append(1)
+        return RoundStats([[4, 4]], [[4, 1]], [[[0.9] * 4, [0.5] * 4]])
+
+    monkeypatch.setattr(pareto, "get_drafter", lambda name, target, target_name="tiny": drafter)
+    monkeypatch.setattr(pareto, "get_calibration", lambda name, target_name="tiny": None)
+    monkeypatch.setattr(pareto.offline, "prompts_by_domain", lambda *a: {"code": [[1, 2, 3]]})
+    monkeypatch.setattr(pareto.offline, "measure_tau", measure_tau)
+
+    class Tok:
+        eos_id = None
+
+    def traces() -> list:
+        return pareto.record_traces(tiny_model, Tok(), "dspark", 4, SamplingParams(1.0), 1, 8)[0]
+
+    first = traces()
+    assert len(recorded) == 1 and len(first) == 1
+    assert traces()[0].accepted == first[0].accepted and len(recorded) == 1  # cached
+    with torch.no_grad():
+        drafter.w2.weight.add_(0.01)  # "retrained"
+    traces()
+    assert len(recorded) == 2
+    pareto.record_traces(tiny_model, Tok(), "dspark", 4, SamplingParams(1.0), 1, 16)  # another length
+    assert len(recorded) == 3

@@ -28,6 +28,7 @@ parse arguments (`python -m dspark.bench serve|simulate`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 from pathlib import Path
@@ -186,23 +187,36 @@ def trace_path(drafter: str, temperature: float, target_name: str = "tiny") -> P
     return paths.target_home(target_name) / "traces" / f"{drafter}_T{temperature:g}.json"
 
 
+def weights_fingerprint(*modules: torch.nn.Module) -> str:
+    """SHA-256 (first 16 hex digits) of the modules' weights, in state-dict order (shared tensors included)."""
+    h = hashlib.sha256()
+    for module in modules:
+        for name, tensor in module.state_dict().items():
+            h.update(name.encode())
+            h.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def record_traces(
     target: Transformer, tokenizer: Tokenizer, drafter_name: str, gamma: int, params: SamplingParams,
     per_domain: int = 16, max_new_tokens: int = 128, refresh: bool = False, target_name: str = "tiny",
 ) -> tuple[list[RequestTrace], torch.Tensor | None]:  # fmt: skip
     """Fully verified rounds of a real drafter (shipped for `target_name`) on held-out prompts (cached under
-    DSPARK_HOME, per target), and its STS temperatures."""
+    DSPARK_HOME, per target), and its STS temperatures. The cache holds what it was recorded with -- the
+    target's and the drafter's weights, γ, the prompts, the length -- and is recorded again when any differs
+    (a retrained drafter never replays its predecessor's rounds)."""
     drafter = get_drafter(drafter_name, target, target_name=target_name)
     path = trace_path(drafter_name, params.temperature, target_name)
-    if path.is_file() and not refresh:
-        record = json.loads(path.read_text())
-    else:
+    key = {"weights": weights_fingerprint(target, drafter), "gamma": gamma, "per_domain": per_domain,
+           "max_new_tokens": max_new_tokens}  # fmt: skip
+    record = json.loads(path.read_text()) if path.is_file() and not refresh else {}
+    if record.get("key") != key:
         rounds = RoundStats()
         for ps in offline.prompts_by_domain(tokenizer, per_domain, 0, target.config.max_seq_len).values():
             rounds.extend(
                 offline.measure_tau(target, drafter, ps, params, gamma, max_new_tokens, tokenizer.eos_id)
             )
-        record = {"gamma": gamma, "verify_lens": rounds.verify_lens, "accepted": rounds.accepted,
+        record = {"key": key, "gamma": gamma, "verify_lens": rounds.verify_lens, "accepted": rounds.accepted,
                   "confidences": rounds.confidences}  # fmt: skip
         path.parent.mkdir(parents=True, exist_ok=True)
         paths.write_text_atomic(path, json.dumps(record) + "\n")
