@@ -108,17 +108,13 @@ def bench_ar(args: argparse.Namespace) -> dict:
     if room < args.max_new_tokens:
         raise UsageError(f"--max-new-tokens {args.max_new_tokens} does not fit: only {room} positions left")
     rows = offline.run_ar(model, tokenizer, args.batch_sizes, args.max_new_tokens, args.repeats)
+    machine = cpu_description()
     print(
         f"plain autoregressive decoding, greedy, {args.max_new_tokens} new tokens per request, "
-        f"{cpu_description()}, {model.num_parameters() / 1e6:.1f}M-parameter target\n"
+        f"{machine}, {model.num_parameters() / 1e6:.1f}M-parameter target\n"
     )
     print(tables.ar_table(rows), end="")
-    return {
-        "benchmark": "ar",
-        "threads": torch.get_num_threads(),
-        "machine": cpu_description(),
-        "results": rows,
-    }
+    return {"benchmark": "ar", "threads": torch.get_num_threads(), "machine": machine, "results": rows}
 
 
 def bench_offline(args: argparse.Namespace) -> dict:
@@ -399,15 +395,14 @@ def bench_serve(args: argparse.Namespace) -> dict:
                                  target_name=args.target_name, repeats=args.repeats)  # fmt: skip
     mode = f"Poisson arrivals at {args.poisson:g}/s" if args.poisson else "closed loop"
     device = model_device(target)
-    where = (f"this CPU ({cpu_description()}" if device.type == "cpu"
-             else f"{gpu.device_name(device)} (")  # fmt: skip
+    machine = cpu_description() if device.type == "cpu" else gpu.device_name(device)
+    where = f"this CPU ({machine}" if device.type == "cpu" else f"{machine} ("
     title = (f"measured on {where}, {mode}): {args.requests} requests of up "
              f"to {args.max_new_tokens} tokens, T = {args.temperature:g}")  # fmt: skip
     if args.repeats > 1:
         title += f"; medians of {args.repeats} interleaved repeats"
     report_points(points, args, title, "serve")
-    return {"benchmark": "serve", "machine": cpu_description() if device.type == "cpu" else gpu.device_name(device),
-            "points": points}  # fmt: skip
+    return {"benchmark": "serve", "machine": machine, "points": points}
 
 
 def bench_simulate(args: argparse.Namespace) -> dict:

@@ -28,7 +28,6 @@ parse arguments (`python -m dspark.bench serve|simulate`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import statistics
 from pathlib import Path
@@ -53,6 +52,7 @@ from dspark.serving.step_cost import engine_draft_cost
 from dspark.study import offline, tables
 from dspark.study.simulator import RequestTrace, simulate, traces_from_records
 from dspark.study.stats import mean_interval
+from dspark.training.feature_cache import weights_fingerprint
 
 
 def drafter_for(policy: str) -> tuple[str, int]:
@@ -185,16 +185,6 @@ def serve_metrics(result: EngineResult) -> dict:
 
 def trace_path(drafter: str, temperature: float, target_name: str = "tiny") -> Path:
     return paths.target_home(target_name) / "traces" / f"{drafter}_T{temperature:g}.json"
-
-
-def weights_fingerprint(*modules: torch.nn.Module) -> str:
-    """SHA-256 (first 16 hex digits) of the modules' weights, in state-dict order (shared tensors included)."""
-    h = hashlib.sha256()
-    for module in modules:
-        for name, tensor in module.state_dict().items():
-            h.update(name.encode())
-            h.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def record_traces(

@@ -146,13 +146,21 @@ def supervised_target_probs(
     return probs, row_of
 
 
-def target_fingerprint(target: Transformer) -> str:
-    """SHA-256 of the target's config and weights (fp32 bytes, in state-dict order)."""
-    h = hashlib.sha256(json.dumps(target.config.to_dict(), sort_keys=True).encode())
-    for name, tensor in target.state_dict().items():
-        h.update(name.encode())
-        h.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+def weights_fingerprint(*modules: torch.nn.Module) -> str:
+    """SHA-256 of each module's config and weights in turn (fp32 bytes, in state-dict order); every module
+    has a `config` with `to_dict()` (the target, the drafters)."""
+    h = hashlib.sha256()
+    for module in modules:
+        h.update(json.dumps(module.config.to_dict(), sort_keys=True).encode())
+        for name, tensor in module.state_dict().items():
+            h.update(name.encode())
+            h.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+def target_fingerprint(target: Transformer) -> str:
+    """SHA-256 of the target's config and weights (`weights_fingerprint` of the target alone)."""
+    return weights_fingerprint(target)
 
 
 def records_fingerprint(records: list[dict], max_len: int) -> str:
