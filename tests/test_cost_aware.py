@@ -25,7 +25,7 @@ from dspark.scheduling.scheduler import (
     prefix_survival,
     step_rate,
 )
-from dspark.scheduling.step import VerifyScheduler, drafting_can_pay, drafting_mask
+from dspark.scheduling.step import VerifyScheduler, drafting_can_pay, drafting_mask, forecast_survivals
 
 CPU_LIKE = ThroughputProfile([1 / (0.0025 + 0.0001 * B) for B in range(1, 257)])  # ~2.5 ms a pass, flat-ish
 
@@ -87,6 +87,43 @@ def test_only_the_requests_worth_their_draft_draft():
     ]  # new: the others' mean
 
 
+def test_a_newcomer_is_forecast_from_earlier_requests_first_rounds():
+    """A request that has not drafted yet is forecast by the mean of earlier requests' first drafted rounds
+    (not by the others' recent rounds); without such memory by the others' mean; with neither, nothing is
+    known (None) and everybody drafts to find out -- but a wave of newcomers whose first rounds did not pay
+    before does not draft at all."""
+    easy, hard = [0.95] * 7, [0.3] * 7
+    forecast = forecast_survivals([[hard], []], [0, 0], 7, first_rounds=[easy, easy])
+    assert torch.allclose(forecast[1], prefix_survival(torch.tensor([easy]))[0])
+    assert torch.allclose(forecast[0], prefix_survival(torch.tensor([hard]))[0])  # its own rounds: unchanged
+    assert torch.allclose(
+        forecast_survivals([[hard], []], [0, 0], 7)[1], forecast[0]
+    )  # no memory: the others'
+    assert forecast_survivals([[], []], [0, 0], 7) is None
+    cost = DraftCost([0.0025 * (1 + 0.05 * n) for n in range(1, 65)], "about a target pass")
+    assert drafting_mask([[]] * 4, [0] * 4, 7, CPU_LIKE, cost).all()  # nothing known: find out
+    assert not drafting_mask([[]] * 4, [0] * 4, 7, CPU_LIKE, cost, first_rounds=[[0.02] * 7]).any()
+    assert drafting_mask([[]] * 4, [0] * 4, 7, CPU_LIKE, cost, first_rounds=[easy]).all()
+
+
+def test_the_scheduler_remembers_each_requests_first_round_once():
+    """`speculate` is called once per step; a request with one round and idle 0 drafted its first round last
+    step: remembered once, whether it then drafts again or idles; at most FIRST_ROUNDS are kept."""
+    cost = DraftCost([0.0025 * (1 + 0.05 * n) for n in range(1, 65)], "about a target pass")
+    sched = VerifyScheduler(make_policy("dspark"), CPU_LIKE, None, cost)
+    a, b = [0.9] * 7, [0.5] * 7
+    sched.speculate([[], []], [0, 0], 7)
+    assert sched.first_rounds_seen == 0
+    sched.speculate([[a], []], [0, 1], 7)  # request 0 drafted its first round, request 1 idled
+    sched.speculate([[a], [b]], [1, 0], 7)  # now request 1's first round; request 0 idles (still one round)
+    sched.speculate([[a, a], [b]], [0, 1], 7)  # request 0 drafts again: nothing new
+    assert list(sched.first_rounds) == [a, b] and sched.first_rounds_seen == 2
+    for i in range(step_module.FIRST_ROUNDS + 5):
+        sched.speculate([[[i / 100] * 7]], [0], 7)
+    assert len(sched.first_rounds) == step_module.FIRST_ROUNDS
+    assert sched.first_rounds[-1] == [(step_module.FIRST_ROUNDS + 4) / 100] * 7
+
+
 def test_an_idle_request_pays_for_catching_up():
     """A request that idled brings the tokens committed meanwhile to its next drafting pass: with a cost per
     such token, of two requests with the same recent rounds the one idle for long drafts only when that
@@ -123,7 +160,7 @@ def test_a_reused_decision_equals_a_fresh_one(monkeypatch):
     history, idle = [[[0.3] * 7]], [0]  # a request whose drafts did not pay: alone, it idles on
     for step in range(200):
         mask = sched.speculate(history, idle, 7)
-        fresh = drafting_mask(history, idle, 7, CPU_LIKE, cost, None, sched.realism)
+        fresh = drafting_mask(history, idle, 7, CPU_LIKE, cost, None, sched.realism, list(sched.first_rounds))
         assert torch.equal(mask, fresh), step
         for r, drafts in enumerate(mask.tolist()):
             if drafts:  # a new list, as the engine makes it

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from dspark import paths
+from dspark.device import cpu_description
 from dspark.drafters.base import Drafter, TargetFeatures
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
@@ -151,19 +152,21 @@ def measure_draft_cost(
 
 
 def draft_cost_path(key: dict) -> Path:
-    """Cache file of one (target, drafter, γ, threads) combination."""
+    """Cache file of one (target, drafter, γ, CPU, threads) combination."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     return paths.dspark_home() / "profiles" / f"draft-{digest}.json"
 
 
 def draft_cost_key(target: Transformer, drafter: Drafter, gamma: int) -> dict:
-    """What a cached drafting cost depends on: target and drafter configs, γ, threads (and a non-fp32 dtype)."""
+    """What a cached drafting cost depends on: target and drafter configs, γ, this CPU, threads (and a
+    non-fp32 dtype)."""
     config = asdict(target.config) | {"tap_layers": list(target.config.tap_layers)}
     key = {
         "target": config,
         "drafter": drafter.config.to_dict(),
         "gamma": gamma,
         "threads": torch.get_num_threads(),
+        "cpu": cpu_description(),
     }
     if target.embed.weight.dtype != torch.float32:  # (fp32 keys stay as they were before bf16 targets)
         key["dtype"] = str(target.embed.weight.dtype)

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from dspark import paths
+from dspark.device import cpu_description
 from dspark.model import Transformer
 from dspark.scheduling.scheduler import ThroughputProfile
 
@@ -75,15 +76,16 @@ def measure_sps(
 
 
 def profile_path(key: dict) -> Path:
-    """Cache file of one (model config, thread count) combination."""
+    """Cache file of one (model config, CPU, thread count) combination."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     return paths.dspark_home() / "profiles" / f"cpu-{digest}.json"
 
 
 def cpu_profile(target: Transformer, refresh: bool = False, path: Path | None = None) -> ThroughputProfile:
-    """The measured CPU profile of this target, measured once and cached (keyed by
-    the target's config and the thread count; --refresh measures again)."""
-    key = {"config": asdict(target.config), "threads": torch.get_num_threads()}
+    """The measured CPU profile of this target, measured once and cached (keyed by the target's config,
+    this CPU's description and the thread count -- DSPARK_HOME may outlive a machine; --refresh measures
+    again)."""
+    key = {"config": asdict(target.config), "threads": torch.get_num_threads(), "cpu": cpu_description()}
     key["config"]["tap_layers"] = list(key["config"]["tap_layers"])
     if target.embed.weight.dtype != torch.float32:  # (fp32 keys stay as they were before bf16 targets)
         key["dtype"] = str(target.embed.weight.dtype)

@@ -20,7 +20,11 @@ each request's recent drafted rounds:
 
   1. forecast: the mean calibrated survivals a_{r,j} = Π_{i≤j} c̃_{r,i} of
      its last few drafted rounds stand in for this round's; a request
-     without any (new) gets the mean forecast of the others;
+     without any (new) gets the mean of earlier requests' *first* drafted
+     rounds (answer starts are easier than answer ends, so the others' recent
+     rounds would under-forecast it), or the others' mean before any request
+     has finished a first round; only when nothing at all is known yet does
+     everybody draft, to find out;
   2. the forecast verify lengths ℓ̂ and gains G_r = Σ_{j≤ℓ̂_r} a_{r,j} come from
      cost-aware Algorithm 1 on the forecasts, as if everybody drafted;
   3. requests sorted by G_r; drafting the top k has the expected rate
@@ -47,6 +51,7 @@ the step (dspark/serving/engine.py).
 
 from __future__ import annotations
 
+from collections import deque
 from itertools import accumulate
 
 import torch
@@ -58,6 +63,7 @@ from dspark.scheduling.scheduler import Policy, ThroughputProfile, prefix_schedu
 
 HOST = torch.device("cpu")  # who drafts is a host-side decision made from host-side records
 RECENT_ROUNDS = 4  # drafted rounds per request the forecast averages over
+FIRST_ROUNDS = 32  # earlier requests' first drafted rounds remembered to forecast a newcomer's
 REALISM_PRIOR = 4.0  # tokens of pseudo-evidence that the forecasts are right, before any round is seen
 IDLE_HALF_LIFE = 4.0  # steps after which an idle request's own forecast counts half (the rest: the others')
 
@@ -80,28 +86,38 @@ def forecast_survivals(
     idle_steps: list[int],
     gamma: int,
     temperatures: torch.Tensor | None = None,
+    first_rounds: list[list[float]] | None = None,
 ) -> torch.Tensor | None:
     """(R, γ) float64 forecast of this step's survivals from earlier rounds: each request's mean calibrated
     survivals over its recent drafted rounds, faded toward the other requests' mean the longer it has been
-    idle (half-life IDLE_HALF_LIFE steps); a request that never drafted gets the others' mean, and a request
-    that is the only one with rounds keeps exactly its own. None when no request has drafted yet. All
-    requests' rounds go through `prefix_survival` together (one call, not one per request)."""
+    idle (half-life IDLE_HALF_LIFE steps); a request that never drafted gets the mean of `first_rounds`
+    (raw confidences of earlier requests' first drafted rounds) or, without any, the others' mean; a request
+    that is the only one with rounds keeps exactly its own. None when nothing is known: no request has
+    drafted and no first round is remembered. All rounds go through `prefix_survival` together."""
     counts = [len(h) for h in history]
-    if not any(counts):
+    first_rounds = first_rounds or []
+    if not any(counts) and not first_rounds:
         return None
-    rounds = torch.tensor([c[:gamma] for h in history for c in h], dtype=torch.float64, device=HOST)  # (N, γ)
-    survivals = prefix_survival(rounds, temperatures)  # (N, γ)
+    flat = [c[:gamma] for h in history for c in h] + [c[:gamma] for c in first_rounds]
+    survivals = prefix_survival(torch.tensor(flat, dtype=torch.float64, device=HOST), temperatures)  # (N, γ)
+    n_own = sum(counts)
+    newcomer = survivals[n_own:].mean(0) if first_rounds else None  # (γ,) a first round's mean
     n = torch.tensor(counts, dtype=torch.float64, device=HOST)  # (R,)
     owner = torch.repeat_interleave(torch.arange(len(history), device=HOST), n.long())  # (N,) whose round
-    own = torch.zeros(len(history), gamma, dtype=torch.float64, device=HOST).index_add_(0, owner, survivals)
+    own = torch.zeros(len(history), gamma, dtype=torch.float64, device=HOST).index_add_(
+        0, owner, survivals[:n_own]
+    )
     own /= n.clamp(min=1)[:, None]  # (R, γ) each request's mean (0 for one without rounds)
     known = n > 0
-    population = own[known].mean(0)  # (γ,)
+    population = own[known].mean(0) if bool(known.any()) else newcomer  # (γ,)
     idle = torch.tensor(idle_steps, dtype=torch.float64, device=HOST)
     w = torch.where(known, 0.5 ** (idle / IDLE_HALF_LIFE), 0.0)  # (R,) weight of the request's own rounds
     if int(known.sum()) == 1:  # the population is that request itself: no fade, exactly its own
         w = known.double()
-    return w[:, None] * own + (1 - w[:, None]) * population
+    forecast = w[:, None] * own + (1 - w[:, None]) * population
+    if newcomer is not None:
+        forecast[~known] = newcomer
+    return forecast
 
 
 def drafting_mask(
@@ -112,18 +128,20 @@ def drafting_mask(
     cost: DraftCost,
     temperatures: torch.Tensor | None = None,
     realism: float = 1.0,
+    first_rounds: list[list[float]] | None = None,
 ) -> torch.Tensor:
     """(R,) bool: which requests draft this step.
 
     history[r]: the raw confidences c_1..c_γ of request r's most recent drafted rounds (at most
     RECENT_ROUNDS, oldest first; empty: it has not drafted yet); idle_steps[r]: steps since it last drafted;
-    realism: accepted drafts per forecast one so far (`VerifyScheduler.realism`), which scales the gains."""
+    realism: accepted drafts per forecast one so far (`VerifyScheduler.realism`), which scales the gains;
+    first_rounds: earlier requests' first drafted rounds (`VerifyScheduler.first_rounds`), a newcomer's forecast."""
     R = len(history)
     if cost.is_free:
         return torch.ones(R, dtype=torch.bool, device=HOST)
     if not drafting_can_pay(R, gamma, profile, cost):
         return torch.zeros(R, dtype=torch.bool, device=HOST)
-    forecast = forecast_survivals(history, idle_steps, gamma, temperatures)  # (R, γ)
+    forecast = forecast_survivals(history, idle_steps, gamma, temperatures, first_rounds)  # (R, γ)
     if forecast is None:  # nothing learnt yet: draft to find out
         return torch.ones(R, dtype=torch.bool, device=HOST)
     ell = prefix_schedule(forecast, profile, early_stop=True, draft_seconds=cost.seconds(R))  # (R,)
@@ -160,23 +178,38 @@ class VerifyScheduler:
         self.accepted_total = self.predicted_total = 0.0  # over every drafted round: realised vs forecast
         self._predicted: torch.Tensor | None = None  # (R,) this round's survival-predicted accepted drafts
         self._last_decision: tuple | None = None  # (inputs, history lists, mask) of the last `speculate`
+        self.first_rounds: deque[list[float]] = deque(maxlen=FIRST_ROUNDS)  # earlier requests' first rounds
+        self.first_rounds_seen = 0  # how many were ever remembered (the memory's version)
 
     def speculate(self, history: list[list[list[float]]], idle_steps: list[int], gamma: int) -> torch.Tensor:
         """(R,) bool: which requests draft this step, from their recent drafted rounds only
         (`drafting_mask`): never from this step's drafts, so the decision keeps the output exact.
+        Called once per step: a request with one round that drafted last step (idle 0) has just finished
+        its first drafted round, which is remembered to forecast later newcomers (`first_rounds`).
 
         The last decision is reused while its inputs are unchanged -- the same history lists (the engine
-        replaces a request's list when it drafts, never edits it), the same realism, and the same idle steps
-        where they matter (they only fade one request's forecast toward the others'): a lone request that
-        stopped drafting costs nothing per step to keep not drafting."""
+        replaces a request's list when it drafts, never edits it), the same realism and first rounds, and
+        the same idle steps where they matter (they only fade one request's forecast toward the others'): a
+        lone request that stopped drafting costs nothing per step to keep not drafting."""
+        for h, idle in zip(history, idle_steps):
+            if len(h) == 1 and idle == 0:
+                self.first_rounds.append(h[0])
+                self.first_rounds_seen += 1
         fades = sum(1 for h in history if h) > 1
-        key = (gamma, self.realism, tuple(idle_steps) if fades else len(idle_steps))
+        key = (gamma, self.realism, self.first_rounds_seen, tuple(idle_steps) if fades else len(idle_steps))
         last = self._last_decision
         if last is not None and last[0] == key and len(last[1]) == len(history):
             if all(a is b for a, b in zip(last[1], history)):
                 return last[2]
         mask = drafting_mask(
-            history, idle_steps, gamma, self.profile, self.draft_cost, self.temperatures, self.realism
+            history,
+            idle_steps,
+            gamma,
+            self.profile,
+            self.draft_cost,
+            self.temperatures,
+            self.realism,
+            list(self.first_rounds),
         )
         self._last_decision = (key, list(history), mask)
         return mask

@@ -34,7 +34,7 @@ import torch
 
 from dspark.scheduling.draft_cost import DraftCost
 from dspark.scheduling.scheduler import Policy, ThroughputProfile, prefix_survival
-from dspark.scheduling.step import RECENT_ROUNDS, drafting_mask, realism_ratio
+from dspark.scheduling.step import RECENT_ROUNDS, VerifyScheduler
 
 
 @dataclass
@@ -80,7 +80,8 @@ def simulate(
     queue = list(range(requests))
     active: list[dict] = []
     clock, steps, verified, rounds, emitted_total, draft_time = 0.0, 0, 0, 0, 0, 0.0
-    totals = [0.0, 0.0]  # accepted and survival-predicted drafts over the drafted rounds: the realism ratio
+    # who drafts: the engine's own decision (its forecasts, first-round memory and realism ratio)
+    scheduler = VerifyScheduler(policy, profile, temperatures, draft_cost) if decide else None
     tpots: list[float] = []
     while queue or active:
         while queue and len(active) < concurrency:
@@ -88,9 +89,8 @@ def simulate(
             # the first token comes from the prefill; decoding starts right away
             active.append({"trace": trace, "round": 0, "emitted": 1, "start": clock, "recent": [], "idle": 0})
         drafting = torch.ones(len(active), dtype=torch.bool)
-        if decide:  # from the earlier rounds only, as in the engine
-            drafting = drafting_mask([s["recent"] for s in active], [s["idle"] for s in active], gamma, profile,
-                                     draft_cost, temperatures, realism_ratio(*totals))  # fmt: skip
+        if scheduler is not None:  # from the earlier rounds only, as in the engine
+            drafting = scheduler.speculate([s["recent"] for s in active], [s["idle"] for s in active], gamma)
         n_drafting = int(drafting.sum()) if gamma else 0
         conf = torch.tensor([s["trace"].confidences[s["round"] % len(s["trace"].accepted)] for s in active])
         draft_seconds = draft_cost.seconds(n_drafting)
@@ -99,10 +99,10 @@ def simulate(
         lengths = policy.lengths(survivals, gamma, profile, seen) * drafting
         full = torch.tensor([s["trace"].accepted[s["round"] % len(s["trace"].accepted)] for s in active])
         accepted = torch.minimum(lengths, full)
-        if decide:
+        if scheduler is not None:  # what the survivals predicted vs what was accepted: the realism ratio
             keep = torch.arange(gamma)[None, :] < lengths[:, None]
-            totals[0] += int(accepted.sum())
-            totals[1] += float((survivals * keep).sum())
+            scheduler.accepted_total += int(accepted.sum())
+            scheduler.predicted_total += float((survivals * keep).sum())
         policy.observe(lengths, accepted)
         B = len(active) + int(lengths.sum())
         clock += 1.0 / profile.sps(B) + draft_seconds
