@@ -168,7 +168,7 @@ def draft_cost_key(target: Transformer, drafter: Drafter, gamma: int) -> dict:
         "threads": torch.get_num_threads(),
         "cpu": cpu_description(),
     }
-    if target.embed.weight.dtype != torch.float32:  # (fp32 keys stay as they were before bf16 targets)
+    if target.embed.weight.dtype != torch.float32:  # (only a non-fp32 dtype joins the key)
         key["dtype"] = str(target.embed.weight.dtype)
     return key
 

@@ -87,7 +87,7 @@ def cpu_profile(target: Transformer, refresh: bool = False, path: Path | None = 
     again)."""
     key = {"config": asdict(target.config), "threads": torch.get_num_threads(), "cpu": cpu_description()}
     key["config"]["tap_layers"] = list(key["config"]["tap_layers"])
-    if target.embed.weight.dtype != torch.float32:  # (fp32 keys stay as they were before bf16 targets)
+    if target.embed.weight.dtype != torch.float32:  # (only a non-fp32 dtype joins the key)
         key["dtype"] = str(target.embed.weight.dtype)
     path = path or profile_path(key)
     if path.is_file() and not refresh:

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 
 import torch
 
+from dspark.drafters.base import Proposal
 from dspark.scheduling.draft_cost import DraftCost
-from dspark.scheduling.scheduler import Policy, ThroughputProfile, prefix_survival
+from dspark.scheduling.scheduler import Policy, ThroughputProfile
 from dspark.scheduling.step import RECENT_ROUNDS, VerifyScheduler
 
 
@@ -80,8 +81,8 @@ def simulate(
     queue = list(range(requests))
     active: list[dict] = []
     clock, steps, verified, rounds, emitted_total, draft_time = 0.0, 0, 0, 0, 0, 0.0
-    # who drafts: the engine's own decision (its forecasts, first-round memory and realism ratio)
-    scheduler = VerifyScheduler(policy, profile, temperatures, draft_cost) if decide else None
+    # the engine's own scheduler: who drafts (forecasts, first-round memory, realism), then the verify lengths
+    scheduler = VerifyScheduler(policy, profile, temperatures, draft_cost if cost_aware else None)
     tpots: list[float] = []
     while queue or active:
         while queue and len(active) < concurrency:
@@ -89,21 +90,18 @@ def simulate(
             # the first token comes from the prefill; decoding starts right away
             active.append({"trace": trace, "round": 0, "emitted": 1, "start": clock, "recent": [], "idle": 0})
         drafting = torch.ones(len(active), dtype=torch.bool)
-        if scheduler is not None:  # from the earlier rounds only, as in the engine
+        if decide:  # from the earlier rounds only, as in the engine
             drafting = scheduler.speculate([s["recent"] for s in active], [s["idle"] for s in active], gamma)
         n_drafting = int(drafting.sum()) if gamma else 0
         conf = torch.tensor([s["trace"].confidences[s["round"] % len(s["trace"].accepted)] for s in active])
         draft_seconds = draft_cost.seconds(n_drafting)
-        seen = draft_seconds if decide else 0.0
-        survivals = prefix_survival(conf * drafting[:, None], temperatures)  # (R, γ)
-        lengths = policy.lengths(survivals, gamma, profile, seen) * drafting
+        R = len(active)  # a proposal of the recorded confidences (the scheduler reads no tokens or q)
+        proposal = Proposal(torch.zeros(R, gamma, dtype=torch.long), torch.zeros(R, gamma, 1), conf,
+                            drafting if decide else None)  # fmt: skip
+        lengths = scheduler(proposal)
         full = torch.tensor([s["trace"].accepted[s["round"] % len(s["trace"].accepted)] for s in active])
         accepted = torch.minimum(lengths, full)
-        if scheduler is not None:  # what the survivals predicted vs what was accepted: the realism ratio
-            keep = torch.arange(gamma)[None, :] < lengths[:, None]
-            scheduler.accepted_total += int(accepted.sum())
-            scheduler.predicted_total += float((survivals * keep).sum())
-        policy.observe(lengths, accepted)
+        scheduler.observe(lengths, accepted)
         B = len(active) + int(lengths.sum())
         clock += 1.0 / profile.sps(B) + draft_seconds
         draft_time += draft_seconds
