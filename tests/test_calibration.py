@@ -89,6 +89,20 @@ def test_measured_profile_is_monotone_and_cached(tiny_model, tmp_path, monkeypat
         measure_sps(tiny_model, [100], requests=1, context=8)  # does not fit the 64-token context
 
 
+def test_profile_sizes_are_interleaved_round_by_round(tiny_model, monkeypatch):
+    """measure_sps times every size once per round (a busy spell slows all sizes alike), warm-up round
+    first, so the passes come as 1, 3, 8, 1, 3, 8, ..."""
+    sizes, real = [], tiny_model.forward_cached
+
+    def recording(tokens, *args, **kwargs):
+        sizes.append(tokens.shape[0])
+        return real(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(tiny_model, "forward_cached", recording)
+    measure_sps(tiny_model, [1, 3, 8], requests=4, context=8, repeats=2)
+    assert sizes[1:] == [1, 3, 8] * 3  # (the first pass fills the context)
+
+
 def test_roofline_smooth_vs_bucketed():
     smooth = roofline_profile(RooflineConfig(max_tokens=512))
     jagged = roofline_profile(RooflineConfig(max_tokens=512, buckets=default_buckets(512)))

@@ -258,6 +258,27 @@ def test_engine_measured_cost_is_cached_beside_the_propose_table(tiny_model, tmp
 
 
 # ---- the engine with speculate-or-not ---------------------------------------------------------------
+def test_engine_measured_cost_pairs_and_interleaves_its_runs(tiny_model, monkeypatch):
+    """Each round runs every n, drafting then plain, and T_draft(n) is the median of the paired
+    differences (never below 0), isotonic over n."""
+    from dspark.serving import step_cost
+
+    calls, fake = [], {(1, True): [5.0, 9.0, 5.0], (1, False): [4.0, 4.0, 4.0],
+                       (2, True): [6.0, 6.0, 8.0], (2, False): [5.5, 5.0, 5.0]}  # fmt: skip
+    monkeypatch.setattr(step_cost, "REPEATS", 3)
+
+    def seconds(target, drafter, gamma, n, drafting, prompt_len, repeats=1):
+        calls.append((n, drafting))
+        return fake[(n, drafting)][sum(1 for c in calls if c == (n, drafting)) - 1]
+
+    monkeypatch.setattr(step_cost, "seconds_per_step", seconds)
+    monkeypatch.setattr(step_cost, "cpu_draft_cost", lambda *a: DraftCost([0.0], "", 0.25))
+    cost = step_cost.measure_engine_draft_cost(tiny_model, make(tiny_model, "dspark", gamma=4), 4, [1, 2])
+    assert calls == [(1, True), (1, False), (2, True), (2, False)] * 3
+    # differences: n = 1: 1, 5, 1 -> 1; n = 2: 0.5, 1, 3 -> 1
+    assert cost.seconds_by_requests == pytest.approx([1.0, 1.0]) and cost.seconds_per_token == 0.25
+
+
 def run_engine(model, drafter, scheduler, concurrency, requests, params=None, seed=0, speculate=True):
     from dspark.serving.engine import Engine
 

@@ -19,6 +19,8 @@ from dspark.scheduling.scheduler import (
     ThroughputProfile,
     expected_rate,
     greedy_path,
+    interpolated_times,
+    isotonic_fit,
     make_policy,
     prefix_schedule,
     prefix_survival,
@@ -47,6 +49,18 @@ def path_rates(survivals: torch.Tensor, profile: ThroughputProfile) -> list[floa
     return [(R + sum(gains[:n])) * profile.sps(R + n) for n in range(len(gains) + 1)]
 
 
+def test_isotonic_fit_pools_a_noisy_point_with_its_neighbours():
+    assert isotonic_fit([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]  # already non-decreasing: unchanged
+    # one slow measurement at the second point: pooled with the two lower points after it, not carried to them
+    fitted = isotonic_fit([123.0, 177.0, 150.0, 150.0, 183.0])
+    assert fitted == pytest.approx([123.0, 159.0, 159.0, 159.0, 183.0])
+    assert isotonic_fit([3.0, 2.0, 1.0]) == pytest.approx([2.0, 2.0, 2.0])
+    times = interpolated_times([1, 2, 4, 8, 12], [123.0, 177.0, 150.0, 150.0, 183.0], 12)
+    # (the max-clamp carried 177 up to B = 8)
+    assert times[1] == pytest.approx(159.0) and max(times[:8]) == pytest.approx(159.0)
+    assert all(a <= b for a, b in zip(times, times[1:]))
+
+
 def is_unimodal(values: list[float]) -> bool:
     peak = max(range(len(values)), key=values.__getitem__)
     return all(a < b for a, b in zip(values[:peak], values[1 : peak + 1])) and all(
@@ -56,8 +70,9 @@ def is_unimodal(values: list[float]) -> bool:
 
 def test_profile_from_points_interpolates_and_never_speeds_up():
     profile = ThroughputProfile.from_points([1, 4, 8], [1.0, 2.5, 2.0], max_tokens=10)  # a noisy dip at 8
-    assert profile.sps(1) == 1.0 and profile.sps(4) == pytest.approx(1 / 2.5)
-    assert profile.sps(2) == pytest.approx(1 / 1.5)  # linear between the points
+    assert profile.sps(1) == 1.0 and profile.sps(4) == pytest.approx(1 / 2.25)  # 4 and 8 pooled: 2.25
+    assert profile.sps(8) == pytest.approx(1 / 2.25)
+    assert profile.sps(2) == pytest.approx(1 / (1.0 + 1.25 / 3))  # linear between the points
     assert all(a >= b for a, b in zip(profile.steps_per_second, profile.steps_per_second[1:]))
     assert profile.sps(20) == pytest.approx(profile.sps(10) / 2)  # beyond the table: proportional
     with pytest.raises(ValueError):

@@ -92,7 +92,7 @@ class DraftCost:
         per_token: float = 0.0,
     ) -> DraftCost:
         """Interpolate measured times linearly over n = 1..max_requests (flat before the first point,
-        proportional after the last), forced non-decreasing: more drafting requests never cost less."""
+        proportional after the last), after an isotonic fit: more drafting requests never cost less."""
         return cls(interpolated_times(requests, seconds, max_requests), name, per_token)
 
 

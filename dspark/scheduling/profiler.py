@@ -5,9 +5,9 @@ carries B batch tokens (walkthrough/DESIGN.md section 5). The scheduler only eve
 
   * `measure_sps`: dummy verification passes of the real target through its
     ragged KV cache -- B tokens spread over up to `requests` requests that
-    each hold `context` tokens of KV -- median of several, rolled back after
-    each, then interpolated and forced non-increasing
-    (`ThroughputProfile.from_points`). `cpu_profile` caches the result under
+    each hold `context` tokens of KV -- the sizes interleaved round by round,
+    median of several rounds, rolled back after each, then made monotone
+    (isotonic fit) and interpolated (`ThroughputProfile.from_points`). `cpu_profile` caches the result under
     DSPARK_HOME so an engine measures it once.
   * `roofline_profile`: a GPU model (paper section 5.2): one pass streams the
     weights and the KV cache from HBM and does 2·P·B FLOPs; its time is the
@@ -55,22 +55,25 @@ def measure_sps(
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, cfg.vocab_size, (requests * context,), generator=g)
     target.forward_cached(prompt, slots, torch.full((requests,), context), cache)
-    seconds = []
+    shapes = []  # per B: its tokens, requests and block lengths
     for B in batch_tokens:
         r = min(B, requests)
         lens = torch.full((r,), B // r) + (torch.arange(r) < B % r)  # B tokens over r requests
         if int(lens.max()) + context > cfg.max_seq_len:
             raise ValueError(f"{B} batch tokens do not fit {requests} requests at context {context}")
-        tokens = torch.randint(0, cfg.vocab_size, (B,), generator=g)
-        times = []
-        for rep in range(repeats + 1):  # the first pass is a warm-up
+        shapes.append((torch.randint(0, cfg.vocab_size, (B,), generator=g), r, lens))
+    times: list[list[float]] = [[] for _ in batch_tokens]
+    # interleaved: every round times each B once, so a spell of a busy machine slows all sizes alike
+    # instead of inflating one point (the isotonic fit in `from_points` then pools what noise is left)
+    for rep in range(repeats + 1):  # the first round is a warm-up
+        for b, (tokens, r, lens) in enumerate(shapes):
             t0 = time.perf_counter()
             target.forward_cached(tokens, slots[:r], lens, cache, return_taps=True)
             if rep:
-                times.append(time.perf_counter() - t0)
+                times[b].append(time.perf_counter() - t0)
             for s in slots[:r].tolist():
                 cache.rollback(s, context)
-        seconds.append(statistics.median(times))
+    seconds = [statistics.median(t) for t in times]
     name = f"cpu-measured ({torch.get_num_threads()} threads)"
     return ThroughputProfile.from_points(batch_tokens, seconds, max(batch_tokens), name)
 
@@ -85,7 +88,12 @@ def cpu_profile(target: Transformer, refresh: bool = False, path: Path | None = 
     """The measured CPU profile of this target, measured once and cached (keyed by the target's config,
     this CPU's description and the thread count -- DSPARK_HOME may outlive a machine; --refresh measures
     again)."""
-    key = {"config": asdict(target.config), "threads": torch.get_num_threads(), "cpu": cpu_description()}
+    key = {
+        "config": asdict(target.config),
+        "threads": torch.get_num_threads(),
+        "cpu": cpu_description(),
+        "method": "interleaved, isotonic",
+    }  # (a profile measured the older way is measured again)
     key["config"]["tap_layers"] = list(key["config"]["tap_layers"])
     if target.embed.weight.dtype != torch.float32:  # (only a non-fp32 dtype joins the key)
         key["dtype"] = str(target.embed.weight.dtype)

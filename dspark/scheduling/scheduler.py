@@ -86,18 +86,32 @@ class ThroughputProfile:
         cls, batch_tokens: list[int], seconds_per_step: list[float], max_tokens: int, name: str = ""
     ) -> ThroughputProfile:
         """Interpolate measured step times linearly over B = 1..max_tokens (held
-        flat before the first point, proportional after the last) and force
-        SPS to be non-increasing in B, as a larger pass is never faster."""
+        flat before the first point, proportional after the last) after an
+        isotonic fit of the points, so SPS is non-increasing in B: a larger
+        pass is never faster (`interpolated_times`)."""
         return cls([1.0 / t for t in interpolated_times(batch_tokens, seconds_per_step, max_tokens)], name)
+
+
+def isotonic_fit(values: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to `values` in least squares (pool adjacent violators): a
+    run of points that goes down is replaced by its mean. A noisy high point is averaged with the
+    lower ones after it instead of being carried up to them."""
+    blocks: list[list[float]] = []  # [mean, count] of each pooled run, means non-decreasing
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [m for m, n in blocks for _ in range(int(n))]
 
 
 def interpolated_times(sizes: list[int], seconds: list[float], max_size: int) -> list[float]:
     """Measured times at some sizes (batch tokens, drafting requests) -> a time for every size 1..max_size:
-    linear between the points, flat before the first, proportional after the last, and forced
-    non-decreasing (more work is never faster)."""
+    the points made non-decreasing by `isotonic_fit` (more work is never faster; a noisy point is pooled
+    with its neighbours), then linear between them, flat before the first, proportional after the last."""
     points = sorted(zip(sizes, seconds))
-    xs, ys = [float(b) for b, _ in points], [t for _, t in points]
-    times, longest = [], 0.0
+    xs, ys = [float(b) for b, _ in points], isotonic_fit([t for _, t in points])
+    times = []
     for B in range(1, max_size + 1):
         if B <= xs[0]:
             t = ys[0]
@@ -107,8 +121,7 @@ def interpolated_times(sizes: list[int], seconds: list[float], max_size: int) ->
             i = next(i for i in range(1, len(xs)) if xs[i] >= B)
             w = (B - xs[i - 1]) / (xs[i] - xs[i - 1])
             t = ys[i - 1] + w * (ys[i] - ys[i - 1])
-        longest = max(longest, t)
-        times.append(longest)
+        times.append(t)
     return times
 
 

@@ -40,11 +40,17 @@ from dspark.scheduling.draft_cost import (
 from dspark.serving.engine import Engine, Request
 
 STEPS = 12  # engine steps per timed run
-REPEATS = 3  # timed runs per point and mode (the median counts)
+REPEATS = 5  # interleaved rounds of paired runs per point (the median difference counts)
 
 
 def seconds_per_step(
-    target: Transformer, drafter: Drafter, gamma: int, requests: int, drafting: bool, prompt_len: int
+    target: Transformer,
+    drafter: Drafter,
+    gamma: int,
+    requests: int,
+    drafting: bool,
+    prompt_len: int,
+    repeats: int = REPEATS,
 ) -> float:
     """Median seconds per engine step over `requests` requests that all draft γ tokens and verify none
     (`drafting`), or that never draft; every step commits one token per request either way."""
@@ -61,7 +67,7 @@ def seconds_per_step(
     engine = Engine(target, drafter, SamplingParams(1.0), gamma, requests, None, verify_none, None, who)
     engine.run([Request(p, 3) for p in prompts])  # warm-up
     times = []
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         result = engine.run([Request(p, STEPS + 1) for p in prompts], torch.Generator().manual_seed(0))
         times.append((result.seconds - result.prefill_seconds) / max(1, result.steps))
     return statistics.median(times)
@@ -72,13 +78,17 @@ def measure_engine_draft_cost(
     target: Transformer, drafter: Drafter, gamma: int, points: list[int] = DRAFT_POINTS
 ) -> DraftCost:
     """T_draft(n) at each n of `points`: an engine step in which n requests draft (and verify nothing) minus
-    one in which none does; the catch-up cost per token from `cpu_draft_cost`."""
+    one in which none does, paired and interleaved (each round runs every n, drafting then plain, so a
+    spell of a busy machine hits both sides of a difference), the median over `REPEATS` rounds; the
+    catch-up cost per token from `cpu_draft_cost`."""
     prompt_len = min(64, target.config.max_seq_len // 4)
-    extra = [
-        max(0.0, seconds_per_step(target, drafter, gamma, n, True, prompt_len)
-            - seconds_per_step(target, drafter, gamma, n, False, prompt_len))
-        for n in points
-    ]  # fmt: skip
+    differences: dict[int, list[float]] = {n: [] for n in points}
+    for _ in range(REPEATS):
+        for n in points:
+            drafting = seconds_per_step(target, drafter, gamma, n, True, prompt_len, repeats=1)
+            plain = seconds_per_step(target, drafter, gamma, n, False, prompt_len, repeats=1)
+            differences[n].append(drafting - plain)
+    extra = [max(0.0, statistics.median(differences[n])) for n in points]
     per_token = cpu_draft_cost(target, drafter, gamma).seconds_per_token
     name = f"engine-measured {drafter.name} γ={gamma} ({torch.get_num_threads()} threads)"
     return DraftCost.from_points(points, extra, max(points), name, per_token)
@@ -88,5 +98,5 @@ def engine_draft_cost(target: Transformer, drafter: Drafter, gamma: int, refresh
     """The drafting cost as the engine pays it (`measure_engine_draft_cost`), measured once and cached."""
     if drafter.max_gamma == 0 or gamma == 0:
         return DraftCost.free()
-    key = draft_cost_key(target, drafter, gamma) | {"method": "engine step"}
+    key = draft_cost_key(target, drafter, gamma) | {"method": "engine step, paired, interleaved, isotonic"}
     return cached_draft_cost(key, lambda: measure_engine_draft_cost(target, drafter, gamma), refresh)
