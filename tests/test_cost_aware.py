@@ -257,7 +257,6 @@ def test_engine_measured_cost_is_cached_beside_the_propose_table(tiny_model, tmp
     assert int(drafter.cache.lengths.sum()) == 0
 
 
-# ---- the engine with speculate-or-not ---------------------------------------------------------------
 def test_engine_measured_cost_pairs_and_interleaves_its_runs(tiny_model, monkeypatch):
     """Each round runs every n, drafting then plain, and T_draft(n) is the median of the paired
     differences (never below 0), isotonic over n."""
@@ -267,7 +266,7 @@ def test_engine_measured_cost_pairs_and_interleaves_its_runs(tiny_model, monkeyp
                        (2, True): [6.0, 6.0, 8.0], (2, False): [5.5, 5.0, 5.0]}  # fmt: skip
     monkeypatch.setattr(step_cost, "REPEATS", 3)
 
-    def seconds(target, drafter, gamma, n, drafting, prompt_len, repeats=1):
+    def seconds(target, drafter, gamma, n, drafting, prompt_len):
         calls.append((n, drafting))
         return fake[(n, drafting)][sum(1 for c in calls if c == (n, drafting)) - 1]
 
@@ -279,6 +278,7 @@ def test_engine_measured_cost_pairs_and_interleaves_its_runs(tiny_model, monkeyp
     assert cost.seconds_by_requests == pytest.approx([1.0, 1.0]) and cost.seconds_per_token == 0.25
 
 
+# ---- the engine with speculate-or-not ---------------------------------------------------------------
 def run_engine(model, drafter, scheduler, concurrency, requests, params=None, seed=0, speculate=True):
     from dspark.serving.engine import Engine
 

@@ -7,8 +7,9 @@ carries B batch tokens (walkthrough/DESIGN.md section 5). The scheduler only eve
     ragged KV cache -- B tokens spread over up to `requests` requests that
     each hold `context` tokens of KV -- the sizes interleaved round by round,
     median of several rounds, rolled back after each, then made monotone
-    (isotonic fit) and interpolated (`ThroughputProfile.from_points`). `cpu_profile` caches the result under
-    DSPARK_HOME so an engine measures it once.
+    (isotonic fit) and interpolated (`ThroughputProfile.from_points`).
+    `cpu_profile` caches the result under DSPARK_HOME so an engine measures it
+    once.
   * `roofline_profile`: a GPU model (paper section 5.2): one pass streams the
     weights and the KV cache from HBM and does 2·P·B FLOPs; its time is the
     larger of the two plus a fixed launch overhead, optionally padded up to

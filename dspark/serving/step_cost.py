@@ -44,16 +44,11 @@ REPEATS = 5  # interleaved rounds of paired runs per point (the median differenc
 
 
 def seconds_per_step(
-    target: Transformer,
-    drafter: Drafter,
-    gamma: int,
-    requests: int,
-    drafting: bool,
-    prompt_len: int,
-    repeats: int = REPEATS,
+    target: Transformer, drafter: Drafter, gamma: int, requests: int, drafting: bool, prompt_len: int
 ) -> float:
-    """Median seconds per engine step over `requests` requests that all draft γ tokens and verify none
-    (`drafting`), or that never draft; every step commits one token per request either way."""
+    """Seconds per engine step over one run of `requests` requests (after a warm-up run) that all draft γ
+    tokens and verify none (`drafting`), or that never draft; every step commits one token per request
+    either way."""
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, target.config.vocab_size, (prompt_len,), generator=g).tolist()
                for _ in range(requests)]  # fmt: skip
@@ -66,11 +61,8 @@ def seconds_per_step(
 
     engine = Engine(target, drafter, SamplingParams(1.0), gamma, requests, None, verify_none, None, who)
     engine.run([Request(p, 3) for p in prompts])  # warm-up
-    times = []
-    for _ in range(repeats):
-        result = engine.run([Request(p, STEPS + 1) for p in prompts], torch.Generator().manual_seed(0))
-        times.append((result.seconds - result.prefill_seconds) / max(1, result.steps))
-    return statistics.median(times)
+    result = engine.run([Request(p, STEPS + 1) for p in prompts], torch.Generator().manual_seed(0))
+    return (result.seconds - result.prefill_seconds) / max(1, result.steps)
 
 
 @torch.no_grad()
@@ -85,8 +77,8 @@ def measure_engine_draft_cost(
     differences: dict[int, list[float]] = {n: [] for n in points}
     for _ in range(REPEATS):
         for n in points:
-            drafting = seconds_per_step(target, drafter, gamma, n, True, prompt_len, repeats=1)
-            plain = seconds_per_step(target, drafter, gamma, n, False, prompt_len, repeats=1)
+            drafting = seconds_per_step(target, drafter, gamma, n, True, prompt_len)
+            plain = seconds_per_step(target, drafter, gamma, n, False, prompt_len)
             differences[n].append(drafting - plain)
     extra = [max(0.0, statistics.median(differences[n])) for n in points]
     per_token = cpu_draft_cost(target, drafter, gamma).seconds_per_token
