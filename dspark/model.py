@@ -36,10 +36,40 @@ from dspark.config import ModelConfig
 from dspark.device import to_host
 from dspark.kv_cache import KVCache
 
+# a CPU fp32 vocabulary projection with at least this many weights (V·dim) is computed as (W xᵀ)ᵀ
+# (`project_to_vocab`): SmolLM2's 49k-row head (28 M) and an 8k-row draft head (4.7 M), not the tiny
+# target's 4k x 256 head (1 M), where the two forms cost the same and its results stay bit for bit as they were
+TRANSPOSED_PRODUCT_MIN_WEIGHTS = 1 << 21
+# how `project_to_vocab` computes, named in the keys of cached step timings (a change re-measures them)
+PROJECTION_METHOD = f"(W xT)T on cpu fp32 from {TRANSPOSED_PRODUCT_MIN_WEIGHTS} weights, else F.linear"
+
+
+def project_to_vocab(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Logits x Wᵀ: x (..., dim), weight (V, dim) -> (..., V), the work of an LM head (`F.linear`).
+
+    With more than one row, fp32 on the CPU, no autograd, and a large weight, it is computed as
+    (W xᵀ)ᵀ instead, made contiguous. Measured on a 2-core AVX2 EPYC with SmolLM2's 49,152 x 576 head
+    (projection + softmax): `F.linear` 34 / 38 / 41 / 67 ms at 2 / 8 / 16 / 32 rows, the transposed
+    product 13 / 22 / 28 / 46 ms; one row goes the matrix-vector path either way (~12-15 ms), so it keeps
+    `F.linear`. Both are the same sum in another order: the logits agree to fp32 rounding, not bit for
+    bit (nor does `F.linear` with 1 row against 8). What this does not change: training (autograd), bf16,
+    GPUs, or small heads (`TRANSPOSED_PRODUCT_MIN_WEIGHTS`)."""
+    rows = x.numel() // max(1, x.shape[-1])
+    if (
+        rows > 1
+        and x.device.type == "cpu"
+        and x.dtype == weight.dtype == torch.float32
+        and weight.numel() >= TRANSPOSED_PRODUCT_MIN_WEIGHTS
+        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+    ):
+        flat = x.reshape(rows, x.shape[-1])  # (n, dim)
+        return torch.mm(weight, flat.T).T.contiguous().view(*x.shape[:-1], weight.shape[0])  # (..., V)
+    return F.linear(x, weight)
+
 
 @dataclass
 class ModelOutput:
-    logits: torch.Tensor  # (B, T, V) or (N, V) (or (S, V) with last_only)
+    logits: torch.Tensor  # (B, T, V) or (N, V) (or (S, V) with last_only, (M, V) with logits_at)
     last_hidden: torch.Tensor  # final-normed hidden that feeds the LM head, same leading dims
     taps: torch.Tensor | None = None  # (..., n_taps, dim) residual stream after each tap layer
 
@@ -308,10 +338,13 @@ class Transformer(nn.Module):
         dtype = dtype or self.embed.weight.dtype
         return KVCache.for_model(self.config, n_slots, dtype, self.embed.weight.device)
 
-    def _head(self, x: torch.Tensor, taps: list[torch.Tensor] | None) -> ModelOutput:
+    def _head(
+        self, x: torch.Tensor, taps: list[torch.Tensor] | None, logits_at: torch.Tensor | None = None
+    ) -> ModelOutput:
         hidden = self.norm(x)
         stacked = torch.stack(taps, dim=-2) if taps is not None else None
-        return ModelOutput(self.lm_head(hidden), hidden, stacked)
+        scored = hidden if logits_at is None else hidden[logits_at]
+        return ModelOutput(project_to_vocab(scored, self.lm_head.weight), hidden, stacked)
 
     def forward(self, tokens: torch.Tensor, return_taps: bool = False) -> ModelOutput:
         """tokens: (B, T) -> logits (B, T, V). No cache: training and reference."""
@@ -336,19 +369,25 @@ class Transformer(nn.Module):
         cache: KVCache,
         return_taps: bool = False,
         last_only: bool = False,
+        logits_at: torch.Tensor | None = None,
     ) -> ModelOutput:
         """Append a ragged block per slot and return logits for the new tokens.
 
         tokens: (N,) flat, slot-major: the first block_lens[0] belong to
         slots[0], and so on. slots, block_lens: (S,) int64, block_lens >= 1,
         slots distinct. Returns logits (N, V), or (S, V) for each block's last
-        token with last_only=True (prefill). The cache lengths advance by
+        token with last_only=True (prefill, without taps or hidden states elsewhere), or
+        logits only at the flat positions `logits_at` (M,) -> (M, V) while the taps and hidden
+        states cover all N (a prefill whose drafter reads every prompt position: the LM head is
+        the largest layer of a real target). The cache lengths advance by
         block_lens; roll back with `cache.rollback`.
         """
         if tokens.dim() != 1 or slots.dim() != 1 or slots.shape != block_lens.shape:
             raise ValueError("tokens must be (N,), slots and block_lens both (S,)")
         if slots.shape[0] == 0:
             raise ValueError("block_lens must be >= 1 and sum to the number of tokens")
+        if last_only and logits_at is not None:
+            raise ValueError("last_only and logits_at exclude each other")
         rb = RaggedIndex(slots, block_lens, cache)  # checks the context (one host read)
         if rb.n_tokens != tokens.shape[0] or rb.shortest_block < 1:
             raise ValueError("block_lens must be >= 1 and sum to the number of tokens")
@@ -361,4 +400,4 @@ class Transformer(nn.Module):
             last = torch.cumsum(block_lens, 0) - 1
             x = x[last]
             taps = [t[last] for t in taps] if taps is not None else None
-        return self._head(x, taps)
+        return self._head(x, taps, logits_at)

@@ -165,3 +165,43 @@ def test_last_only_returns_each_blocks_final_logits(tiny_model):
     assert out.logits.shape == (2, TINY.vocab_size)
     for row, seq in zip(out.logits, seqs):
         torch.testing.assert_close(row, full_logits(tiny_model, seq)[0][-1], atol=ATOL, rtol=0)
+
+
+def test_logits_at_scores_only_those_positions_and_keeps_every_hidden_state(tiny_model):
+    torch.manual_seed(4)
+    seqs = [torch.randint(0, TINY.vocab_size, (n,)) for n in (5, 11)]
+    outs = []
+    for logits_at in (None, torch.tensor([4, 15])):
+        cache = tiny_model.new_cache(n_slots=2)
+        slots = torch.tensor([cache.allocate(), cache.allocate()])
+        with torch.no_grad():
+            outs.append(tiny_model.forward_cached(torch.cat(seqs), slots, torch.tensor([5, 11]), cache,
+                                                  return_taps=True, logits_at=logits_at))  # fmt: skip
+    full, some = outs
+    assert some.logits.shape == (2, TINY.vocab_size) and some.last_hidden.shape == full.last_hidden.shape
+    torch.testing.assert_close(some.logits, full.logits[[4, 15]], atol=ATOL, rtol=0)
+    assert torch.equal(some.taps, full.taps) and torch.equal(some.last_hidden, full.last_hidden)
+    with pytest.raises(ValueError, match="exclude"):
+        tiny_model.forward_cached(
+            seqs[0], slots[:1], torch.tensor([5]), cache, last_only=True, logits_at=slots
+        )
+
+
+def test_project_to_vocab_is_the_lm_head_in_another_order():
+    """A large fp32 head with several rows is computed as (W xᵀ)ᵀ: the same logits to fp32 rounding, contiguous,
+    any leading shape; one row, a small head and autograd keep `F.linear` bit for bit."""
+    from dspark.model import TRANSPOSED_PRODUCT_MIN_WEIGHTS, project_to_vocab
+
+    g = torch.Generator().manual_seed(0)
+    big = torch.randn(TRANSPOSED_PRODUCT_MIN_WEIGHTS // 64, 64, generator=g)  # (V, dim) at the threshold
+    small = big[: big.shape[0] // 2]
+    x = torch.randn(3, 5, 64, generator=g)
+    with torch.no_grad():
+        got = project_to_vocab(x, big)
+        assert got.shape == (3, 5, big.shape[0]) and got.is_contiguous()
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, big), rtol=1e-5, atol=1e-5)
+        assert torch.equal(project_to_vocab(x[:1, :1], big), torch.nn.functional.linear(x[:1, :1], big))
+        assert torch.equal(project_to_vocab(x, small), torch.nn.functional.linear(x, small))
+    w = big.clone().requires_grad_()
+    out = project_to_vocab(x, w)
+    assert torch.equal(out, torch.nn.functional.linear(x, w)) and out.requires_grad

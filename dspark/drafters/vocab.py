@@ -26,10 +26,9 @@ drafter trainer calls `most_frequent`), or train anything.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from dspark.model import Transformer
+from dspark.model import Transformer, project_to_vocab
 
 
 def most_frequent(counts: torch.Tensor, size: int, keep: tuple[int, ...] = ()) -> torch.Tensor:
@@ -106,8 +105,8 @@ class DraftVocabulary(nn.Module):
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         """(..., dim) -> (..., n_out): the target's frozen LM head, restricted to the draft ids."""
         if not self.size:
-            return self._target[0].lm_head(normed)
-        return F.linear(normed, self.head_rows.to(normed.dtype))
+            return project_to_vocab(normed, self._target[0].lm_head.weight)
+        return project_to_vocab(normed, self.head_rows.to(normed.dtype))
 
     def to_draft(self, target_ids: torch.Tensor) -> torch.Tensor:
         """Target ids -> draft indices (K for an id outside the draft vocabulary)."""

@@ -39,7 +39,7 @@ import torch
 from dspark import paths
 from dspark.device import cpu_description
 from dspark.drafters.base import Drafter, TargetFeatures
-from dspark.model import Transformer
+from dspark.model import PROJECTION_METHOD, Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduling.profiler import RooflineConfig
 from dspark.scheduling.scheduler import interpolated_times
@@ -167,6 +167,7 @@ def draft_cost_key(target: Transformer, drafter: Drafter, gamma: int) -> dict:
         "gamma": gamma,
         "threads": torch.get_num_threads(),
         "cpu": cpu_description(),
+        "projection": PROJECTION_METHOD,  # how the heads compute (their cost)
     }
     if target.embed.weight.dtype != torch.float32:  # (only a non-fp32 dtype joins the key)
         key["dtype"] = str(target.embed.weight.dtype)

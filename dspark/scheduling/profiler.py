@@ -31,7 +31,7 @@ import torch
 
 from dspark import paths
 from dspark.device import cpu_description
-from dspark.model import Transformer
+from dspark.model import PROJECTION_METHOD, Transformer
 from dspark.scheduling.scheduler import ThroughputProfile
 
 DEFAULT_POINTS = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]  # batch tokens measured on the CPU
@@ -94,7 +94,8 @@ def cpu_profile(target: Transformer, refresh: bool = False, path: Path | None = 
         "threads": torch.get_num_threads(),
         "cpu": cpu_description(),
         "method": "interleaved, isotonic",
-    }  # (a profile measured the older way is measured again)
+        "projection": PROJECTION_METHOD,
+    }  # (a profile measured the older way, or of the older LM-head code, is measured again)
     key["config"]["tap_layers"] = list(key["config"]["tap_layers"])
     if target.embed.weight.dtype != torch.float32:  # (only a non-fp32 dtype joins the key)
         key["dtype"] = str(target.embed.weight.dtype)

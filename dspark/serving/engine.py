@@ -239,9 +239,11 @@ class Engine:
                 lens = [len(requests[i].prompt) for i in admitted]
                 flat = upload([t for i in admitted for t in requests[i].prompt], device)
                 slots = upload([slot_of[i] for i in admitted], device)
-                res = target.forward_cached(flat, slots, upload(lens, device), cache, return_taps=True)
                 last = upload(list(accumulate(lens)), device) - 1  # (S,) each prompt's last position
-                first = sample(probabilities(res.logits[last], self.params), generator)  # (S,)
+                # taps and hidden states of every prompt position (the drafter's context), logits of the last
+                res = target.forward_cached(flat, slots, upload(lens, device), cache, return_taps=True,
+                                            logits_at=last)  # fmt: skip
+                first = sample(probabilities(res.logits, self.params), generator)  # (S,)
                 first = to_host(first, "engine: first tokens")  # host sync: emit them, check EOS
                 feats = TargetFeatures(res.taps, res.last_hidden).split(lens)
                 for row, (i, toks) in enumerate(zip(admitted, flat.split(lens))):
