@@ -25,7 +25,13 @@ from dspark.scheduling.scheduler import (
     prefix_survival,
     step_rate,
 )
-from dspark.scheduling.step import VerifyScheduler, drafting_can_pay, drafting_mask, forecast_survivals
+from dspark.scheduling.step import (
+    VerifyScheduler,
+    draft_plan,
+    drafting_can_pay,
+    drafting_mask,
+    forecast_survivals,
+)
 
 CPU_LIKE = ThroughputProfile([1 / (0.0025 + 0.0001 * B) for B in range(1, 257)])  # ~2.5 ms a pass, flat-ish
 
@@ -106,6 +112,57 @@ def test_a_newcomer_is_forecast_from_earlier_requests_first_rounds():
     assert drafting_mask([[]] * 4, [0] * 4, 7, CPU_LIKE, cost, first_rounds=[easy]).all()
 
 
+def test_a_narrow_round_counts_only_at_the_positions_it_saw():
+    """A round drafted two wide says nothing about positions 3..γ: there a request is forecast from its rounds
+    that saw them, else from the other requests', else from earlier first rounds, else 0 (not planned); a
+    forecast never rises along the positions."""
+    full, narrow = [0.9] * 4, [0.5, 0.5]
+    a_full, a_narrow = prefix_survival(torch.tensor([full]))[0], prefix_survival(torch.tensor([narrow]))[0]
+    f = forecast_survivals([[full, narrow], [full]], [0, 0], 4)
+    assert torch.allclose(f[0, :2], (a_full[:2] + a_narrow) / 2)  # both of its rounds saw positions 1-2
+    assert torch.allclose(
+        f[0, 2:], f[0, 1].expand(2)
+    )  # its full round's 0.73, 0.66, capped by position 2's 0.53
+    assert torch.allclose(f[1], a_full)
+    f = forecast_survivals([[narrow], [full]], [0, 0], 4)  # only narrow rounds: the other's at 3-4 (capped)
+    assert torch.allclose(f[0, :2], a_narrow) and torch.allclose(f[0, 2:], a_narrow[1].expand(2))
+    f = forecast_survivals(
+        [[[0.9, 0.9]], [[0.9, 0.9, 0.3, 0.3]]], [0, 0], 4
+    )  # the other's at 3-4, lower there
+    assert torch.allclose(f[0], f[1])
+    assert torch.equal(forecast_survivals([[narrow]], [0], 4)[0, 2:], torch.zeros(2, dtype=torch.float64))
+    f = forecast_survivals([[[0.99, 0.99]], []], [0, 0], 4, first_rounds=[full])
+    assert torch.allclose(f[0, 2:], a_full[2:]) and torch.allclose(f[1], a_full)  # the first rounds'
+    for history in ([[full, narrow], [full]], [[narrow], [[0.95] * 4]]):
+        f = forecast_survivals(history, [0, 3], 4)
+        assert bool((f[:, 1:] <= f[:, :-1]).all())
+
+
+def test_the_block_is_as_wide_as_the_forecasts_need_where_width_costs():
+    """With a cost that grows with the block's width, the drafting requests draft max ℓ̂ + DRAFT_SLACK positions,
+    priced at that width; where the width costs nothing (or drafting is free, or nothing is known yet), γ."""
+    flat = [0.0025 * (1 + 0.05 * n) for n in range(1, 65)]
+    by_width = DraftCost(flat, "", 0.0, [f / 4 for f in flat], 7)
+    cheap_first = [[0.9, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1]] * 2  # worth one draft, not seven
+    mask, width = draft_plan([cheap_first] * 4, [0] * 4, 7, CPU_LIKE, by_width)
+    ell = prefix_schedule(forecast_survivals([cheap_first] * 4, [0] * 4, 7), CPU_LIKE,
+                          draft_seconds=by_width.seconds(4))  # fmt: skip
+    assert mask.all() and width == int(ell.max()) + step_module.DRAFT_SLACK < 7
+    same_at_any_width = DraftCost([f / 4 for f in flat])
+    assert draft_plan([cheap_first] * 4, [0] * 4, 7, CPU_LIKE, same_at_any_width)[1] == 7
+    free_mask, free_width = draft_plan([cheap_first] * 4, [0] * 4, 7, CPU_LIKE, DraftCost.free())
+    assert free_mask.all() and free_width == 7
+    assert draft_plan([[]] * 4, [0] * 4, 7, CPU_LIKE, by_width)[1] == 7  # nothing known: the whole block
+    assert draft_plan([[[0.01] * 7]] * 4, [0] * 4, 7, CPU_LIKE, by_width)[1] == 0  # nobody drafts
+    # a narrow block can pay where the whole one cannot
+    dear = DraftCost([0.02] * 64, "", 0.0, [0.0002] * 64, 7)
+    assert drafting_can_pay(4, 7, CPU_LIKE, dear) and not drafting_can_pay(
+        4, 7, CPU_LIKE, DraftCost([0.02] * 64)
+    )
+    sched = VerifyScheduler(make_policy("dspark"), CPU_LIKE, None, by_width)
+    assert sched.speculate([cheap_first] * 4, [0] * 4, 7).tolist() == [width] * 4
+
+
 def test_the_scheduler_remembers_each_requests_first_round_once():
     """`speculate` is called once per step; a request with one round and idle 0 drafted its first round last
     step: remembered once, whether it then drafts again or idles; at most FIRST_ROUNDS are kept."""
@@ -150,18 +207,20 @@ def test_the_decision_reads_only_earlier_rounds():
 
 def test_a_reused_decision_equals_a_fresh_one(monkeypatch):
     """`VerifyScheduler.speculate` reuses its last decision while the inputs are the same; along an engine-like
-    sequence of steps (requests draft or idle, new ones arrive, realism moves) it always equals `drafting_mask`
+    sequence of steps (requests draft or idle, new ones arrive, realism moves) it always equals `draft_plan`
     computed afresh, and it does reuse (a lone idle request)."""
     cost = DraftCost([0.0025 * (1 + 0.05 * n) for n in range(1, 65)], "about a target pass")
     sched = VerifyScheduler(make_policy("dspark"), CPU_LIKE, None, cost)
     g = torch.Generator().manual_seed(0)
     computed = []
-    monkeypatch.setattr(step_module, "drafting_mask", lambda *a: computed.append(1) or drafting_mask(*a))
+    monkeypatch.setattr(step_module, "draft_plan", lambda *a: computed.append(1) or draft_plan(*a))
     history, idle = [[[0.3] * 7]], [0]  # a request whose drafts did not pay: alone, it idles on
     for step in range(200):
         mask = sched.speculate(history, idle, 7)
-        fresh = drafting_mask(history, idle, 7, CPU_LIKE, cost, None, sched.realism, list(sched.first_rounds))
-        assert torch.equal(mask, fresh), step
+        who, width = draft_plan(
+            history, idle, 7, CPU_LIKE, cost, None, sched.realism, list(sched.first_rounds)
+        )
+        assert torch.equal(mask, who.long() * width), step
         for r, drafts in enumerate(mask.tolist()):
             if drafts:  # a new list, as the engine makes it
                 level = 0.99 if (step // 20 + r) % 3 else 0.3
@@ -201,6 +260,31 @@ def test_gpu_drafting_cost_model():
     chain = roofline_draft_cost(RooflineConfig(), 0.4e9, 7, parallel=False)
     assert parallel.seconds(1) < chain.seconds(1)  # one pass instead of γ
     assert parallel.seconds(1) < RooflineConfig().seconds(8)  # a small drafter costs less than the target
+    # memory-bound at low load: the width costs nothing; compute-bound at high load: a narrow block is cheaper
+    assert parallel.width_matters and not chain.width_matters
+    assert parallel.seconds(1, 1) == pytest.approx(parallel.seconds(1, 7), rel=0.01)
+    one_layer = roofline_draft_cost(RooflineConfig(), 0.4e9, 7, parallel=True, kv_fraction=1 / 32)
+    assert one_layer.seconds(512, 1) < 0.5 * one_layer.seconds(512, 7)
+    # its own KV cache: a 1-layer drafter reads 1/32 of the 32-layer target's context bytes (at 512 requests
+    # of 2,048 tokens that is what a drafting pass is made of)
+    assert one_layer.seconds(512) < 0.2 * parallel.seconds(512)
+
+
+def test_a_width_dependent_cost_interpolates_between_one_position_and_the_block():
+    cost = DraftCost([0.010, 0.016], "", 0.0, [0.004, 0.006], 4)
+    assert cost.seconds(1, 1) == 0.004 and cost.seconds(1, 4) == cost.seconds(1) == 0.010
+    assert cost.seconds(2, 2) == pytest.approx(0.006 + 0.010 / 3) and cost.seconds(0, 2) == 0.0
+    assert cost.seconds(4, 1) == pytest.approx(0.012)  # beyond the table: proportionally longer
+    assert not DraftCost([0.01, 0.02]).width_matters and DraftCost([0.01]).seconds(1, 1) == 0.01
+    capped = DraftCost.from_points([1, 2], [0.01, 0.02], 2, one_position=[0.005, 0.03], block=7)
+    assert capped.one_position == pytest.approx([0.005, 0.02])  # never dearer than the whole block
+    for bad in (
+        dict(one_position=[0.1]),
+        dict(one_position=[-1.0, 0.0], block=4),
+        dict(one_position=[0.0, 0.0]),
+    ):
+        with pytest.raises(ValueError):
+            DraftCost([0.01, 0.02], **bad)
 
 
 def test_measured_cost_is_cached_per_drafter_and_refreshed_on_demand(tiny_model, tmp_path, monkeypatch):
@@ -258,24 +342,30 @@ def test_engine_measured_cost_is_cached_beside_the_propose_table(tiny_model, tmp
 
 
 def test_engine_measured_cost_pairs_and_interleaves_its_runs(tiny_model, monkeypatch):
-    """Each round runs every n, drafting then plain, and T_draft(n) is the median of the paired
-    differences (never below 0), isotonic over n."""
+    """Each round runs every n: plain, then drafting a block of γ, then of one position; T_draft(n, w) is the
+    median of the paired differences (never below 0), isotonic over n, one position never dearer than γ."""
     from dspark.serving import step_cost
 
-    calls, fake = [], {(1, True): [5.0, 9.0, 5.0], (1, False): [4.0, 4.0, 4.0],
-                       (2, True): [6.0, 6.0, 8.0], (2, False): [5.5, 5.0, 5.0]}  # fmt: skip
+    calls, fake = [], {(1, None): [4.0, 4.0, 4.0], (1, 4): [5.0, 9.0, 5.0], (1, 1): [4.5, 4.5, 4.0],
+                       (2, None): [5.5, 5.0, 5.0], (2, 4): [6.0, 6.0, 8.0], (2, 1): [6.0, 5.2, 5.4]}  # fmt: skip
     monkeypatch.setattr(step_cost, "REPEATS", 3)
 
     def seconds(target, drafter, gamma, n, drafting, prompt_len):
-        calls.append((n, drafting))
-        return fake[(n, drafting)][sum(1 for c in calls if c == (n, drafting)) - 1]
+        calls.append((n, gamma if drafting else None))
+        return fake[calls[-1]][calls.count(calls[-1]) - 1]
 
     monkeypatch.setattr(step_cost, "seconds_per_step", seconds)
     monkeypatch.setattr(step_cost, "cpu_draft_cost", lambda *a: DraftCost([0.0], "", 0.25))
     cost = step_cost.measure_engine_draft_cost(tiny_model, make(tiny_model, "dspark", gamma=4), 4, [1, 2])
-    assert calls == [(1, True), (1, False), (2, True), (2, False)] * 3
-    # differences: n = 1: 1, 5, 1 -> 1; n = 2: 0.5, 1, 3 -> 1
+    assert calls == [(1, None), (1, 4), (1, 1), (2, None), (2, 4), (2, 1)] * 3
+    # γ = 4: n = 1: 1, 5, 1 -> 1; n = 2: 0.5, 1, 3 -> 1.  one position: 0.5, 0.5, 0 -> 0.5; 0.5, 0.2, 0.4 -> 0.4,
+    # pooled with n = 1 (a larger n never costs less): 0.45, 0.45
     assert cost.seconds_by_requests == pytest.approx([1.0, 1.0]) and cost.seconds_per_token == 0.25
+    assert cost.one_position == pytest.approx([0.45, 0.45]) and cost.block == 4 and cost.width_matters
+    assert cost.seconds(2, 1) == pytest.approx(0.45) and cost.seconds(2, 3) == pytest.approx(
+        0.45 + 0.55 * 2 / 3
+    )
+    assert cost.seconds(2) == cost.seconds(2, 4) == cost.seconds(2, 9) == pytest.approx(1.0)
 
 
 # ---- the engine with speculate-or-not ---------------------------------------------------------------
@@ -311,6 +401,18 @@ def test_hopeless_drafting_drafts_nothing_and_is_plain_decoding(tiny_model, conc
             assert rec.tokens == generate(tiny_model, [p], req.max_new_tokens, GREEDY).tokens[0]
 
 
+def test_the_engine_refuses_a_width_beyond_gamma(tiny_model):
+    from dspark.serving.engine import Engine
+
+    drafter = make(tiny_model, "dspark", gamma=4)
+    _, reqs = requests_for(LENGTHS, seed=3)
+    engine = Engine(
+        tiny_model, drafter, GREEDY, 4, 2, None, None, None, lambda h, i, g: torch.full((len(h),), 5)
+    )
+    with pytest.raises(ValueError, match="widths must be in 0..4"):
+        engine.run(reqs)
+
+
 def test_free_drafting_is_todays_engine(tiny_model):
     drafter = make(tiny_model, "dspark", gamma=4)
     _, reqs = requests_for(LENGTHS, seed=3)
@@ -339,6 +441,29 @@ def test_mixed_drafting_is_token_identical_to_plain_decoding(tiny_model, concurr
             assert rec.tokens == generate(tiny_model, [p], req.max_new_tokens, GREEDY).tokens[0]
             assert len(rec.confidences) == len(rec.accepted)  # [] for the rounds without drafts
     assert any(0 < share < 1 for share in shares)  # the case under test happened
+
+
+@pytest.mark.parametrize("concurrency", [1, 3, 16])
+def test_narrow_blocks_are_token_identical_to_plain_decoding(tiny_model, concurrency):
+    """Blocks narrower than γ (block boundaries 1, 2, γ-1, γ; rows that draft nothing beside them): every round
+    verifies at most its width, records that many confidences, and the output is plain greedy decoding's."""
+    from dspark.serving.engine import Engine
+
+    drafter = make(tiny_model, "dspark", gamma=4)
+    ps, reqs = requests_for(LENGTHS, seed=5)
+    steps = []
+
+    def narrow(history, idle, gamma):  # step s: width (1, 2, 3, 4)[s % 4]; every third row idles
+        width = 1 + len(steps) % 4
+        steps.append(width)
+        return torch.tensor([0 if (r + len(steps)) % 3 == 0 else width for r in range(len(history))])
+
+    result = Engine(tiny_model, drafter, GREEDY, 4, concurrency, None, None, None, narrow).run(reqs)
+    widths = {len(c) for rec in result.records for c in rec.confidences}
+    assert {1, 2, 3, 4} <= widths or concurrency == 1 and {1, 2, 4} <= widths
+    for p, req, rec in zip(ps, reqs, result.records):
+        assert rec.tokens == generate(tiny_model, [p], req.max_new_tokens, GREEDY).tokens[0]
+        assert all(ell <= len(c) for ell, c in zip(rec.verify_lens, rec.confidences))
 
 
 def test_the_decision_never_sees_the_current_round(tiny_model):
@@ -391,19 +516,23 @@ def test_mixed_drafting_follows_the_target_law():
     profile = linear_profile(1.0, 0.004, max_tokens=4096)
     cost = DraftCost([0.002 * n for n in range(1, 1025)])
     counts, drafted, g = torch.zeros(5**MICRO_LENGTH), [], torch.Generator().manual_seed(7)
+    widths = set()
     for _ in range(40):  # 40 batches of 300: small batches are where some requests draft and others not
         scheduler = VerifyScheduler.for_drafter(make_policy("dspark"), drafter, profile, None, cost)
 
         def speculate(history, idle, gamma, scheduler=scheduler):
-            mask = scheduler.speculate(history, idle, gamma)
-            drafted.append(mask.float().mean().item())
-            return mask
+            plan = scheduler.speculate(history, idle, gamma)
+            drafted.append((plan > 0).float().mean().item())
+            plan = plan.clamp(max=1 + len(drafted) % 3)  # and narrower blocks (1, 2, 3) from step to step
+            widths.update(plan.tolist())
+            return plan
 
         result = speculative_generate(target, drafter, [MICRO_PROMPT] * 300, MICRO_LENGTH, SamplingParams(1.0), 3,
                                       g, None, scheduler, scheduler.observe, speculate)  # fmt: skip
         for toks in result.tokens:
             counts[toks[0] * 25 + toks[1] * 5 + toks[2]] += 1
     assert any(0 < d < 1 for d in drafted)  # some steps mixed drafting and plain rows
+    assert widths & {1, 2}  # and some drafted blocks narrower than γ
     assert_matches(counts, joint.flatten())
 
 

@@ -7,7 +7,14 @@ on this CPU a DSpark drafting pass costs about as much as a target pass, so a
 scheduler that leaves it out drafts when drafting does not pay.
 
 `DraftCost` is the time of one drafting pass as a function of how many requests
-draft in it, for the block size γ the engine uses:
+draft in it, for the block size γ the engine uses -- and, where it depends on
+it, of the block's width w <= γ: a parallel drafter's pass runs n·w block
+tokens through its layers, head and sequential stage, which on a CPU costs
+about in proportion (SmolLM2 fp32, 16 requests: 52 / 43 / 25 ms at w = 7 / 4 /
+2), so a step that will verify one or two drafts per request need not draft
+seven. The table holds n requests at w = γ and at w = 1; widths between are
+interpolated linearly (the roofline is convex in the tokens, so this
+over-prices them a little, never under):
 
   * `measure_draft_cost`: real `propose` calls of the drafter on a prefilled
     context, one new committed token per request per call (the steady state),
@@ -57,12 +64,30 @@ class DraftCost:
     # seconds per context token beyond one per request that the pass must first append: a request that
     # idled for s steps brings s more committed tokens to its next drafting pass
     seconds_per_token: float = 0.0
+    # entry n-1: seconds when n requests draft ONE position each (a block of width 1); None: the pass costs
+    # the same whatever the width (a chain drafter of γ = 1, or a cost measured at γ only)
+    one_position: list[float] | None = None
+    block: int = 0  # γ, the width `seconds_by_requests` was measured at (needed with `one_position`)
 
     def __post_init__(self) -> None:
         if not self.seconds_by_requests or any(not s >= 0 for s in self.seconds_by_requests):
             raise ValueError("a drafting cost needs non-negative seconds for n = 1, 2, ...")
         if not self.seconds_per_token >= 0:
             raise ValueError("seconds_per_token must be >= 0")
+        if self.one_position is not None:
+            if len(self.one_position) != len(self.seconds_by_requests) or any(
+                not s >= 0 for s in self.one_position
+            ):
+                raise ValueError(
+                    "one_position needs non-negative seconds for the same n as seconds_by_requests"
+                )
+            if self.block < 2:
+                raise ValueError("a width-dependent cost needs the full block's width γ >= 2")
+
+    @property
+    def width_matters(self) -> bool:
+        """Does a narrower block cost less (so the scheduler should choose the width)?"""
+        return self.one_position is not None
 
     @classmethod
     def free(cls) -> DraftCost:
@@ -73,14 +98,16 @@ class DraftCost:
     def is_free(self) -> bool:
         return not any(self.seconds_by_requests) and not self.seconds_per_token
 
-    def seconds(self, requests: int) -> float:
-        """T_draft(n); 0 when nobody drafts; beyond the table, proportionally longer."""
+    def seconds(self, requests: int, width: int | None = None) -> float:
+        """T_draft(n, w): n requests draft a block of `width` positions (None: the full block); 0 when
+        nobody drafts; beyond the table, proportionally longer; widths between 1 and γ interpolated."""
         if requests <= 0:
             return 0.0
-        table = self.seconds_by_requests
-        if requests <= len(table):
-            return table[requests - 1]
-        return table[-1] * requests / len(table)
+        full = lookup(self.seconds_by_requests, requests)
+        if width is None or self.one_position is None or width >= self.block:
+            return full
+        one = lookup(self.one_position, requests)
+        return one + (full - one) * (max(1, width) - 1) / (self.block - 1)
 
     @classmethod
     def from_points(
@@ -90,10 +117,25 @@ class DraftCost:
         max_requests: int,
         name: str = "",
         per_token: float = 0.0,
+        one_position: list[float] | None = None,
+        block: int = 0,
     ) -> DraftCost:
         """Interpolate measured times linearly over n = 1..max_requests (flat before the first point,
-        proportional after the last), after an isotonic fit: more drafting requests never cost less."""
-        return cls(interpolated_times(requests, seconds, max_requests), name, per_token)
+        proportional after the last), after an isotonic fit: more drafting requests never cost less.
+        `one_position`: the same points measured at width 1 (a block of γ = `block` otherwise), fitted alike
+        and capped by the full block's time (a narrower block never costs more)."""
+        full = interpolated_times(requests, seconds, max_requests)
+        one = None
+        if one_position is not None:
+            one = [min(a, b) for a, b in zip(interpolated_times(requests, one_position, max_requests), full)]
+        return cls(full, name, per_token, one, block if one is not None else 0)
+
+
+def lookup(table: list[float], requests: int) -> float:
+    """Entry n-1 of a per-request-count table; beyond it, proportionally longer."""
+    if requests <= len(table):
+        return table[requests - 1]
+    return table[-1] * requests / len(table)
 
 
 @torch.no_grad()
@@ -180,10 +222,12 @@ def cached_draft_cost(key: dict, measure: Callable[[], DraftCost], refresh: bool
     if path.is_file() and not refresh:
         record = json.loads(path.read_text())
         if record.get("key") == key and "seconds_per_token" in record:  # (older files lack the catch-up)
-            return DraftCost(record["seconds_by_requests"], record["name"], record["seconds_per_token"])
+            return DraftCost(record["seconds_by_requests"], record["name"], record["seconds_per_token"],
+                             record.get("one_position"), record.get("block", 0))  # fmt: skip
     cost = measure()
     record = {"key": key, "name": cost.name, "seconds_by_requests": cost.seconds_by_requests,
-              "seconds_per_token": cost.seconds_per_token}  # fmt: skip
+              "seconds_per_token": cost.seconds_per_token, "one_position": cost.one_position,
+              "block": cost.block}  # fmt: skip
     paths.write_text_atomic(path, json.dumps(record) + "\n")
     return cost
 
@@ -198,13 +242,26 @@ def cpu_draft_cost(target: Transformer, drafter: Drafter, gamma: int, refresh: b
 
 
 def roofline_draft_cost(
-    config: RooflineConfig, drafter_params: float, gamma: int, parallel: bool = True, max_requests: int = 512
+    config: RooflineConfig,
+    drafter_params: float,
+    gamma: int,
+    parallel: bool = True,
+    max_requests: int = 512,
+    kv_fraction: float = 1.0,
 ) -> DraftCost:
-    """Drafting on the modelled GPU: the drafter's weights (and the requests' context) read per pass.
-    Parallel drafters: one pass over n·γ tokens; chain drafters: γ passes over n tokens."""
-    drafter = replace(config, params=drafter_params, buckets=[], tokens_per_request=gamma if parallel else 1)
+    """Drafting on the modelled GPU: the drafter's weights and its own KV cache of the requests' context
+    (`kv_fraction` of the target's bytes per context token: its layers over the target's) read per pass.
+    Parallel drafters: one pass over n·w tokens for a block of width w (γ, or 1 for `one_position`);
+    chain drafters: γ passes over n tokens (one width: their γ)."""
+    drafter = replace(config, params=drafter_params, buckets=[], tokens_per_request=gamma if parallel else 1,
+                      kv_bytes_per_token=config.kv_bytes_per_token * kv_fraction)  # fmt: skip
     seconds = [
         drafter.seconds(n * gamma) if parallel else gamma * drafter.seconds(n)
         for n in range(1, max_requests + 1)
     ]
-    return DraftCost(seconds, f"h200-roofline drafter {drafter_params / 1e9:g}B γ={gamma}")
+    name = f"h200-roofline drafter {drafter_params / 1e9:g}B γ={gamma}"
+    if not parallel or gamma < 2:
+        return DraftCost(seconds, name)
+    narrow = replace(drafter, tokens_per_request=1)
+    one = [min(narrow.seconds(n), full) for n, full in zip(range(1, max_requests + 1), seconds)]
+    return DraftCost(seconds, name, one_position=one, block=gamma)

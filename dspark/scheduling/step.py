@@ -15,7 +15,7 @@ comes first: should request r draft at all this step? A request that does not
 draft takes a plain decode step (its anchor alone) in the same ragged target
 pass and pays nothing for drafts. The decision must not look at this step's
 drafts or confidences (they do not exist yet; and a choice of what to verify
-that depended on the drafts would break losslessness). `drafting_mask` uses
+that depended on the drafts would break losslessness). `draft_plan` uses
 each request's recent drafted rounds:
 
   1. forecast: the mean calibrated survivals a_{r,j} = Π_{i≤j} c̃_{r,i} of
@@ -24,14 +24,20 @@ each request's recent drafted rounds:
      rounds (answer starts are easier than answer ends, so the others' recent
      rounds would under-forecast it), or the others' mean before any request
      has finished a first round; only when nothing at all is known yet does
-     everybody draft, to find out;
+     everybody draft, to find out (a round drafted at a narrower width
+     counts at the positions it saw);
   2. the forecast verify lengths ℓ̂ and gains G_r = Σ_{j≤ℓ̂_r} a_{r,j} come from
      cost-aware Algorithm 1 on the forecasts, as if everybody drafted;
   3. requests sorted by G_r; drafting the top k has the expected rate
-         Θ̂(k) = (R + Σ_top-k G) / (1/SPS(R + Σ_top-k ℓ̂) + T_draft(k) + c·Σ_top-k s_r),
+         Θ̂(k) = (R + Σ_top-k G) / (1/SPS(R + Σ_top-k ℓ̂) + T_draft(k, w_k) + c·Σ_top-k s_r),
      T_draft(0) = 0, where s_r is r's idle steps (the tokens its pass must first
      append) and c the measured cost of one; the k with the largest Θ̂ drafts
-     (ties: more drafting).
+     (ties: more drafting);
+  4. the block width: γ, unless a narrower block costs less (a parallel
+     drafter on a CPU, `DraftCost.width_matters`); then the top k draft
+     w_k = min(γ, max ℓ̂ + DRAFT_SLACK) positions, and step 3 prices that
+     width. At high load, where Algorithm 1 verifies one or two drafts per
+     request, a seven-wide block would pay for five positions nobody checks.
 
 With free drafting everybody drafts, and the step is exactly the paper's. If
 drafting could not pay even with every draft accepted, nobody drafts: the step
@@ -66,6 +72,9 @@ RECENT_ROUNDS = 4  # drafted rounds per request the forecast averages over
 FIRST_ROUNDS = 32  # earlier requests' first drafted rounds remembered to forecast a newcomer's
 REALISM_PRIOR = 4.0  # tokens of pseudo-evidence that the forecasts are right, before any round is seen
 IDLE_HALF_LIFE = 4.0  # steps after which an idle request's own forecast counts half (the rest: the others')
+# positions drafted beyond the longest forecast verify length, where a narrower block costs less: a round
+# may beat its forecast, and the position after it is observed, so the forecast can grow again
+DRAFT_SLACK = 1
 
 
 def realism_ratio(accepted: float, predicted: float) -> float:
@@ -74,10 +83,13 @@ def realism_ratio(accepted: float, predicted: float) -> float:
 
 
 def drafting_can_pay(requests: int, gamma: int, profile: ThroughputProfile, cost: DraftCost) -> bool:
-    """Could drafting beat plain decoding for `requests` requests if every draft were accepted?"""
+    """Could drafting beat plain decoding for `requests` requests if every draft were accepted (at any
+    block width, where a narrower block costs less)?"""
     if requests == 0 or gamma == 0:
         return False
-    best = step_rate(requests * (1 + gamma), requests * (1 + gamma), profile, cost.seconds(requests))
+    widths = range(1, gamma + 1) if cost.width_matters else [gamma]
+    best = max(step_rate(requests * (1 + w), requests * (1 + w), profile, cost.seconds(requests, w))
+               for w in widths)  # fmt: skip
     return best > step_rate(requests, requests, profile)
 
 
@@ -98,26 +110,87 @@ def forecast_survivals(
     first_rounds = first_rounds or []
     if not any(counts) and not first_rounds:
         return None
-    flat = [c[:gamma] for h in history for c in h] + [c[:gamma] for c in first_rounds]
-    survivals = prefix_survival(torch.tensor(flat, dtype=torch.float64, device=HOST), temperatures)  # (N, γ)
+    rounds = [c[:gamma] for h in history for c in h] + [c[:gamma] for c in first_rounds]
+    # a round drafted at a narrower width knows fewer positions: pad it, and average each position only over
+    # the rounds that saw it (survivals of the padding are never read)
+    padded = torch.tensor([[*c, *[0.0] * (gamma - len(c))] for c in rounds], dtype=torch.float64, device=HOST)
+    seen = torch.tensor([[j < len(c) for j in range(gamma)] for c in rounds], device=HOST).double()  # (N, γ)
+    survivals = prefix_survival(padded, temperatures) * seen  # (N, γ)
     n_own = sum(counts)
-    newcomer = survivals[n_own:].mean(0) if first_rounds else None  # (γ,) a first round's mean
-    n = torch.tensor(counts, dtype=torch.float64, device=HOST)  # (R,)
-    owner = torch.repeat_interleave(torch.arange(len(history), device=HOST), n.long())  # (N,) whose round
-    own = torch.zeros(len(history), gamma, dtype=torch.float64, device=HOST).index_add_(
-        0, owner, survivals[:n_own]
+    newcomer = newcomer_seen = None
+    if first_rounds:  # (γ,) a first round's mean, and which positions any first round saw
+        newcomer_seen = seen[n_own:].sum(0)
+        newcomer = survivals[n_own:].sum(0) / newcomer_seen.clamp(min=1)
+    owner = torch.repeat_interleave(
+        torch.arange(len(history), device=HOST), torch.tensor(counts, device=HOST)
     )
-    own /= n.clamp(min=1)[:, None]  # (R, γ) each request's mean (0 for one without rounds)
-    known = n > 0
-    population = own[known].mean(0) if bool(known.any()) else newcomer  # (γ,)
-    idle = torch.tensor(idle_steps, dtype=torch.float64, device=HOST)
-    w = torch.where(known, 0.5 ** (idle / IDLE_HALF_LIFE), 0.0)  # (R,) weight of the request's own rounds
-    if int(known.sum()) == 1:  # the population is that request itself: no fade, exactly its own
-        w = known.double()
-    forecast = w[:, None] * own + (1 - w[:, None]) * population
+    zeros = torch.zeros(len(history), gamma, dtype=torch.float64, device=HOST)
+    own_seen = zeros.index_add(0, owner, seen[:n_own])  # (R, γ) rounds of each request that saw position j
+    own = zeros.index_add(0, owner, survivals[:n_own]) / own_seen.clamp(min=1)  # (R, γ) its mean
+    known = own_seen > 0  # (R, γ)
+    has_rounds = torch.tensor(counts, device=HOST) > 0  # (R,)
+    # the population at each position: the mean of the requests that saw it, else the first rounds', else 0
+    population = (own * known).sum(0) / known.sum(0).clamp(min=1)  # (γ,)
     if newcomer is not None:
-        forecast[~known] = newcomer
-    return forecast
+        population = torch.where(known.any(0), population, newcomer)
+    idle = torch.tensor(idle_steps, dtype=torch.float64, device=HOST)
+    w = torch.where(has_rounds, 0.5 ** (idle / IDLE_HALF_LIFE), 0.0)[:, None] * known  # (R, γ) own weight
+    alone = known.sum(0) == 1  # (γ,) one request saw the position: the population is that request itself
+    w = torch.where(alone[None, :] & known, 1.0, w)
+    forecast = w * own + (1 - w) * population
+    if newcomer is not None:  # a request without rounds: the first rounds' mean where they saw the position
+        fresh = ~has_rounds[:, None] & (newcomer_seen > 0)[None, :]  # (R, γ)
+        forecast = torch.where(fresh, newcomer.expand_as(forecast), forecast)
+    # positions mixed from different rounds (narrow ones count only where they saw) may rise along j; a
+    # survival never does (a no-op when every round saw every position)
+    return forecast.cummin(dim=1).values
+
+
+def draft_plan(
+    history: list[list[list[float]]],
+    idle_steps: list[int],
+    gamma: int,
+    profile: ThroughputProfile,
+    cost: DraftCost,
+    temperatures: torch.Tensor | None = None,
+    realism: float = 1.0,
+    first_rounds: list[list[float]] | None = None,
+) -> tuple[torch.Tensor, int]:
+    """((R,) bool which requests draft this step, the block width w they draft: 0 when none does).
+
+    history[r]: the raw confidences c_1..c_w of request r's most recent drafted rounds (at most
+    RECENT_ROUNDS, oldest first; empty: it has not drafted yet); idle_steps[r]: steps since it last drafted;
+    realism: accepted drafts per forecast one so far (`VerifyScheduler.realism`), which scales the gains;
+    first_rounds: earlier requests' first drafted rounds (`VerifyScheduler.first_rounds`), a newcomer's forecast.
+    The width is γ unless a narrower block costs less (`DraftCost.width_matters`): then the top k drafting
+    requests draft w = min(γ, max forecast ℓ̂ + DRAFT_SLACK) positions, priced at that width."""
+    R = len(history)
+    if cost.is_free:
+        return torch.ones(R, dtype=torch.bool, device=HOST), gamma
+    if not drafting_can_pay(R, gamma, profile, cost):
+        return torch.zeros(R, dtype=torch.bool, device=HOST), 0
+    forecast = forecast_survivals(history, idle_steps, gamma, temperatures, first_rounds)  # (R, γ)
+    if forecast is None:  # nothing learnt yet: draft the whole block to find out
+        return torch.ones(R, dtype=torch.bool, device=HOST), gamma
+    ell = prefix_schedule(forecast, profile, early_stop=True, draft_seconds=cost.seconds(R))  # (R,)
+    keep = torch.arange(gamma, device=HOST)[None, :] < ell[:, None]
+    gain = realism * (forecast * keep).sum(dim=1)  # (R,) expected accepted drafts if r drafts
+    order = torch.argsort(-gain, stable=True)
+    cum_gain = torch.cat([torch.zeros(1, dtype=torch.float64, device=HOST), gain[order].cumsum(0)]).tolist()
+    cum_len = torch.cat([torch.zeros(1, dtype=torch.long, device=HOST), ell[order].cumsum(0)]).tolist()
+    # the block the top k draft: as wide as the longest forecast verify length among them, plus slack
+    widths = [gamma] * (R + 1)
+    if cost.width_matters:
+        widths = [min(gamma, w + DRAFT_SLACK) for w in [0, *accumulate(ell[order].tolist(), max)]]
+    # an idle request brings the tokens committed while it idled: its drafting pass appends them first
+    cum_idle = [0, *accumulate(idle_steps[r] for r in order.tolist())]
+    rates = [step_rate(R + cum_gain[k], R + int(cum_len[k]), profile,
+                       cost.seconds(k, widths[k]) + cost.seconds_per_token * cum_idle[k])
+             for k in range(R + 1)]  # fmt: skip
+    k = max(range(R + 1), key=lambda i: (rates[i], i))
+    mask = torch.zeros(R, dtype=torch.bool, device=HOST)
+    mask[order[:k]] = True
+    return mask, (widths[k] if k else 0)
 
 
 def drafting_mask(
@@ -130,34 +203,8 @@ def drafting_mask(
     realism: float = 1.0,
     first_rounds: list[list[float]] | None = None,
 ) -> torch.Tensor:
-    """(R,) bool: which requests draft this step.
-
-    history[r]: the raw confidences c_1..c_γ of request r's most recent drafted rounds (at most
-    RECENT_ROUNDS, oldest first; empty: it has not drafted yet); idle_steps[r]: steps since it last drafted;
-    realism: accepted drafts per forecast one so far (`VerifyScheduler.realism`), which scales the gains;
-    first_rounds: earlier requests' first drafted rounds (`VerifyScheduler.first_rounds`), a newcomer's forecast."""
-    R = len(history)
-    if cost.is_free:
-        return torch.ones(R, dtype=torch.bool, device=HOST)
-    if not drafting_can_pay(R, gamma, profile, cost):
-        return torch.zeros(R, dtype=torch.bool, device=HOST)
-    forecast = forecast_survivals(history, idle_steps, gamma, temperatures, first_rounds)  # (R, γ)
-    if forecast is None:  # nothing learnt yet: draft to find out
-        return torch.ones(R, dtype=torch.bool, device=HOST)
-    ell = prefix_schedule(forecast, profile, early_stop=True, draft_seconds=cost.seconds(R))  # (R,)
-    keep = torch.arange(gamma, device=HOST)[None, :] < ell[:, None]
-    gain = realism * (forecast * keep).sum(dim=1)  # (R,) expected accepted drafts if r drafts
-    order = torch.argsort(-gain, stable=True)
-    cum_gain = torch.cat([torch.zeros(1, dtype=torch.float64, device=HOST), gain[order].cumsum(0)]).tolist()
-    cum_len = torch.cat([torch.zeros(1, dtype=torch.long, device=HOST), ell[order].cumsum(0)]).tolist()
-    # an idle request brings the tokens committed while it idled: its drafting pass appends them first
-    cum_idle = [0, *accumulate(idle_steps[r] for r in order.tolist())]
-    rates = [step_rate(R + cum_gain[k], R + int(cum_len[k]), profile,
-                       cost.seconds(k) + cost.seconds_per_token * cum_idle[k]) for k in range(R + 1)]  # fmt: skip
-    k = max(range(R + 1), key=lambda i: (rates[i], i))
-    mask = torch.zeros(R, dtype=torch.bool, device=HOST)
-    mask[order[:k]] = True
-    return mask
+    """(R,) bool: which requests draft this step (`draft_plan` without the width)."""
+    return draft_plan(history, idle_steps, gamma, profile, cost, temperatures, realism, first_rounds)[0]
 
 
 class VerifyScheduler:
@@ -182,8 +229,9 @@ class VerifyScheduler:
         self.first_rounds_seen = 0  # how many were ever remembered (the memory's version)
 
     def speculate(self, history: list[list[list[float]]], idle_steps: list[int], gamma: int) -> torch.Tensor:
-        """(R,) bool: which requests draft this step, from their recent drafted rounds only
-        (`drafting_mask`): never from this step's drafts, so the decision keeps the output exact.
+        """(R,) int64: how many positions each request drafts this step (0: it does not draft; the drafting
+        ones all draft the same block width), from their recent drafted rounds only (`draft_plan`): never
+        from this step's drafts, so the decision keeps the output exact.
         Called once per step: a request with one round that drafted last step (idle 0) has just finished
         its first drafted round, which is remembered to forecast later newcomers (`first_rounds`).
 
@@ -201,7 +249,7 @@ class VerifyScheduler:
         if last is not None and last[0] == key and len(last[1]) == len(history):
             if all(a is b for a, b in zip(last[1], history)):
                 return last[2]
-        mask = drafting_mask(
+        mask, width = draft_plan(
             history,
             idle_steps,
             gamma,
@@ -211,8 +259,9 @@ class VerifyScheduler:
             self.realism,
             list(self.first_rounds),
         )
-        self._last_decision = (key, list(history), mask)
-        return mask
+        widths = mask.long() * width  # (R,)
+        self._last_decision = (key, list(history), widths)
+        return widths
 
     @property
     def realism(self) -> float:
@@ -258,7 +307,8 @@ class VerifyScheduler:
             return lengths if drafted is None else lengths * drafted
         # cost-aware (the kernel knows no drafting time): the survivals once, for the lengths and for realism
         survivals = prefix_survival(conf, self.temperatures)  # (R, γ)
-        lengths = self.policy.lengths(survivals, gamma, self.profile, self.draft_cost.seconds(n_drafting))
+        draft_seconds = self.draft_cost.seconds(n_drafting, gamma)  # the block drafted was γ wide
+        lengths = self.policy.lengths(survivals, gamma, self.profile, draft_seconds)
         lengths = lengths if drafted is None else lengths * drafted
         keep = torch.arange(gamma, device=survivals.device)[None, :] < lengths[:, None]
         self._predicted = (survivals * keep).sum(dim=1)  # (R,) what the survivals predicted: 0 where no draft

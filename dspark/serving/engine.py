@@ -9,7 +9,8 @@ active, each in its own KV-cache slot; every step it
      generate) individually, and prefills the admitted prompts in ONE ragged
      target pass whose last logits give each request its first token;
   2. lets the drafter propose γ tokens after every active request's anchor
-     (it first appends the context that was committed since its last call):
+     (or a narrower block, or none, for the requests the speculate-or-not
+     decision picks; it first appends the context committed since its last call):
      one `Proposal` of tokens, their distributions q and, if the drafter has
      a trained head, confidences;
   3. hands that Proposal to the verify-length function (a `VerifyScheduler`,
@@ -141,11 +142,12 @@ class Engine:
         """`verify_len_fn(proposal) -> (R,)` picks ℓ_r (default: all γ), e.g. a
         `VerifyScheduler`; it must depend only on the proposal and earlier rounds, or
         losslessness is lost. `observe_fn(verify_lens, accepted)` hears each step's
-        outcome (a VerifyScheduler's `observe`). `speculate_fn(history, idle_steps, γ) -> (R,)
-        bool` decides before drafting which requests draft this step (default: all), from
-        each one's recent drafted rounds' confidences and its steps since it last drafted
-        (a VerifyScheduler's `speculate`); the others take a plain decode step in the
-        same target pass and their committed tokens wait for the drafter's next call."""
+        outcome (a VerifyScheduler's `observe`). `speculate_fn(history, idle_steps, γ) -> (R,)`
+        decides before drafting which requests draft this step (default: all) and how wide a
+        block: int64 widths in 0..γ (the drafting requests draft the widest of them), or bool
+        (True: γ), from each one's recent drafted rounds' confidences and its steps since it
+        last drafted (a VerifyScheduler's `speculate`); the others take a plain decode step in
+        the same target pass and their committed tokens wait for the drafter's next call."""
         if not 0 <= gamma <= drafter.max_gamma:
             raise ValueError(f"gamma must be in 0..{drafter.max_gamma} for drafter {drafter.name!r}")
         if concurrency < 1:
@@ -263,13 +265,16 @@ class Engine:
 
             # 2. who drafts (decided from earlier rounds only), then draft
             R, syncs_before = len(active), host_syncs()
-            drafting = [True] * R
+            widths = [gamma] * R
             if self.speculate_fn is not None and gamma > 0:
-                mask = self.speculate_fn([recent_of[i] for i in active], [idle_of[i] for i in active], gamma)
-                drafting = [bool(d) for d in mask.tolist()]  # a host-side decision (CPU tensor)
+                plan = self.speculate_fn([recent_of[i] for i in active], [idle_of[i] for i in active], gamma)
+                widths = (plan.long() * gamma if plan.dtype == torch.bool else plan).tolist()  # host-side
+                if any(not 0 <= w <= gamma for w in widths):
+                    raise ValueError(f"draft widths must be in 0..{gamma}, got {widths}")
+            drafting = [w > 0 for w in widths]
             slots = upload([slot_of[i] for i in active], device)
             anchors = upload([anchor_of[i] for i in active], device)
-            g = gamma if any(drafting) else 0  # nobody drafts: a plain decode step
+            g = max(widths)  # the block the drafting requests draft; 0: nobody drafts, a plain decode step
             if g == 0:  # no drafts to propose, schedule or verify: the step plain decoding takes
                 ells, block_lens, blocks = [0] * R, [1] * R, anchors
                 res = target.forward_cached(blocks, slots, torch.ones_like(slots), cache, return_taps=True)

@@ -12,7 +12,9 @@ runs of the real `Engine` over the same n requests: every request drafts γ
 tokens each step but verifies none (ℓ = 0, so the target pass is the same
 one-token-per-request pass as plain decoding), against nobody drafting. Each
 step then commits one token per request in both runs, and the per-step
-difference is the drafting overhead as the engine pays it. The cost per
+difference is the drafting overhead as the engine pays it. It is measured for
+a block of γ and of one position (a third run per pair), so that the scheduler
+can price a narrower block (`DraftCost.seconds(n, w)`). The cost per
 catch-up token (a request that idled appends the tokens committed meanwhile) is
 taken from `measure_draft_cost`. Cached under DSPARK_HOME next to the `propose`
 table (same key, plus the method), measured again on `refresh`.
@@ -70,25 +72,30 @@ def measure_engine_draft_cost(
     target: Transformer, drafter: Drafter, gamma: int, points: list[int] = DRAFT_POINTS
 ) -> DraftCost:
     """T_draft(n) at each n of `points`: an engine step in which n requests draft (and verify nothing) minus
-    one in which none does, paired and interleaved (each round runs every n, drafting then plain, so a
-    spell of a busy machine hits both sides of a difference), the median over `REPEATS` rounds; the
-    catch-up cost per token from `cpu_draft_cost`."""
+    one in which none does, paired and interleaved (each round runs every n, plain then drafting a block of
+    γ and of one position, so a spell of a busy machine hits both sides of a difference), the median over
+    `REPEATS` rounds; the catch-up cost per token from `cpu_draft_cost`."""
     prompt_len = min(64, target.config.max_seq_len // 4)
-    differences: dict[int, list[float]] = {n: [] for n in points}
+    widths = [gamma, 1] if gamma >= 2 else [gamma]  # the full block, and one position (cost(n, w) between)
+    differences: dict[tuple[int, int], list[float]] = {(n, w): [] for n in points for w in widths}
     for _ in range(REPEATS):
         for n in points:
-            drafting = seconds_per_step(target, drafter, gamma, n, True, prompt_len)
             plain = seconds_per_step(target, drafter, gamma, n, False, prompt_len)
-            differences[n].append(drafting - plain)
-    extra = [max(0.0, statistics.median(differences[n])) for n in points]
+            for w in widths:
+                drafting = seconds_per_step(target, drafter, w, n, True, prompt_len)
+                differences[n, w].append(drafting - plain)
+    extra = {w: [max(0.0, statistics.median(differences[n, w])) for n in points] for w in widths}
     per_token = cpu_draft_cost(target, drafter, gamma).seconds_per_token
     name = f"engine-measured {drafter.name} γ={gamma} ({torch.get_num_threads()} threads)"
-    return DraftCost.from_points(points, extra, max(points), name, per_token)
+    return DraftCost.from_points(points, extra[gamma], max(points), name, per_token, extra.get(1) if gamma >= 2 else None,
+                                 gamma)  # fmt: skip
 
 
 def engine_draft_cost(target: Transformer, drafter: Drafter, gamma: int, refresh: bool = False) -> DraftCost:
     """The drafting cost as the engine pays it (`measure_engine_draft_cost`), measured once and cached."""
     if drafter.max_gamma == 0 or gamma == 0:
         return DraftCost.free()
-    key = draft_cost_key(target, drafter, gamma) | {"method": "engine step, paired, interleaved, isotonic"}
+    key = draft_cost_key(target, drafter, gamma) | {
+        "method": "engine step, paired, interleaved, isotonic, widths 1 and γ"
+    }
     return cached_draft_cost(key, lambda: measure_engine_draft_cost(target, drafter, gamma), refresh)

@@ -238,12 +238,12 @@ def simulate_points(
 
 
 def gpu_draft_costs(config: RooflineConfig | None = None) -> dict[str, DraftCost]:
-    """Drafting on the modelled H200 next to the 8 B target: DSpark = 2 decoder layers at the target's width
-    + the LM head (about 1.0 B parameters read per pass, one pass over the γ = 7 block); MTP-1 = 1 layer + the
-    LM head (about 0.77 B, one token)."""
+    """Drafting on the modelled H200 next to the 8 B target (32 layers): DSpark = 2 decoder layers at the
+    target's width + the LM head (about 1.0 B parameters read per pass, one pass over the γ = 7 block, its KV
+    cache 2/32 of the target's); MTP-1 = 1 layer + the LM head (about 0.77 B, one token, KV 1/32)."""
     config = config or RooflineConfig()
-    return {"dspark": roofline_draft_cost(config, 1.0e9, 7, parallel=True),
-            "mtp": roofline_draft_cost(config, 0.77e9, 1, parallel=False)}  # fmt: skip
+    return {"dspark": roofline_draft_cost(config, 1.0e9, 7, parallel=True, kv_fraction=2 / 32),
+            "mtp": roofline_draft_cost(config, 0.77e9, 1, parallel=False, kv_fraction=1 / 32)}  # fmt: skip
 
 
 def at_matched_throughput(points: list[dict], policy: str, baseline: str = "mtp1") -> list[dict]:

@@ -15,7 +15,9 @@ policy first decides from earlier rounds which requests draft
 plays its next recorded round, the policy picks ℓ_r from the (calibrated)
 survivals of the drafting ones, the step takes 1 / SPS(B) + T_draft(n)
 seconds for B = Σ_r (1 + ℓ_r) and n drafting requests (`DraftCost`, e.g. the
-H200 roofline of dspark/scheduling/draft_cost.py), each request emits
+H200 roofline of dspark/scheduling/draft_cost.py; a block narrower than γ
+replays the recorded round's first positions -- for a parallel drafter, whose
+block attends within itself, an approximation), each request emits
 min(ℓ_r, a_r) + 1 tokens, and a request that reaches its recorded length
 leaves and the next one enters. Requests cycle through their rounds if short
 verification makes them need more rounds than were recorded.
@@ -89,14 +91,16 @@ def simulate(
             trace = traces[picks[queue.pop(0)]]
             # the first token comes from the prefill; decoding starts right away
             active.append({"trace": trace, "round": 0, "emitted": 1, "start": clock, "recent": [], "idle": 0})
-        drafting = torch.ones(len(active), dtype=torch.bool)
+        widths = torch.full((len(active),), gamma, dtype=torch.long)
         if decide:  # from the earlier rounds only, as in the engine
-            drafting = scheduler.speculate([s["recent"] for s in active], [s["idle"] for s in active], gamma)
+            widths = scheduler.speculate([s["recent"] for s in active], [s["idle"] for s in active], gamma)
+        drafting, width = widths > 0, int(widths.max()) if len(active) else 0
         n_drafting = int(drafting.sum()) if gamma else 0
         conf = torch.tensor([s["trace"].confidences[s["round"] % len(s["trace"].accepted)] for s in active])
-        draft_seconds = draft_cost.seconds(n_drafting)
-        R = len(active)  # a proposal of the recorded confidences (the scheduler reads no tokens or q)
-        proposal = Proposal(torch.zeros(R, gamma, dtype=torch.long), torch.zeros(R, gamma, 1), conf,
+        conf = conf[:, : width or gamma]  # a narrower block: the recorded round's first positions stand in
+        draft_seconds = draft_cost.seconds(n_drafting, width)
+        # a proposal of the recorded confidences (the scheduler reads no tokens or q)
+        proposal = Proposal(torch.zeros_like(conf, dtype=torch.long), torch.zeros(*conf.shape, 1), conf,
                             drafting if decide else None)  # fmt: skip
         lengths = scheduler(proposal)
         full = torch.tensor([s["trace"].accepted[s["round"] % len(s["trace"].accepted)] for s in active])
