@@ -113,8 +113,14 @@ def forecast_survivals(
     rounds = [c[:gamma] for h in history for c in h] + [c[:gamma] for c in first_rounds]
     # a round drafted at a narrower width knows fewer positions: pad it, and average each position only over
     # the rounds that saw it (survivals of the padding are never read)
-    padded = torch.tensor([[*c, *[0.0] * (gamma - len(c))] for c in rounds], dtype=torch.float64, device=HOST)
-    seen = torch.tensor([[j < len(c) for j in range(gamma)] for c in rounds], device=HOST).double()  # (N, γ)
+    widths = torch.tensor([len(c) for c in rounds], device=HOST)  # (N,)
+    seen = (torch.arange(gamma, device=HOST)[None, :] < widths[:, None]).double()  # (N, γ)
+    if bool((widths == gamma).all()):
+        padded = torch.tensor(rounds, dtype=torch.float64, device=HOST)
+    else:
+        padded = torch.tensor(
+            [[*c, *[0.0] * (gamma - len(c))] for c in rounds], dtype=torch.float64, device=HOST
+        )
     survivals = prefix_survival(padded, temperatures) * seen  # (N, γ)
     n_own = sum(counts)
     newcomer = newcomer_seen = None
