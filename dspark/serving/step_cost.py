@@ -87,8 +87,8 @@ def measure_engine_draft_cost(
     extra = {w: [max(0.0, statistics.median(differences[n, w])) for n in points] for w in widths}
     per_token = cpu_draft_cost(target, drafter, gamma).seconds_per_token
     name = f"engine-measured {drafter.name} γ={gamma} ({torch.get_num_threads()} threads)"
-    return DraftCost.from_points(points, extra[gamma], max(points), name, per_token, extra.get(1) if gamma >= 2 else None,
-                                 gamma)  # fmt: skip
+    one_position = extra[1] if gamma >= 2 else None
+    return DraftCost.from_points(points, extra[gamma], max(points), name, per_token, one_position, gamma)
 
 
 def engine_draft_cost(target: Transformer, drafter: Drafter, gamma: int, refresh: bool = False) -> DraftCost:

@@ -13,8 +13,8 @@ Closed loop at concurrency C: C requests are active; each step a cost-aware
 policy first decides from earlier rounds which requests draft
 (dspark/scheduling/step.py; the others draft nothing), every active request
 plays its next recorded round, the policy picks ℓ_r from the (calibrated)
-survivals of the drafting ones, the step takes 1 / SPS(B) + T_draft(n)
-seconds for B = Σ_r (1 + ℓ_r) and n drafting requests (`DraftCost`, e.g. the
+survivals of the drafting ones, the step takes 1 / SPS(B) + T_draft(n, w)
+seconds for B = Σ_r (1 + ℓ_r), n drafting requests and block width w (`DraftCost`, e.g. the
 H200 roofline of dspark/scheduling/draft_cost.py; a block narrower than γ
 replays the recorded round's first positions -- for a parallel drafter, whose
 block attends within itself, an approximation), each request emits
