@@ -29,7 +29,6 @@ from dspark.scheduling.step import (
     VerifyScheduler,
     draft_plan,
     drafting_can_pay,
-    drafting_mask,
     forecast_survivals,
 )
 
@@ -54,7 +53,7 @@ def test_free_drafting_is_the_papers_algorithm_1_to_the_bit():
             assert torch.equal(today(proposal), free(proposal))
         assert torch.equal(prefix_schedule(prefix_survival(conf), PROFILE), prefix_schedule(prefix_survival(conf),
                            PROFILE, draft_seconds=0.0))  # fmt: skip
-    assert drafting_mask([[[0.1] * 7], []], [0, 0], 7, PROFILE, DraftCost.free()).all()
+    assert draft_plan([[[0.1] * 7], []], [0, 0], 7, PROFILE, DraftCost.free())[0].all()
     assert step_rate(3.0, 4, PROFILE) == 3.0 * PROFILE.sps(4)
 
 
@@ -74,20 +73,20 @@ def test_drafting_time_makes_verifying_relatively_cheaper():
 def test_drafting_that_cannot_pay_drafts_nothing():
     costly = DraftCost([1.0] * 64, "a second per drafting pass")
     assert not drafting_can_pay(4, 7, CPU_LIKE, costly)
-    mask = drafting_mask([[[0.99] * 7]] * 4, [0, 0, 50, 50], 7, CPU_LIKE, costly)
+    mask = draft_plan([[[0.99] * 7]] * 4, [0, 0, 50, 50], 7, CPU_LIKE, costly)[0]
     assert not mask.any()
 
 
 def test_only_the_requests_worth_their_draft_draft():
     cost = DraftCost([0.0025 * (1 + 0.05 * n) for n in range(1, 65)], "about a target pass")
     good, bad = [[0.97] * 7, [0.95] * 7], [[0.02] * 7]
-    mask = drafting_mask([good, bad, good, bad], [0, 0, 0, 0], 7, CPU_LIKE, cost)
+    mask = draft_plan([good, bad, good, bad], [0, 0, 0, 0], 7, CPU_LIKE, cost)[0]
     assert mask.tolist() == [True, False, True, False]
     # a request idle for long is judged more and more by the others' recent rounds: it drafts again
-    mask = drafting_mask([good, bad, bad], [0, 0, 40], 7, CPU_LIKE, cost)
+    mask = draft_plan([good, bad, bad], [0, 0, 40], 7, CPU_LIKE, cost)[0]
     assert mask.tolist() == [True, False, True]
-    assert drafting_mask([[], []], [0, 0], 7, CPU_LIKE, cost).all()  # nothing known yet: find out
-    assert drafting_mask([good, []], [0, 0], 7, CPU_LIKE, cost).tolist() == [
+    assert draft_plan([[], []], [0, 0], 7, CPU_LIKE, cost)[0].all()  # nothing known yet: find out
+    assert draft_plan([good, []], [0, 0], 7, CPU_LIKE, cost)[0].tolist() == [
         True,
         True,
     ]  # new: the others' mean
@@ -107,9 +106,9 @@ def test_a_newcomer_is_forecast_from_earlier_requests_first_rounds():
     )  # no memory: the others'
     assert forecast_survivals([[], []], [0, 0], 7) is None
     cost = DraftCost([0.0025 * (1 + 0.05 * n) for n in range(1, 65)], "about a target pass")
-    assert drafting_mask([[]] * 4, [0] * 4, 7, CPU_LIKE, cost).all()  # nothing known: find out
-    assert not drafting_mask([[]] * 4, [0] * 4, 7, CPU_LIKE, cost, first_rounds=[[0.02] * 7]).any()
-    assert drafting_mask([[]] * 4, [0] * 4, 7, CPU_LIKE, cost, first_rounds=[easy]).all()
+    assert draft_plan([[]] * 4, [0] * 4, 7, CPU_LIKE, cost)[0].all()  # nothing known: find out
+    assert not draft_plan([[]] * 4, [0] * 4, 7, CPU_LIKE, cost, first_rounds=[[0.02] * 7])[0].any()
+    assert draft_plan([[]] * 4, [0] * 4, 7, CPU_LIKE, cost, first_rounds=[easy])[0].all()
 
 
 def test_a_narrow_round_counts_only_at_the_positions_it_saw():
@@ -188,9 +187,9 @@ def test_an_idle_request_pays_for_catching_up():
     history = [[[0.95] * 7], [[0.95] * 7]]  # the same rounds: the same forecast, whatever the fade
     base = [0.0025 * (1 + 0.05 * n) for n in range(1, 65)]
     cheap, dear = DraftCost(base, "", 0.0), DraftCost(base, "", 0.001)
-    assert drafting_mask(history, [0, 60], 7, CPU_LIKE, cheap).tolist() == [True, True]
-    assert drafting_mask(history, [0, 60], 7, CPU_LIKE, dear).tolist() == [True, False]
-    assert drafting_mask(history, [0, 0], 7, CPU_LIKE, dear).tolist() == [True, True]
+    assert draft_plan(history, [0, 60], 7, CPU_LIKE, cheap)[0].tolist() == [True, True]
+    assert draft_plan(history, [0, 60], 7, CPU_LIKE, dear)[0].tolist() == [True, False]
+    assert draft_plan(history, [0, 0], 7, CPU_LIKE, dear)[0].tolist() == [True, True]
     assert DraftCost([0.0], "", 0.0).is_free and not DraftCost([0.0], "", 1e-3).is_free
 
 
@@ -200,8 +199,8 @@ def test_the_decision_reads_only_earlier_rounds():
     current drafts), and it is deterministic."""
     cost = DraftCost([0.002] * 64)
     history = [[list(r) for r in rounds(2, 7, s).tolist()] for s in range(5)]
-    first = drafting_mask(history, [0, 1, 2, 3, 9], 7, CPU_LIKE, cost)
-    again = drafting_mask([[list(r) for r in h] for h in history], [0, 1, 2, 3, 9], 7, CPU_LIKE, cost)
+    first = draft_plan(history, [0, 1, 2, 3, 9], 7, CPU_LIKE, cost)[0]
+    again = draft_plan([[list(r) for r in h] for h in history], [0, 1, 2, 3, 9], 7, CPU_LIKE, cost)[0]
     assert torch.equal(first, again)
 
 

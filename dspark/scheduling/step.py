@@ -199,20 +199,6 @@ def draft_plan(
     return mask, (widths[k] if k else 0)
 
 
-def drafting_mask(
-    history: list[list[list[float]]],
-    idle_steps: list[int],
-    gamma: int,
-    profile: ThroughputProfile,
-    cost: DraftCost,
-    temperatures: torch.Tensor | None = None,
-    realism: float = 1.0,
-    first_rounds: list[list[float]] | None = None,
-) -> torch.Tensor:
-    """(R,) bool: which requests draft this step (`draft_plan` without the width)."""
-    return draft_plan(history, idle_steps, gamma, profile, cost, temperatures, realism, first_rounds)[0]
-
-
 class VerifyScheduler:
     """What the engine asks every step: who drafts (`speculate`), then how many drafts each request
     verifies (`__call__`); `observe` hears the outcome. A policy bound to the SPS profile, the STS
