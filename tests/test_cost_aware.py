@@ -4,6 +4,8 @@ draft nothing; the decision only ever reads earlier rounds."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from test_engine import LENGTHS, PROFILE
@@ -204,6 +206,25 @@ def test_the_decision_reads_only_earlier_rounds():
     assert torch.equal(first, again)
 
 
+def test_the_async_policy_forecasts_with_its_global_search_on_a_staircase():
+    """On a jagged SPS (CUDA-graph buckets of 16 tokens) the early-stop forecast halts at the first bucket
+    edge: ℓ̂ = 0 for everybody and nobody drafts, although filling the buckets would pay. The async policy,
+    whose budget is a global search, forecasts with that search and drafts; Algorithm 1 (whose verify step
+    would stop at the same edge) does not. Either forecast reads earlier rounds only."""
+    stairs = ThroughputProfile([1 / (0.002 + 0.0016 * math.ceil(B / 16)) for B in range(1, 257)])
+    cost = DraftCost([0.0002] * 64)
+    history, idle = [[[0.95] * 7]] * 16, [0] * 16
+    assert not draft_plan(history, idle, 7, stairs, cost)[0].any()
+    mask, width = draft_plan(history, idle, 7, stairs, cost, early_stop=False)
+    assert mask.all() and width == 7
+    for name, drafts in (("dspark", False), ("dspark-async", True)):
+        widths = VerifyScheduler(make_policy(name), stairs, None, cost).speculate(history, idle, 7)
+        assert bool(widths.any()) == drafts, name
+    # on a smooth profile the two forecasts agree here
+    smooth = [draft_plan(history, idle, 7, CPU_LIKE, cost, early_stop=e) for e in (True, False)]
+    assert torch.equal(smooth[0][0], smooth[1][0])
+
+
 def test_a_reused_decision_equals_a_fresh_one(monkeypatch):
     """`VerifyScheduler.speculate` reuses its last decision while the inputs are the same; along an engine-like
     sequence of steps (requests draft or idle, new ones arrive, realism moves) it always equals `draft_plan`
@@ -212,7 +233,7 @@ def test_a_reused_decision_equals_a_fresh_one(monkeypatch):
     sched = VerifyScheduler(make_policy("dspark"), CPU_LIKE, None, cost)
     g = torch.Generator().manual_seed(0)
     computed = []
-    monkeypatch.setattr(step_module, "draft_plan", lambda *a: computed.append(1) or draft_plan(*a))
+    monkeypatch.setattr(step_module, "draft_plan", lambda *a, **k: computed.append(1) or draft_plan(*a, **k))
     history, idle = [[[0.3] * 7]], [0]  # a request whose drafts did not pay: alone, it idles on
     for step in range(200):
         mask = sched.speculate(history, idle, 7)

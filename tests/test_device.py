@@ -350,9 +350,13 @@ def test_generate_on_an_explicit_cpu_device(small_checkpoint, capsys):
 
 
 # ---- the GPU benchmark's dry run -------------------------------------------------------------------
-def test_bench_gpu_dry_run(tmp_path, capsys):
+def test_bench_gpu_dry_run(tmp_path, capsys, monkeypatch):
     from dspark import bench
     from dspark.cli import run_main
+
+    # its SPS profile and drafting costs are measured into a DSPARK_HOME of its own: timed while the rest of
+    # the suite runs, they would poison the developer's cache (and every later benchmark that reads it)
+    monkeypatch.setenv("DSPARK_HOME", str(tmp_path / "home"))
 
     out = tmp_path / "gpu.json"
     assert run_main(bench.main, ["gpu", "--dry-run", "--json", str(out), "--out", str(tmp_path)]) == 0

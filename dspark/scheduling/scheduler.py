@@ -238,6 +238,9 @@ class Policy:
     name = "policy"
     needs_confidence = False
     cost_aware = False  # does it weigh the drafting time (draft_seconds) and decide who drafts?
+    # does its speculate-or-not forecast search globally (no early stop)? The forecast reads earlier rounds
+    # only, so either way is lossless; a policy whose budget comes from the global search forecasts with it
+    forecast_global = False
 
     def lengths(
         self, survivals: torch.Tensor, gamma: int, profile: ThroughputProfile, draft_seconds: float = 0.0
@@ -334,6 +337,7 @@ class AsyncPrefixPolicy(Policy):
     rounds of history exist it falls back to Algorithm 1 with the early stop."""
 
     name, needs_confidence, cost_aware = "dspark-async", True, True
+    forecast_global = True  # its budget K is a global search: the drafting decision forecasts ℓ̂ the same way
 
     def __init__(self, min_length: int = 0, lag: int = 2) -> None:
         self.min_length, self.lag = min_length, lag

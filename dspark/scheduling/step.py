@@ -27,7 +27,11 @@ each request's recent drafted rounds:
      everybody draft, to find out (a round drafted at a narrower width
      counts at the positions it saw);
   2. the forecast verify lengths ℓ̂ and gains G_r = Σ_{j≤ℓ̂_r} a_{r,j} come from
-     cost-aware Algorithm 1 on the forecasts, as if everybody drafted;
+     cost-aware Algorithm 1 on the forecasts, as if everybody drafted -- with
+     the early stop for `dspark`, with the global search for `dspark-async`
+     (its verify budget comes from that search; on a jagged SPS, CUDA-graph
+     buckets, the early stop halts at the first bucket edge and would forecast
+     ℓ̂ = 0 for everybody, so the async policy would never get rounds);
   3. requests sorted by G_r; drafting the top k has the expected rate
          Θ̂(k) = (R + Σ_top-k G) / (1/SPS(R + Σ_top-k ℓ̂) + T_draft(k, w_k) + c·Σ_top-k s_r),
      T_draft(0) = 0, where s_r is r's idle steps (the tokens its pass must first
@@ -161,13 +165,16 @@ def draft_plan(
     temperatures: torch.Tensor | None = None,
     realism: float = 1.0,
     first_rounds: list[list[float]] | None = None,
+    early_stop: bool = True,
 ) -> tuple[torch.Tensor, int]:
     """((R,) bool which requests draft this step, the block width w they draft: 0 when none does).
 
     history[r]: the raw confidences c_1..c_w of request r's most recent drafted rounds (at most
     RECENT_ROUNDS, oldest first; empty: it has not drafted yet); idle_steps[r]: steps since it last drafted;
     realism: accepted drafts per forecast one so far (`VerifyScheduler.realism`), which scales the gains;
-    first_rounds: earlier requests' first drafted rounds (`VerifyScheduler.first_rounds`), a newcomer's forecast.
+    first_rounds: earlier requests' first drafted rounds (`VerifyScheduler.first_rounds`), a newcomer's forecast;
+    early_stop: False forecasts ℓ̂ with the global search (the async policy's, whose budget comes from it): on
+    a jagged SPS (CUDA-graph buckets) the early stop halts at the first bucket edge and forecasts ℓ̂ = 0.
     The width is γ unless a narrower block costs less (`DraftCost.width_matters`): then the top k drafting
     requests draft w = min(γ, max forecast ℓ̂ + DRAFT_SLACK) positions, priced at that width."""
     R = len(history)
@@ -178,7 +185,7 @@ def draft_plan(
     forecast = forecast_survivals(history, idle_steps, gamma, temperatures, first_rounds)  # (R, γ)
     if forecast is None:  # nothing learnt yet: draft the whole block to find out
         return torch.ones(R, dtype=torch.bool, device=HOST), gamma
-    ell = prefix_schedule(forecast, profile, early_stop=True, draft_seconds=cost.seconds(R))  # (R,)
+    ell = prefix_schedule(forecast, profile, early_stop=early_stop, draft_seconds=cost.seconds(R))  # (R,)
     keep = torch.arange(gamma, device=HOST)[None, :] < ell[:, None]
     gain = realism * (forecast * keep).sum(dim=1)  # (R,) expected accepted drafts if r drafts
     order = torch.argsort(-gain, stable=True)
@@ -250,6 +257,7 @@ class VerifyScheduler:
             self.temperatures,
             self.realism,
             list(self.first_rounds),
+            early_stop=not self.policy.forecast_global,
         )
         widths = mask.long() * width  # (R,)
         self._last_decision = (key, list(history), widths)
