@@ -205,3 +205,37 @@ def test_project_to_vocab_is_the_lm_head_in_another_order():
     w = big.clone().requires_grad_()
     out = project_to_vocab(x, w)
     assert torch.equal(out, torch.nn.functional.linear(x, w)) and out.requires_grad
+
+
+def test_layer_linear_is_nn_linear_in_another_order(monkeypatch):
+    """`LayerLinear` (the decoder layers' projections) is an nn.Linear with the same state_dict; in fp32 on the
+    CPU without autograd, a large weight at 2..TRANSPOSED_LAYER_MAX_ROWS rows is computed as (W xᵀ)ᵀ: the
+    same outputs to fp32 rounding. One row, more rows than the cap, a small weight, a bias and autograd
+    keep `F.linear` bit for bit."""
+    from dspark import model
+    from dspark.model import TRANSPOSED_LAYER_MAX_ROWS, TRANSPOSED_LAYER_MIN_WEIGHTS, LayerLinear
+
+    taken = []
+    transposed = model.transposed_product
+    monkeypatch.setattr(model, "transposed_product", lambda x, w: taken.append(x.shape) or transposed(x, w))
+    torch.manual_seed(0)
+    dim = 256
+    big = LayerLinear(dim, TRANSPOSED_LAYER_MIN_WEIGHTS // dim, bias=False)  # at the threshold
+    small = LayerLinear(dim, TRANSPOSED_LAYER_MIN_WEIGHTS // dim - 1, bias=False)
+    plain = torch.nn.Linear(dim, big.out_features, bias=False)
+    plain.load_state_dict(big.state_dict())  # the same parameters under the same names
+    x = torch.randn(2, TRANSPOSED_LAYER_MAX_ROWS // 2, dim)  # the cap exactly
+    with torch.no_grad():
+        got = big(x)
+        assert got.shape == (*x.shape[:-1], big.out_features) and got.is_contiguous()
+        torch.testing.assert_close(got, plain(x), rtol=1e-5, atol=1e-5)
+        assert taken == [x.shape]  # it did take the other order, once
+        assert torch.equal(big(x[:1, :1]), plain(x[:1, :1]))  # one row
+        over = torch.randn(TRANSPOSED_LAYER_MAX_ROWS + 1, dim)
+        assert torch.equal(big(over), plain(over))  # beyond the cap
+        assert torch.equal(small(x), torch.nn.functional.linear(x, small.weight))
+        biased = LayerLinear(dim, big.out_features)
+        assert torch.equal(biased(x), torch.nn.functional.linear(x, biased.weight, biased.bias))
+    out = big(x)  # autograd
+    assert torch.equal(out, plain(x)) and out.requires_grad
+    assert taken == [x.shape]  # no other call took it

@@ -53,7 +53,16 @@ from dspark.device import generator_uniforms, to_host
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
 from dspark.drafters.vocab import DraftVocabulary
 from dspark.kv_cache import KVCache
-from dspark.model import Block, RaggedIndex, RMSNorm, Transformer, apply_rope, grouped_attention, rope_table
+from dspark.model import (
+    Block,
+    LayerLinear,
+    RaggedIndex,
+    RMSNorm,
+    Transformer,
+    apply_rope,
+    grouped_attention,
+    rope_table,
+)
 from dspark.sampling import SamplingParams, probabilities, sample_from_probs
 
 KINDS = {"dflash": "none", "dspark": "markov", "dspark-rnn": "rnn"}  # kind -> sequential head
@@ -173,7 +182,7 @@ class ParallelDrafter(Drafter):
         self.config, self.name, self.max_gamma = config, config.kind, config.gamma
         self.layer_config = tc.drafter_layers(config.n_layers, config.ffn_hidden, config.gamma + 1)
         n_feat = len(tc.tap_layers) + config.final_hidden
-        self.ctx_proj = nn.Linear(n_feat * tc.dim, tc.dim, bias=False)  # W_c
+        self.ctx_proj = LayerLinear(n_feat * tc.dim, tc.dim, bias=False)  # W_c
         self.ctx_norm = RMSNorm(tc.dim, tc.norm_eps)
         self.layers = nn.ModuleList(Block(self.layer_config) for _ in range(config.n_layers))
         self.out_norm = RMSNorm(tc.dim, tc.norm_eps)
