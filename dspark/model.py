@@ -97,7 +97,7 @@ class LayerLinear(nn.Linear):
     """`nn.Linear` (same parameters, same state_dict) whose inference on a CPU in fp32 takes the transposed
     product at 2..TRANSPOSED_LAYER_MAX_ROWS rows for a weight of at least TRANSPOSED_LAYER_MIN_WEIGHTS
     elements: a verification pass of a few tokens then streams each weight once, as a one-token step does,
-    instead of re-packing it (SmolLM2, R = 1: a 4-token pass cost 1.6x a 1-token pass, now about 1x).
+    instead of re-packing it (SmolLM2, R = 1, in situ: a 4-token pass cost 1.8x a 1-token pass, now 1.1x).
     Training (autograd), bf16, GPUs and the tiny target's small weights take `F.linear` unchanged."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
