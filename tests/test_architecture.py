@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "target and plain decoding",
         (
             "dspark.config",
+            "dspark.projections",
             "dspark.model",
             "dspark.kv_cache",
             "dspark.checkpoint",

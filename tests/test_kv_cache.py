@@ -190,7 +190,7 @@ def test_logits_at_scores_only_those_positions_and_keeps_every_hidden_state(tiny
 def test_project_to_vocab_is_the_lm_head_in_another_order():
     """A large fp32 head with several rows is computed as (W xᵀ)ᵀ: the same logits to fp32 rounding, contiguous,
     any leading shape; one row, a small head and autograd keep `F.linear` bit for bit."""
-    from dspark.model import TRANSPOSED_PRODUCT_MIN_WEIGHTS, project_to_vocab
+    from dspark.projections import TRANSPOSED_PRODUCT_MIN_WEIGHTS, project_to_vocab
 
     g = torch.Generator().manual_seed(0)
     big = torch.randn(TRANSPOSED_PRODUCT_MIN_WEIGHTS // 64, 64, generator=g)  # (V, dim) at the threshold
@@ -212,12 +212,14 @@ def test_layer_linear_is_nn_linear_in_another_order(monkeypatch):
     CPU without autograd, a large weight at 2..TRANSPOSED_LAYER_MAX_ROWS rows is computed as (W xᵀ)ᵀ: the
     same outputs to fp32 rounding. One row, more rows than the cap, a small weight, a bias and autograd
     keep `F.linear` bit for bit."""
-    from dspark import model
-    from dspark.model import TRANSPOSED_LAYER_MAX_ROWS, TRANSPOSED_LAYER_MIN_WEIGHTS, LayerLinear
+    from dspark import projections
+    from dspark.projections import TRANSPOSED_LAYER_MAX_ROWS, TRANSPOSED_LAYER_MIN_WEIGHTS, LayerLinear
 
     taken = []
-    transposed = model.transposed_product
-    monkeypatch.setattr(model, "transposed_product", lambda x, w: taken.append(x.shape) or transposed(x, w))
+    transposed = projections.transposed_product
+    monkeypatch.setattr(
+        projections, "transposed_product", lambda x, w: taken.append(x.shape) or transposed(x, w)
+    )
     torch.manual_seed(0)
     dim = 256
     big = LayerLinear(dim, TRANSPOSED_LAYER_MIN_WEIGHTS // dim, bias=False)  # at the threshold

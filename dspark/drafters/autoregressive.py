@@ -35,7 +35,8 @@ from torch import nn
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
 from dspark.drafters.vocab import DraftVocabulary
 from dspark.kv_cache import KVCache
-from dspark.model import Block, LayerLinear, RaggedIndex, RMSNorm, Transformer, rope_table, run_blocks_cached
+from dspark.model import Block, RaggedIndex, RMSNorm, Transformer, rope_table, run_blocks_cached
+from dspark.projections import LayerLinear
 from dspark.sampling import probabilities, sample
 
 

@@ -55,7 +55,6 @@ from dspark.drafters.vocab import DraftVocabulary
 from dspark.kv_cache import KVCache
 from dspark.model import (
     Block,
-    LayerLinear,
     RaggedIndex,
     RMSNorm,
     Transformer,
@@ -63,6 +62,7 @@ from dspark.model import (
     grouped_attention,
     rope_table,
 )
+from dspark.projections import LayerLinear
 from dspark.sampling import SamplingParams, probabilities, sample_from_probs
 
 KINDS = {"dflash": "none", "dspark": "markov", "dspark-rnn": "rnn"}  # kind -> sequential head

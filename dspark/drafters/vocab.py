@@ -28,7 +28,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dspark.model import Transformer, project_to_vocab
+from dspark.model import Transformer
+from dspark.projections import project_to_vocab
 
 
 def most_frequent(counts: torch.Tensor, size: int, keep: tuple[int, ...] = ()) -> torch.Tensor:

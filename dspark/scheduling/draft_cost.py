@@ -46,7 +46,8 @@ import torch
 from dspark import paths
 from dspark.device import cpu_description
 from dspark.drafters.base import Drafter, TargetFeatures
-from dspark.model import PROJECTION_METHOD, Transformer
+from dspark.model import Transformer
+from dspark.projections import PROJECTION_METHOD
 from dspark.sampling import SamplingParams
 from dspark.scheduling.profiler import RooflineConfig
 from dspark.scheduling.scheduler import interpolated_times

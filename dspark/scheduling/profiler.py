@@ -31,7 +31,8 @@ import torch
 
 from dspark import paths
 from dspark.device import cpu_description
-from dspark.model import PROJECTION_METHOD, Transformer
+from dspark.model import Transformer
+from dspark.projections import PROJECTION_METHOD
 from dspark.scheduling.scheduler import ThroughputProfile
 
 DEFAULT_POINTS = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]  # batch tokens measured on the CPU
