@@ -15,16 +15,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# On a CPU in fp32, `F.linear` (x Wᵀ) with a few rows re-packs the whole weight every call; the transposed
-# product (W xᵀ)ᵀ streams it once, as the one-row matrix-vector path does. Where that pays (measured on a
-# 2-core AVX2 EPYC, weights streamed from memory as in a forward pass):
+# Where the transposed product pays (measured on a 2-core AVX2 EPYC, weights streamed from memory as in a
+# forward pass):
 # - a vocabulary projection (`project_to_vocab`) with at least this many weights (V·dim), any number of rows:
 #   SmolLM2's 49k-row head (28 M) and an 8k-row draft head (4.7 M), not the tiny target's 4k x 256 head (1 M),
 #   where the two forms cost the same and its results stay bit for bit as they were;
 TRANSPOSED_PRODUCT_MIN_WEIGHTS = 1 << 21
 # - a layer projection (`LayerLinear`: q/k/v/o, gate/up/down, a drafter's context projection) with at least
 #   this many weights, at 2..TRANSPOSED_LAYER_MAX_ROWS rows: SmolLM2's 576 x 576 and 576 x 1536 weights
-#   (0.36 / 0.94 / 1.00 ms at 4 rows for q, gate, down with `F.linear`, 0.22 / 0.42 / 0.47 ms transposed, 0.20 /
+#   (0.40 / 0.94 / 1.00 ms at 4 rows for q, gate, down with `F.linear`, 0.22 / 0.42 / 0.47 ms transposed, 0.20 /
 #   0.64 / 0.43 ms for one row), mixed from 48 rows on; not its 192 x 576 k/v (small either way) nor any
 #   weight of the tiny target (at most 176 k, cache-resident: its results stay bit for bit as they were)
 TRANSPOSED_LAYER_MIN_WEIGHTS = 1 << 18
