@@ -349,24 +349,37 @@ def parse_training_settings(text: str) -> list[tuple[str, int, bool]]:
 def bench_profile(args: argparse.Namespace) -> dict:
     """Measure (once, then cached under DSPARK_HOME) how many target passes per second this machine does at B
     batch tokens, and print it next to the H200 roofline models (smooth, and with CUDA-graph buckets). With
-    --out: sps_profiles.png.
+    --drafters, also each drafter's drafting-cost table, the other half of what the cost-aware policies
+    (`--policy dspark|dspark-async`) read; measuring both here saves the minutes it takes on first use (SmolLM2).
+    With --out: sps_profiles.png.
     """
-    target = load_target(args.checkpoint)[0].to(cli.device_of(args))
+    tokenizer, target = load_model(args)
+    if args.drafters and model_device(target).type != "cpu":
+        raise UsageError("--drafters: the drafting cost is measured on the CPU only (a GPU's is modelled)")
+    drafters = offline.load_labelled_drafters(target, args.drafters, args.target_name)
     measured = gpu.device_profile(target, refresh=args.refresh)  # the CPU's, or the GPU's on --device cuda
     profiles = [measured, profiler.named_profile("h200"), profiler.named_profile("h200-buckets")]
     points = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
-    print("SPS(B): target passes per second at B batch tokens (first: measured here on --device and cached; h200: "
-          "roofline model of an 8B bf16 model)\n")  # fmt: skip
+    print(f"SPS(B): target passes per second at B batch tokens (first: {args.target_name} measured here on --device "
+          "and cached; h200: roofline model of an 8B bf16 model)\n")  # fmt: skip
     print("| B | " + " | ".join(p.name for p in profiles) + " |\n|---:|" + "---:|" * len(profiles))
     for b in points:
         cells = [f"{p.sps(b):.1f}" if b <= p.max_tokens else "-" for p in profiles]
         print(f"| {b} | " + " | ".join(cells) + " |")
+    costs = {}
+    for name, drafter in drafters.items():
+        gamma = drafter.max_gamma
+        cost = engine_draft_cost(target, drafter, gamma, refresh=args.refresh)
+        costs[name] = {"gamma": gamma, "seconds_by_requests": cost.seconds_by_requests}
+        sizes = [n for n in (1, 2, 4, 8, 16, 32) if n <= len(cost.seconds_by_requests)]
+        print(f"\ndrafting cost of {name} (γ = {gamma}), ms per drafting pass at n drafting requests: "
+              + ", ".join(f"n = {n}: {1e3 * cost.seconds(n):.1f}" for n in sizes))  # fmt: skip
     if args.out:  # a figure only
         Path(args.out).mkdir(parents=True, exist_ok=True)
         plots.plot_profiles(profiles, Path(args.out) / "sps_profiles.png", max_tokens=512)
         print(f"\nwrote {Path(args.out) / 'sps_profiles.png'}")
-    return {"benchmark": "profile", "profiles": [{"name": p.name, "steps_per_second": p.steps_per_second}
-                                                  for p in profiles]}  # fmt: skip
+    return {"benchmark": "profile", "target": args.target_name, "draft_costs": costs,
+            "profiles": [{"name": p.name, "steps_per_second": p.steps_per_second} for p in profiles]}  # fmt: skip
 
 
 def report_points(points: list[dict], args: argparse.Namespace, title: str, stem: str) -> None:
@@ -630,7 +643,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("profile", bench_profile, "the SPS(B) throughput profiles the scheduler uses")
     p.add_argument("--refresh", action="store_true", help="measure again instead of using the cache")
-    cli.add_target(p)
+    p.add_argument("--drafters", type=parse_name_list, default=[],
+                   help="also measure these drafters' drafting-cost tables (CPU; shipped names or "
+                   "LABEL=CHECKPOINT), e.g. dspark (default: none)")  # fmt: skip
+    cli.add_target(p, pretrained=True)
     cli.add_device(p)
     cli.add_outputs(p, "write sps_profiles.png into DIR")
 

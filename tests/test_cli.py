@@ -403,3 +403,21 @@ def test_generate_on_the_triton_kernels_gives_the_same_text(small_checkpoint, sm
     from dspark.backend import kernel_mode
 
     assert kernel_mode() == "auto"  # the CLI's choice does not leak
+
+
+def test_bench_profile_measures_what_the_cost_aware_policy_reads(
+    small_checkpoint, small_drafters, tmp_path, monkeypatch, capsys
+):
+    """`bench profile --drafters` fills both caches `generate --policy dspark` reads: generating afterwards
+    measures nothing new (no new file under DSPARK_HOME/profiles)."""
+    monkeypatch.setenv("DSPARK_HOME", str(tmp_path))
+    drafter = f"dspark={small_drafters['dspark']}"
+    argv = ["profile", "--checkpoint", str(small_checkpoint), "--drafters", drafter, "--device", "cpu"]
+    assert run_main(bench.main, argv) == 0
+    assert "drafting cost of dspark (γ = 3)" in capsys.readouterr().out
+    measured = sorted(p.name for p in (tmp_path / "profiles").iterdir())
+    assert any(n.startswith("cpu-") for n in measured) and any(n.startswith("draft-") for n in measured)
+    argv = ["hi", "--max-new-tokens", "4", "--checkpoint", str(small_checkpoint), "--drafter", "dspark",
+            "--drafter-checkpoint", str(small_drafters["dspark"]), "--policy", "dspark", "--device", "cpu"]  # fmt: skip
+    assert run_main(generate.main, argv) == 0
+    assert sorted(p.name for p in (tmp_path / "profiles").iterdir()) == measured
