@@ -169,7 +169,7 @@ def bench_depth(args: argparse.Namespace) -> dict:
     for (kind, n), path in checkpoints.items():
         if not path.is_file():
             raise UsageError(f"missing {path}: train it with `python -m dspark.train drafter --kind {kind} "
-                             f"--layers {n} --steps 800 --out {path}`")  # fmt: skip
+                             f"--layers {n} --epochs 0.5 --out {path}`")  # fmt: skip
     rows = offline.run_depth(target, checkpoints, study_prompts(args, tokenizer, target),
                              SamplingParams(args.temperature), args.gamma, args.max_new_tokens, tokenizer.eos_id)  # fmt: skip
     table = tables.depth_table(rows)
