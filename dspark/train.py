@@ -40,6 +40,7 @@ from dspark.data.corpus import (
     write_jsonl,
 )
 from dspark.data.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer
+from dspark.device import cpu_has_bf16
 from dspark.drafters.autoregressive import AutoregressiveDrafterConfig
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.parallel import ParallelDrafterConfig
@@ -187,6 +188,19 @@ def cmd_features(args: argparse.Namespace) -> None:
     feature_caches(args, load_training_target(args))
 
 
+def training_in_bf16(choice: bool | None) -> bool:
+    """--bf16 / --no-bf16 as given; unset: bf16 autocast only where the CPU has BF16 instructions (without them
+    torch emulates bf16 and a step is many times slower than in fp32)."""
+    if choice is not None:
+        return choice
+    native = cpu_has_bf16()
+    reason = (
+        "this CPU has BF16 instructions" if native else "this CPU has no BF16 instructions (emulated: slower)"
+    )
+    print(f"drafter forward in {'bf16 autocast' if native else 'fp32'}: {reason}; --bf16/--no-bf16 choose")
+    return native
+
+
 def cmd_drafter(args: argparse.Namespace) -> None:
     """Train a drafter on the target-regenerated responses (the target stays frozen), reading the target's
     features from the feature cache (built on first use). The budget is --epochs over the supervised
@@ -216,7 +230,7 @@ def cmd_drafter(args: argparse.Namespace) -> None:
     tc = DrafterTrainConfig(epochs=args.epochs, steps=args.steps, batch_size=args.batch_size, unroll=gamma,
                             anchors_per_seq=args.anchors, lr=args.lr, eval_every=args.eval_every,
                             position_decay=args.position_decay, ce_weight=args.ce_weight, soft_ce=args.soft_ce,
-                            bf16=args.bf16, seed=args.seed)  # fmt: skip
+                            bf16=training_in_bf16(args.bf16), seed=args.seed)  # fmt: skip
     source = args.model or Path(args.checkpoint).name
     meta = {"target_checkpoint": source, "tap_layers": list(target.config.tap_layers),
             "responses": len(train_set), "features": "live" if args.live else "cache"}  # fmt: skip
@@ -393,8 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--soft-ce", action=argparse.BooleanOptionalAction, default=dc.soft_ce,
                    help="dspark: cross-entropy against the target's distribution (--no-soft-ce: against the "
                    "sampled token, the paper's)")  # fmt: skip
-    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=dc.bf16,
-                   help="drafter forward under bf16 autocast, losses in fp32 (--no-bf16: all fp32)")  # fmt: skip
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                   help="drafter forward under bf16 autocast, losses in fp32 (--no-bf16: all fp32) (default: bf16 "
+                   "where the CPU has BF16 instructions, fp32 where it would emulate them, 14x slower)")  # fmt: skip
     p.add_argument("--resume", action="store_true",
                    help="continue the interrupted run whose state lies next to --out (OUT.trainer.pt, written at "
                    "every validation) exactly where it stopped; same options required")  # fmt: skip
