@@ -412,3 +412,16 @@ def test_drafter_training_picks_bf16_only_where_the_cpu_has_it(monkeypatch):
         assert train.training_in_bf16(None) is native
         assert train.training_in_bf16(True) is True and train.training_in_bf16(False) is False
     assert train.build_parser().parse_args(["drafter", "--kind", "dspark"]).bf16 is None
+
+
+def test_a_pretrained_target_defaults_to_bf16_only_where_bf16_is_native(monkeypatch):
+    """--model without --dtype: bfloat16 on a GPU or a CPU with BF16 instructions, float32 on a CPU that would
+    emulate bf16; the shipped tiny target is always float32."""
+    from dspark import cli
+
+    cpu, gpu = torch.device("cpu"), torch.device("meta")  # (any non-CPU device stands for the GPU)
+    for native in (True, False):
+        monkeypatch.setattr(cli, "cpu_has_bf16", lambda native=native: native)
+        assert cli.default_dtype_name("smollm2-135m", cpu) == ("bfloat16" if native else "float32")
+        assert cli.default_dtype_name("smollm2-135m", gpu) == "bfloat16"
+        assert cli.default_dtype_name(None, cpu) == cli.default_dtype_name(None, gpu) == "float32"
