@@ -353,7 +353,7 @@ def bench_profile(args: argparse.Namespace) -> dict:
     (`--policy dspark|dspark-async`) read; measuring both here saves the minutes it takes on first use (SmolLM2).
     With --out: sps_profiles.png.
     """
-    tokenizer, target = load_model(args)
+    _, target = load_model(args)
     if args.drafters and model_device(target).type != "cpu":
         raise UsageError("--drafters: the drafting cost is measured on the CPU only (a GPU's is modelled)")
     drafters = offline.load_labelled_drafters(target, args.drafters, args.target_name)
