@@ -251,19 +251,22 @@ def bench_calibration(args: argparse.Namespace) -> dict:
         )
     gamma = cli.resolve_gamma(args.gamma, drafter, args.drafter)
     rounds = offline.record_rounds(target, drafter, tokenizer, args.prompts_per_domain,
-                                   SamplingParams(args.temperature), gamma, args.max_new_tokens)  # fmt: skip
+                                   SamplingParams(args.temperature), gamma, args.max_new_tokens,
+                                   samples=args.samples)  # fmt: skip
     conf, events, mask = rounds.calibration_arrays()
     rows = calibration.position_metrics(conf, events, mask, temperatures)
     table = tables.calibration_table(rows)
     print(f"calibration of {args.drafter} on held-out rounds (eval prompts 0..{args.prompts_per_domain - 1} per "
-          f"domain, T = {args.temperature:g}, gamma = {gamma}), STS temperatures "
-          f"{' '.join(f'{t:.2f}' for t in temperatures.tolist())}\n\n" + table)  # fmt: skip
+          f"domain, {args.samples} sample(s) each, T = {args.temperature:g}, gamma = {gamma}), STS "
+          f"{calibration.describe_sts(temperatures)}\n\n" + table)  # fmt: skip
     title = f"{args.drafter}: prefix survival, before (raw) and after STS"
     write_outputs(args, "calibration", table, lambda out: plots.plot_reliability(
         conf, events, mask, temperatures, out / "reliability.png", title))  # fmt: skip
-    keys = ("k", "ece_before", "ece_after", "auroc", "brier", "rounds", "survival_rate", "ece_noise_floor")
+    keys = ("k", "ece_before", "ece_after", "ece_change_95", "auroc", "brier", "rounds", "survival_rate",
+            "ece_noise_floor")  # fmt: skip
     return {"benchmark": "calibration", "drafter": args.drafter, "rounds": int(conf.shape[0]),
-            "sts_temperatures": temperatures.tolist(),
+            "sts_temperatures": (temperatures[0] if temperatures.dim() == 2 else temperatures).tolist(),
+            "sts_shifts": temperatures[1].tolist() if temperatures.dim() == 2 else None, "samples": args.samples,
             "positions": [{k: r[k] for k in keys} for r in rows]}  # fmt: skip
 
 
@@ -619,6 +622,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cli.add_drafter(p, names=tuple(PARALLEL_KINDS))
     add_study_options(p, prompts_per_domain=40)
+    option(p, "--samples", 4, "decodes of every held-out prompt (other random draws): more rounds, a lower ECE "
+           "noise floor", low=1)  # fmt: skip
 
     p = command("appendix-a", bench_appendix_a, "the paper's selection-bias counterexample, measured")
     option(p, "--draws", 100_000, "independent rounds", low=3)

@@ -268,21 +268,25 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         print(f"{domain}: {sum(map(len, rounds.accepted))} rounds recorded so far")
 
     rounds = offline.record_rounds(target, drafter, tokenizer, last - first, SamplingParams(args.temperature), gamma,
-                                   args.max_new_tokens, start=first, on_domain=progress)  # fmt: skip
+                                   args.max_new_tokens, start=first, on_domain=progress, samples=args.samples)  # fmt: skip
     conf, events, mask = rounds.calibration_arrays()
-    temps, reasons = calibration.select_sts(conf, events, mask)
+    temps, reasons = calibration.select_sts(conf, events, mask, shifts=args.shifts)
     rows = calibration.position_metrics(conf, events, mask, temps)
     info = {"rounds": int(conf.shape[0]), "gamma": gamma, "temperature": args.temperature,
-            "prompts": f"eval prompts {first}..{last - 1} of each domain",
+            "prompts": f"eval prompts {first}..{last - 1} of each domain, {args.samples} sample(s) each",
             "selection": "fitted on even rounds, kept where odd rounds' ECE improves", "reasons": reasons}  # fmt: skip
     calibration.save_temperatures(path, temps, info)
-    print("\n| k | T_k | why | ECE before | ECE after (in-sample) | AUROC |\n|---:|---:|---|---:|---:|---:|")
-    for t, r, why in zip(temps.tolist(), rows, reasons):
+    sts = temps if temps.dim() == 2 else torch.stack([temps, torch.zeros_like(temps)])
+    print(
+        "\n| k | T_k | b_k | why | ECE before | ECE after (in-sample) | AUROC |\n|---:|---:|---:|---|---:|---:|---:|"
+    )
+    for t, b, r, why in zip(sts[0].tolist(), sts[1].tolist(), rows, reasons):
         auc = "-" if r["auroc"] is None else f"{r['auroc']:.3f}"
-        print(
-            f"| {r['k']} | {t:.3f} | {why} | {100 * r['ece_before']:.1f}% | {100 * r['ece_after']:.1f}% | {auc} |"
-        )
-    print(f"\nstored the STS temperatures in {calibration.config_path(path)}")
+        print(f"| {r['k']} | {t:.3f} | {b:+.3f} | {why} | {100 * r['ece_before']:.1f}% | "
+              f"{100 * r['ece_after']:.1f}% | {auc} |")  # fmt: skip
+    print(
+        f"\nstored the STS temperatures{' and logit offsets' * args.shifts} in {calibration.config_path(path)}"
+    )
 
 
 def add_optimizer(
@@ -421,6 +425,16 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_drafter(p, tuple(PARALLEL_KINDS))
     cli.add_target(p, pretrained=True)
     cli.add_sampling(p, temperature=1.0, max_new_tokens=96, tokens_help="tokens per prompt")
+    option(
+        p,
+        "--samples",
+        2,
+        "decodes of every fitting prompt (other random draws): more rounds to fit on",
+        low=1,
+    )
+    p.add_argument("--shifts", action=argparse.BooleanOptionalAction, default=True,
+                   help="fit a logit offset b_k next to each temperature, c = sigmoid(logit(c) / T_k - b_k) "
+                   "(--no-shifts: temperatures only, the paper's STS)")  # fmt: skip
     cli.add_threads(p)
     cli.add_device(p)
     return parser

@@ -3,7 +3,7 @@
 What it computes (paper §3.2.2 and Algorithm 1; walkthrough/DESIGN.md section 5): for R
 requests with γ draft confidences each,
 
-  1. optional STS calibration  c̃_{r,j} = σ(logit(c_{r,j}) / T_j),
+  1. optional STS calibration  c̃_{r,j} = σ(logit(c_{r,j}) / T_j - b_j)  (b_j = 0 without offsets),
   2. prefix survivals          a_{r,j} = Π_{i<=j} c̃_{r,i}   (a cumulative product along γ),
   3. the greedy path           every (r, j) in descending a; ties: smaller j first, then smaller r,
   4. the rate along the path   Θ_n = (R + a_(1) + ... + a_(n)) · SPS(R + n), n = 0..R·γ,
@@ -51,7 +51,8 @@ def _sps(sps_ptr, B, M, mask):
 @triton.jit(do_not_specialize=["R", "GAMMA", "M", "budget"])  # no recompiles for R = 1 etc.
 def _prefix_schedule_kernel(
     conf_ptr,  # (R, γ) fp32 draft confidences, row-major contiguous
-    temp_ptr,  # (γ',) fp32 STS temperatures, γ' >= γ (ignored unless USE_STS)
+    temp_ptr,  # (γ',) fp32 STS temperatures, or (2, γ') temperatures then logit offsets; γ' >= γ
+    temp_stride,  # γ': where the offsets start (ignored unless USE_SHIFT)
     sps_ptr,  # (M,) fp32 SPS table: entry B-1 is steps/second with B tokens in a pass
     out_ptr,  # (R,) int64 verify lengths, written here
     R,  # number of requests
@@ -60,6 +61,7 @@ def _prefix_schedule_kernel(
     budget,  # K for MODE == 2 (negative means 0); unused otherwise
     MODE: tl.constexpr,  # 0 early stop, 1 retrospective argmax, 2 top-K budget
     USE_STS: tl.constexpr,  # calibrate the confidences with temperatures first
+    USE_SHIFT: tl.constexpr,  # ... and subtract a logit offset per position after the temperature
     BLOCK_R: tl.constexpr,  # next power of two >= R
     BLOCK_G: tl.constexpr,  # next power of two >= γ
 ):
@@ -73,7 +75,10 @@ def _prefix_schedule_kernel(
         c = tl.minimum(tl.maximum(c, 1e-12), 1.0)
         logit = tl.log(c) - tl.log(tl.maximum(1.0 - c, 1e-12))
         t = tl.load(temp_ptr + j, mask=j < GAMMA, other=1.0)  # (1, BLOCK_G)
-        c = 1.0 / (1.0 + tl.exp(-logit / t))
+        z = logit / t
+        if USE_SHIFT:
+            z = z - tl.load(temp_ptr + temp_stride + j, mask=j < GAMMA, other=0.0)  # (1, BLOCK_G)
+        c = 1.0 / (1.0 + tl.exp(-z))
     c = tl.where(valid, c, 0.0)  # padding past γ only follows the real drafts, so it changes no product
     a = tl.cumprod(c, axis=1)  # (BLOCK_R, BLOCK_G) survivals, non-increasing in j
 
@@ -129,7 +134,8 @@ def prefix_schedule_triton(
 ) -> torch.Tensor:
     """(R, γ) fp32 confidences -> (R,) int64 verify lengths, as
     `prefix_schedule(prefix_survival(confidences, temperatures), profile, early_stop, budget)`
-    with `sps_table = profile.table(device)`. `temperatures` (γ' >= γ,) fp32 or None."""
+    with `sps_table = profile.table(device)`. `temperatures`: (γ',) fp32 STS temperatures, (2, γ')
+    temperatures and logit offsets, or None; γ' >= γ."""
     if confidences.dim() != 2:
         raise ValueError(f"confidences must be (R, γ), got shape {tuple(confidences.shape)}")
     if sps_table.dim() != 1 or sps_table.numel() == 0:
@@ -137,9 +143,10 @@ def prefix_schedule_triton(
     named = {"confidences": confidences, "sps_table": sps_table}
     if temperatures is not None:
         named["temperatures"] = temperatures
-        if temperatures.dim() != 1 or temperatures.numel() < confidences.shape[1]:
+        shape_ok = temperatures.dim() == 1 or (temperatures.dim() == 2 and temperatures.shape[0] == 2)
+        if not shape_ok or temperatures.shape[-1] < confidences.shape[1]:
             raise ValueError(
-                f"temperatures must be (γ',) with γ' >= γ = {confidences.shape[1]}, "
+                f"temperatures must be (γ',) or (2, γ') with γ' >= γ = {confidences.shape[1]}, "
                 f"got shape {tuple(temperatures.shape)}"
             )
     for name, t in named.items():
@@ -165,6 +172,7 @@ def prefix_schedule_triton(
     _prefix_schedule_kernel[(1,)](
         confidences,
         confidences if temperatures is None else temperatures,  # a dummy pointer when unused
+        0 if temperatures is None else temperatures.shape[-1],
         sps_table,
         lengths,
         R,
@@ -173,6 +181,7 @@ def prefix_schedule_triton(
         0 if budget is None else int(budget),
         MODE=mode,
         USE_STS=temperatures is not None,
+        USE_SHIFT=temperatures is not None and temperatures.dim() == 2,
         BLOCK_R=triton.next_power_of_2(R),
         BLOCK_G=triton.next_power_of_2(gamma),
     )

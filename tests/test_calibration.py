@@ -31,12 +31,15 @@ def test_auroc_hand_worked():
     assert auroc(torch.tensor([0.1, 0.2]), torch.tensor([1.0, 1.0])) is None
 
 
-def synthetic_rounds(n: int, gamma: int, true_temps: list[float], seed: int = 0) -> RoundStats:
-    """Raw confidences c; the real conditional acceptance is σ(logit(c)/T_k): the head is
-    overconfident where T_k > 1. Full verification, accepted = leading successes."""
+def synthetic_rounds(
+    n: int, gamma: int, true_temps: list[float], seed: int = 0, true_shifts: list[float] | None = None
+) -> RoundStats:
+    """Raw confidences c; the real conditional acceptance is σ(logit(c)/T_k - b_k): the head is
+    overconfident where T_k > 1 or b_k > 0. Full verification, accepted = leading successes."""
     g = torch.Generator().manual_seed(seed)
     conf = torch.sigmoid(torch.randn(n, gamma, generator=g) * 2 + 1.5).double()
-    true = torch.sigmoid(torch.logit(conf) / torch.tensor(true_temps).double())
+    shifts = torch.tensor(true_shifts or [0.0] * gamma).double()
+    true = torch.sigmoid(torch.logit(conf) / torch.tensor(true_temps).double() - shifts)
     success = torch.rand(n, gamma, generator=g).double() < true
     accepted = success.long().cumprod(1).sum(1)
     return RoundStats([[gamma] for _ in range(n)], [[int(a)] for a in accepted], [[c] for c in conf.tolist()])
@@ -70,6 +73,10 @@ def test_temperatures_live_in_the_checkpoint_json(tmp_path):
     calibration.save_temperatures(weights, torch.tensor([1.5, 2.0]), {"rounds": 10})
     assert load_calibration(weights).tolist() == [1.5, 2.0]
     assert json.loads(weights.with_suffix(".json").read_text())["calibration"]["rounds"] == 10
+    # with logit offsets: stored next to the temperatures, read back as the (2, γ) prefix_survival takes
+    calibration.save_temperatures(weights, torch.tensor([[1.5, 2.0], [0.25, -0.5]]), {"rounds": 10})
+    assert load_calibration(weights).tolist() == [[1.5, 2.0], [0.25, -0.5]]
+    assert calibration.describe_sts(load_calibration(weights)) == "T 1.50 2.00; b +0.25 -0.50"
 
 
 def test_measured_profile_is_monotone_and_cached(tiny_model, tmp_path, monkeypatch):
@@ -129,13 +136,16 @@ def test_selected_sts_keeps_what_helps_and_falls_back_to_one():
 
     # plenty of rounds, a clearly overconfident head at positions 1-2: the fitted temperatures stay
     conf, events, mask = synthetic_rounds(20_000, 3, [2.5, 2.0, 1.0]).calibration_arrays()
-    temps, reasons = select_sts(conf, events, mask)
+    temps, reasons = select_sts(conf, events, mask, shifts=False)
     assert temps[0] == pytest.approx(2.5, rel=0.25) and temps[1] == pytest.approx(2.0, rel=0.3)
     assert reasons[0].startswith("T = 2") and "held-out ECE" in reasons[0]
+    with_shifts, _ = select_sts(conf, events, mask)  # (2, γ): a pure temperature needs no offset
+    assert with_shifts.shape == (2, 3) and with_shifts[0, 0] == pytest.approx(2.5, rel=0.25)
+    assert with_shifts[1, :2].abs().max() <= 0.2
 
     # too few rounds reach the late positions: T = 1 there, whatever the fit says
     conf, events, mask = synthetic_rounds(300, 4, [3.0, 3.0, 3.0, 3.0]).calibration_arrays()
-    temps, reasons = select_sts(conf, events, mask, min_survivors=100)
+    temps, reasons = select_sts(conf, events, mask, min_survivors=100, shifts=False)
     reached = [int(mask[::2, k].sum()) if k == 0 else int(events[::2, k - 1].sum()) for k in range(4)]
     for k in range(4):
         if reached[k] < 100:
@@ -148,4 +158,38 @@ def test_selected_sts_keeps_what_helps_and_falls_back_to_one():
     conf, events, mask = (torch.cat([a, b]) for a, b in zip(over, fair))
     fit_rows = torch.arange(16_000) < 8_000
     temps, reasons = select_sts(conf, events, mask, fit_rows=fit_rows)
-    assert temps.tolist() == [1.0, 1.0] and "does not lower held-out ECE" in reasons[0]
+    assert temps.tolist() == [[1.0, 1.0], [0.0, 0.0]] and "does not lower held-out ECE" in reasons[0]
+
+
+def test_selected_sts_refuses_a_fix_that_breaks_a_later_position():
+    # position 1 over-confident, but the raw product at position 2 exactly right: scaling c_1 would fix
+    # position 1 and break position 2 (every later product contains c_1), so the selection keeps T = 1
+    g = torch.Generator().manual_seed(0)
+    n = 20_000
+    conf = torch.sigmoid(torch.randn(n, 2, generator=g) + 0.5).double()
+    c1_true = torch.sigmoid(torch.logit(conf[:, 0]) / 2.0)
+    c2_true = (conf[:, 0] * conf[:, 1] / c1_true).clamp(max=1.0)  # so that c1_true · c2_true = c_1 · c_2
+    first = torch.rand(n, generator=g).double() < c1_true
+    second = first & (torch.rand(n, generator=g).double() < c2_true)
+    accepted = [[int(a) + int(b)] for a, b in zip(first, second)]
+    conf_, events, mask = RoundStats([[2]] * n, accepted, [[c] for c in conf.tolist()]).calibration_arrays()
+    for shifts in (False, True):
+        sts, reasons = calibration.select_sts(conf_, events, mask, shifts=shifts)
+        assert (sts.flatten()[:2] == 1.0).all() and "raises it at 1 later position(s) (at 2:" in reasons[0]
+    assert calibration.fit_sts(conf_, events, mask)[0] > 1.5  # what the fit alone would have kept
+
+
+def test_sts_offsets_fix_what_no_temperature_can():
+    # a head over-confident by a constant logit offset (sure drafts right, the middle range too high):
+    # temperatures alone cannot fix it, (T, b) recovers the offset and calibrates held-out rounds
+    true_t, true_b = [1.0, 1.0, 1.0], [0.6, 0.0, -0.4]
+    conf, events, mask = synthetic_rounds(40_000, 3, true_t, true_shifts=true_b).calibration_arrays()
+    sts = fit_sts(conf, events, mask, shifts=True)
+    assert sts.shape == (2, 3)
+    for k in range(3):
+        assert sts[1, k] == pytest.approx(true_b[k], abs=0.15) and sts[0, k] == pytest.approx(1.0, rel=0.2)
+    held_out = synthetic_rounds(40_000, 3, true_t, seed=1, true_shifts=true_b).calibration_arrays()
+    with_offsets = position_metrics(*held_out, sts)
+    temperatures_only = position_metrics(*held_out, fit_sts(conf, events, mask))
+    assert with_offsets[0]["ece_after"] < 0.015 < temperatures_only[0]["ece_after"]
+    assert all(r["ece_after"] < 0.015 for r in with_offsets)

@@ -102,6 +102,6 @@ def test_the_engine_hands_each_round_s_proposal_to_the_verify_function(tiny_mode
 
 def test_shipped_calibration_is_loaded_with_the_drafter_checkpoint(tmp_path):
     temps = get_calibration("dspark")
-    assert temps is not None and temps.dtype == torch.float64 and len(temps) == 7
+    assert temps is not None and temps.dtype == torch.float64 and temps.shape == (2, 7)  # T_k; b_k
     assert get_calibration("none") is None
     assert load_calibration(tmp_path / "nothing.safetensors") is None

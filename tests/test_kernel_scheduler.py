@@ -39,8 +39,10 @@ def both(conf, temps, profile, **mode) -> tuple[torch.Tensor, torch.Tensor]:
     return kernel, reference
 
 
-def temperatures(gamma: int, g: torch.Generator) -> torch.Tensor:
-    return 0.5 + 1.5 * torch.rand(gamma + 2, generator=g)  # γ' > γ: only the first γ are used
+def temperatures(gamma: int, g: torch.Generator, offsets: bool = False) -> torch.Tensor:
+    """(γ',) STS temperatures, or (2, γ') temperatures and logit offsets; γ' > γ: only the first γ are used."""
+    temps = 0.5 + 1.5 * torch.rand(gamma + 2, generator=g)
+    return torch.stack([temps, torch.rand(gamma + 2, generator=g) - 0.5]) if offsets else temps
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -49,7 +51,8 @@ def test_kernel_equals_reference_on_random_batches(seed):
     jagged_differs = 0
     for i, (R, gamma) in enumerate(itertools.product((1, 3, 37), (1, 5, 7))):
         conf = torch.rand(R, gamma, generator=g) ** 0.3  # mostly confident, some low
-        temps = temperatures(gamma, g) if (i + seed) % 2 else None  # both, for every size, over the seeds
+        kind = (i // 3 + seed) % 3  # none, temperatures, with offsets: each R gets all three over the seeds
+        temps = None if kind == 0 else temperatures(gamma, g, offsets=kind == 2)
         profile = JAGGED if (i + seed) % 3 else SMOOTH
         budget = int(torch.randint(0, R * gamma + 4, (1,), generator=g))  # 0 ..= R·γ + 3
         for mode in (MODES["early"], MODES["retro"], dict(budget=budget)):
@@ -141,6 +144,8 @@ def test_wrapper_rejects_bad_inputs():
         (torch.rand(3, 4).t(), None, table, "contiguous"),
         (conf[0], None, table, r"\(R, γ\)"),
         (conf, torch.ones(2), table, "γ' >= γ"),
+        (conf, torch.ones(3, 3), table, r"\(2, γ'\)"),
+        (conf, torch.ones(2, 2), table, "γ' >= γ"),
         (conf, torch.ones(3, dtype=torch.float64), table, "float32"),
         (conf, None, table.double(), "float32"),
         (conf, None, torch.ones(0), "non-empty"),
@@ -155,7 +160,7 @@ def test_wrapper_rejects_bad_inputs():
 
 def test_dispatch_and_policies_agree_in_every_mode():
     g = torch.Generator().manual_seed(5)
-    conf, temps = torch.rand(6, 5, generator=g), temperatures(5, g).double()  # drafters keep float64
+    conf, temps = torch.rand(6, 5, generator=g), temperatures(5, g, True).double()  # float64
     cases = [dict(early_stop=True), dict(early_stop=False), dict(budget=11)]
     with kernels_as("reference"):
         expected = [scheduled_lengths(conf, temps, JAGGED, **kw) for kw in cases]

@@ -65,16 +65,22 @@ def load_drafter(path: str | Path, target: Transformer) -> Drafter:
 
 
 def load_calibration(path: str | Path) -> torch.Tensor | None:
-    """The (γ,) STS temperatures stored with the drafter checkpoint at `path`, or None
-    if it was never calibrated (or has no JSON twin)."""
+    """The STS calibration stored with the drafter checkpoint at `path`: (γ,) temperatures, or (2, γ)
+    temperatures and logit offsets (what `prefix_survival` reads); None if it was never calibrated (or
+    has no JSON twin)."""
     twin = config_path(path)
     if not twin.is_file():
         return None
     try:
-        temps = json.loads(twin.read_text()).get("calibration", {}).get("sts_temperatures")
+        stored = json.loads(twin.read_text()).get("calibration", {})
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{twin} is not valid JSON ({exc})") from None
-    return None if temps is None else torch.tensor(temps, dtype=torch.float64)
+    temps, shifts = stored.get("sts_temperatures"), stored.get("sts_shifts")
+    if temps is None:
+        return None
+    if shifts is not None and len(shifts) != len(temps):
+        raise CheckpointError(f"{twin}: sts_shifts has {len(shifts)} entries, sts_temperatures {len(temps)}")
+    return torch.tensor(temps if shifts is None else [temps, shifts], dtype=torch.float64)
 
 
 def get_drafter(

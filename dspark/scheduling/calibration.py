@@ -11,6 +11,12 @@ are all accepted. walkthrough/DESIGN.md section 4 / paper section 3.2.1:
     the event, with T_1..T_{k-1} already fixed (ties within 0.2 points of ECE go
     to the temperature closest to 1). Monotone in each c_k, so the ranking
     inside a position is unchanged.
+  * `fit_sts(..., shifts=True)` searches a logit offset b_k next to T_k,
+    c̃_k = σ(logit(c_k) / T_k - b_k) (Platt scaling, one position at a time): a
+    head that is over-confident in its middle range but right when it is sure
+    (the shipped DSpark head at position 1) needs a shift, which no temperature
+    gives -- a temperature pulls the sure drafts towards 1/2 as much as the
+    middle ones. The paper fits temperatures only; `select_sts` uses the offsets.
 
 Metrics per position: ECE (equal-width bins, weighted |mean prediction -
 frequency|), AUROC (Mann-Whitney rank statistic) and Brier score; plus the
@@ -40,6 +46,7 @@ from dspark.scheduling.scheduler import prefix_survival
 FIT_PROMPTS = (40, 80)  # eval prompts [40, 80) per domain fit STS; benchmarks report on [0, 40)
 BINS = 15  # reliability bins
 TEMPERATURE_GRID = torch.logspace(-1.5, 1.5, 241, dtype=torch.float64)  # 0.03 .. 31.6
+SHIFT_GRID = torch.linspace(-1.0, 1.0, 41, dtype=torch.float64)  # logit offsets b, step 0.05
 TOLERANCE = 0.002  # ECE differences below this are noise when choosing a temperature
 MIN_SURVIVORS = 50  # fitting rounds that must reach a position before its temperature is trusted
 
@@ -76,26 +83,44 @@ def auroc(score: torch.Tensor, label: torch.Tensor) -> float | None:
     return float((ranks[label.bool()].sum() - pos * (pos + 1) / 2) / (pos * neg))
 
 
-def fit_sts(conf: torch.Tensor, events: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(γ,) temperatures, fitted left to right (each with the earlier ones fixed)."""
+def ece_rows(pred: torch.Tensor, obs: torch.Tensor, bins: int = BINS) -> torch.Tensor:
+    """(S,) ECE of every row of (S, n) predictions against the (n,) events, or the rows of (S, n) events
+    (`ece` row by row)."""
+    rows, n = pred.shape
+    idx = (pred * bins).long().clamp(0, bins - 1) + bins * torch.arange(rows, device=pred.device)[:, None]
+    sum_pred = torch.bincount(idx.flatten(), pred.double().flatten(), minlength=rows * bins)
+    sum_obs = torch.bincount(idx.flatten(), obs.double().expand(rows, n).flatten(), minlength=rows * bins)
+    return (sum_pred - sum_obs).abs().view(rows, bins).sum(1) / max(n, 1)
+
+
+def fit_sts(
+    conf: torch.Tensor, events: torch.Tensor, mask: torch.Tensor, shifts: bool = False
+) -> torch.Tensor:
+    """(γ,) temperatures, fitted left to right (each with the earlier ones fixed); with `shifts`,
+    (2, γ): the temperatures and the logit offsets b_k searched with them (`prefix_survival` reads both)."""
     gamma, device = conf.shape[1], conf.device
-    grid = TEMPERATURE_GRID.to(device)
-    temps = torch.ones(gamma, dtype=torch.float64, device=device)
+    # with offsets every other temperature (steps of 6% instead of 3%): a 121 x 41 grid per position
+    grid = TEMPERATURE_GRID[:: 2 if shifts else 1].to(device)
+    offsets = SHIFT_GRID.to(device) if shifts else torch.zeros(1, dtype=torch.float64, device=device)
+    sts = torch.zeros(2, gamma, dtype=torch.float64, device=device)  # rows: T_k, b_k
+    sts[0] = 1.0
     logit = torch.logit(conf.double().clamp(1e-12, 1 - 1e-12))
     prefix = torch.ones(conf.shape[0], dtype=torch.float64, device=device)  # Π_{i<k} c̃_i
     for k in range(gamma):
         m = mask[:, k]
         if int(m.sum()) == 0:
             break
-        errors = torch.tensor(
-            [ece(prefix[m] * torch.sigmoid(logit[m, k] / t), events[m, k]) for t in grid], device=device
-        )
-        # ECE is a noisy, flat objective at late positions: among the temperatures within
-        # TOLERANCE of the best, take the one closest to 1 (the least change to the head)
-        near_best = (errors <= errors.min() + TOLERANCE).nonzero().flatten()
-        temps[k] = grid[near_best[grid[near_best].log().abs().argmin()]]
-        prefix = prefix * torch.sigmoid(logit[:, k] / temps[k])
-    return temps
+        z, before = logit[m, k], prefix[m]  # (n,)
+        errors = torch.stack([ece_rows(before * torch.sigmoid(z / t - offsets[:, None]), events[m, k])
+                              for t in grid])  # (temperatures, offsets)  # fmt: skip
+        # ECE is a noisy, flat objective at late positions: among the (T, b) within TOLERANCE of
+        # the best, take the one closest to the head as trained (T = 1, b = 0)
+        near = (errors <= errors.min() + TOLERANCE).nonzero()  # (n_near, 2) grid indices
+        change = grid[near[:, 0]].log().abs() + offsets[near[:, 1]].abs()
+        i, j = near[change.argmin()]
+        sts[0, k], sts[1, k] = grid[i], offsets[j]
+        prefix = prefix * torch.sigmoid(logit[:, k] / sts[0, k] - sts[1, k])
+    return sts if shifts else sts[0]
 
 
 def select_sts(
@@ -104,50 +129,74 @@ def select_sts(
     mask: torch.Tensor,
     fit_rows: torch.Tensor | None = None,
     min_survivors: int = MIN_SURVIVORS,
+    shifts: bool = True,
 ) -> tuple[torch.Tensor, list[str]]:
-    """STS that cannot make things worse: (γ,) temperatures and, per position, why T_k was kept or not.
+    """STS that cannot make things worse: (2, γ) temperatures and logit offsets ((γ,) temperatures
+    without `shifts`) and, per position, why they were kept or not.
 
-    The temperatures are fitted (`fit_sts`) on the rounds in `fit_rows` (default: every other round)
-    and checked, left to right, on the others: T_k is kept only if at least `min_survivors` fitting
-    rounds reached position k (their drafts 1..k-1 all accepted), the held-out ECE of the prefix
-    survival at k, with the temperatures already chosen before k, is lower with T_k than with 1, and
-    the held-out ECE summed over the later positions (which T_k also scales) is not higher.
-    Otherwise position k keeps T = 1 (the head as trained)."""
+    They are fitted (`fit_sts`) on the rounds in `fit_rows` (default: every other round) and checked,
+    left to right, on the others: position k's (T_k, b_k) is kept only if at least `min_survivors`
+    fitting rounds reached position k (their drafts 1..k-1 all accepted), the held-out ECE of the
+    prefix survival at k, with what was already chosen before k, is lower with it than with the head
+    as trained (T = 1, b = 0), and the held-out ECE of none of the later positions (whose products it
+    also scales) is higher. Otherwise position k keeps T = 1, b = 0."""
     rows = torch.arange(conf.shape[0], device=conf.device)
     fit_rows = rows % 2 == 0 if fit_rows is None else fit_rows
     check = ~fit_rows
-    fitted = fit_sts(conf[fit_rows], events[fit_rows], mask[fit_rows])
-    chosen = torch.ones_like(fitted)
+    temps = fit_sts(conf[fit_rows], events[fit_rows], mask[fit_rows], shifts=shifts)
+    fitted = temps if shifts else torch.stack([temps, torch.zeros_like(temps)])  # (2, γ)
+    chosen = torch.stack([torch.ones_like(fitted[0]), torch.zeros_like(fitted[1])])
     reasons = []
     for k in range(conf.shape[1]):
         reached = mask[fit_rows, k] & (events[fit_rows, k - 1].bool() if k else True)
         m = mask[check, k]
+        what = f"T = {float(fitted[0, k]):.3f}" + (f", b = {float(fitted[1, k]):+.3f}" if shifts else "")
         if int(reached.sum()) < min_survivors:
             reasons.append(f"T = 1: only {int(reached.sum())} fitting rounds reach position {k + 1}")
             continue
         trial = chosen.clone()
-        trial[k] = fitted[k]
-        held_out = [prefix_survival(conf[check], t) for t in (chosen, trial)]  # later positions at T = 1
+        trial[:, k] = fitted[:, k]
+        held_out = [prefix_survival(conf[check], t) for t in (chosen, trial)]  # later positions as trained
         before, after = (ece(a[m, k], events[check][m, k]) for a in held_out)
         if not after < before:
-            reasons.append(f"T = 1: T = {float(fitted[k]):.3f} does not lower held-out ECE "
-                           f"({100 * after:.1f}% vs {100 * before:.1f}%)")  # fmt: skip
+            reasons.append(
+                f"T = 1: {what} does not lower held-out ECE ({100 * after:.1f}% vs {100 * before:.1f}%)"
+            )
             continue
-        later = [sum(ece(a[mask[check, j], j], events[check][mask[check, j], j]) for j in range(k + 1, conf.shape[1]))
+        # it also moves every later prefix product: none of them may get worse
+        later = [[ece(a[mask[check, j], j], events[check][mask[check, j], j]) for j in range(k + 1, conf.shape[1])]
                  for a in held_out]  # fmt: skip
-        if later[1] > later[0]:  # T_k also moves every later prefix product: none may get worse in sum
-            reasons.append(f"T = 1: T = {float(fitted[k]):.3f} lowers held-out ECE at {k + 1} but raises it at "
-                           f"the later positions ({100 * later[1]:.1f} vs {100 * later[0]:.1f} points in sum)")  # fmt: skip
+        worse = [(j, old, new) for j, (old, new) in enumerate(zip(*later), start=k + 2) if new > old]
+        if worse:
+            j, old, new = worse[0]
+            reasons.append(f"T = 1: {what} lowers held-out ECE at {k + 1} but raises it at {len(worse)} later "
+                           f"position(s) (at {j}: {100 * new:.2f}% vs {100 * old:.2f}%)")  # fmt: skip
             continue
-        chosen[k] = fitted[k]
-        reasons.append(f"T = {float(fitted[k]):.3f}: held-out ECE {100 * before:.1f}% -> {100 * after:.1f}%")
-    return chosen, reasons
+        chosen[:, k] = fitted[:, k]
+        reasons.append(f"{what}: held-out ECE {100 * before:.1f}% -> {100 * after:.1f}%")
+    return (chosen if shifts else chosen[0]), reasons
+
+
+def ece_change_interval(
+    before: torch.Tensor, after: torch.Tensor, obs: torch.Tensor, draws: int = 200, seed: int = 0
+) -> tuple[float, float]:
+    """95% bootstrap interval of ECE(after) - ECE(before) over the same rounds (resampled together):
+    whether a calibration really changed the ECE, or only moved it within the sampling noise."""
+    if obs.numel() == 0:
+        return float("nan"), float("nan")
+    g = torch.Generator().manual_seed(seed)
+    picks = torch.randint(0, obs.numel(), (draws, obs.numel()), generator=g, device="cpu").to(
+        obs.device
+    )  # (D, n)
+    changes = (ece_rows(after[picks], obs[picks]) - ece_rows(before[picks], obs[picks])).sort().values
+    return float(changes[int(0.025 * draws)]), float(changes[int(0.975 * draws) - 1])
 
 
 def position_metrics(
     conf: torch.Tensor, events: torch.Tensor, mask: torch.Tensor, temperatures: torch.Tensor | None
 ) -> list[dict]:
-    """Per position k: ECE before (raw) and after (with `temperatures`), AUROC and Brier after."""
+    """Per position k: ECE before (raw) and after (with `temperatures`), the 95% bootstrap interval of
+    their difference, the ECE noise floor, AUROC and Brier after."""
     raw, cal = prefix_survival(conf), prefix_survival(conf, temperatures)
     rows = []
     for k in range(conf.shape[1]):
@@ -155,6 +204,7 @@ def position_metrics(
         y = events[m, k]
         rows.append({"k": k + 1, "rounds": int(m.sum()), "survival_rate": float(y.mean()) if len(y) else None,
                      "ece_before": ece(raw[m, k], y), "ece_after": ece(cal[m, k], y),
+                     "ece_change_95": ece_change_interval(raw[m, k], cal[m, k], y),
                      "ece_noise_floor": ece_noise_floor(cal[m, k]),
                      "auroc": auroc(cal[m, k], y), "brier": float(((cal[m, k] - y) ** 2).mean()) if len(y) else None})  # fmt: skip
     return rows
@@ -171,9 +221,21 @@ def reliability(pred: torch.Tensor, obs: torch.Tensor, bins: int = BINS) -> list
     return out
 
 
+def describe_sts(temperatures: torch.Tensor) -> str:
+    """'T 1.00 1.26 ...' (and '; b +0.10 ...' with logit offsets) for logs and tables."""
+    rows = temperatures if temperatures.dim() == 2 else temperatures[None]
+    text = "T " + " ".join(f"{float(t):.2f}" for t in rows[0])
+    return text + ("; b " + " ".join(f"{float(b):+.2f}" for b in rows[1]) if len(rows) == 2 else "")
+
+
 def save_temperatures(drafter_path: str | Path, temperatures: torch.Tensor, info: dict) -> None:
-    """Store the STS temperatures in the drafter checkpoint's JSON twin."""
+    """Store the STS temperatures (γ,) -- or temperatures and logit offsets (2, γ) -- in the drafter
+    checkpoint's JSON twin (`sts_temperatures`, `sts_shifts`)."""
     path = config_path(drafter_path)
     record = json.loads(path.read_text())
-    record["calibration"] = {"sts_temperatures": [round(float(t), 5) for t in temperatures], **info}
+    rows = temperatures if temperatures.dim() == 2 else temperatures[None]
+    stored = {"sts_temperatures": [round(float(t), 5) for t in rows[0]]}
+    if len(rows) == 2:
+        stored["sts_shifts"] = [round(float(b), 5) for b in rows[1]]
+    record["calibration"] = {**stored, **info}
     paths.write_text_atomic(path, json.dumps(record, indent=2) + "\n")

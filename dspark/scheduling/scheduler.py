@@ -127,11 +127,15 @@ def interpolated_times(sizes: list[int], seconds: list[float], max_size: int) ->
 
 def prefix_survival(confidences: torch.Tensor, temperatures: torch.Tensor | None = None) -> torch.Tensor:
     """(R, γ) confidences c -> (R, γ) survivals a_{r,j} = Π_{i<=j} c̃_{r,i}, where
-    c̃ = σ(logit(c) / T_j) with the STS temperatures (none: c̃ = c)."""
+    c̃ = σ(logit(c) / T_j) with the STS temperatures (γ',), or c̃ = σ(logit(c) / T_j - b_j) when
+    `temperatures` is (2, γ'): the temperatures and a logit offset per position (none: c̃ = c).
+    Both are increasing in c, so the order of the drafts inside a position never changes."""
     c = confidences.double()
     if temperatures is not None:
-        logit = torch.logit(c.clamp(1e-12, 1 - 1e-12))
-        c = torch.sigmoid(logit / temperatures.to(c.device, torch.float64)[: c.shape[1]])
+        sts = temperatures.to(c.device, torch.float64)
+        gamma = c.shape[1]
+        z = torch.logit(c.clamp(1e-12, 1 - 1e-12)) / (sts[0] if sts.dim() == 2 else sts)[:gamma]
+        c = torch.sigmoid(z - sts[1, :gamma] if sts.dim() == 2 else z)
     return c.cumprod(dim=1)
 
 

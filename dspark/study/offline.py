@@ -373,12 +373,16 @@ def record_rounds(
     max_new_tokens: int,
     start: int = 0,
     on_domain: Callable[[str, RoundStats], None] | None = None,
+    samples: int = 1,
 ) -> RoundStats:
     """Fully verified rounds on eval prompts start .. start+per_domain-1 of every domain (what STS is
-    fitted and scored on); `on_domain(domain, rounds so far)` after each domain."""
+    fitted and scored on), each prompt decoded `samples` times with other random draws (more rounds:
+    a lower ECE noise floor); `on_domain(domain, rounds so far)` after each domain."""
     rounds = RoundStats()
     for domain, prompts in prompts_by_domain(tokenizer, per_domain, start, target.config.max_seq_len).items():
-        rounds.extend(measure_tau(target, drafter, prompts, params, gamma, max_new_tokens, tokenizer.eos_id))
+        for draw in range(samples):
+            rounds.extend(measure_tau(target, drafter, prompts, params, gamma, max_new_tokens, tokenizer.eos_id,
+                                      seed=1_000_003 * draw))  # fmt: skip
         if on_domain:
             on_domain(domain, rounds)
     return rounds

@@ -92,13 +92,20 @@ def threshold_table(rows: list[dict]) -> str:
     )
 
 
+def change_interval(bounds: tuple[float, float]) -> str:
+    """'-0.21 .. +0.35' points, or 'none' when both ends are zero (the same calibration)."""
+    low, high = (100 * x for x in bounds)
+    return "none" if max(abs(low), abs(high)) < 0.005 else f"{low:+.2f} .. {high:+.2f}"
+
+
 def calibration_table(rows: list[dict]) -> str:
     """Markdown of `calibration.position_metrics` rows (Fig. 6)."""
     body = [[r["k"], r["rounds"], r["survival_rate"], f"{100 * r['ece_before']:.1f}%", f"{100 * r['ece_after']:.1f}%",
+             change_interval(r["ece_change_95"]),
              f"{100 * r['ece_noise_floor']:.1f}%", None if r["auroc"] is None else f"{r['auroc']:.3f}",
              f"{r['brier']:.3f}"] for r in rows]  # fmt: skip
     return markdown_table(["k", "rounds", "observed survival", "ECE before", "ECE after STS",
-                           "ECE noise floor", "AUROC", "Brier"], body)  # fmt: skip
+                           "after - before, 95% (points)", "ECE noise floor", "AUROC", "Brier"], body)  # fmt: skip
 
 
 def training_speed_table(rows: list[dict]) -> str:
