@@ -51,14 +51,19 @@ TOLERANCE = 0.002  # ECE differences below this are noise when choosing a temper
 MIN_SURVIVORS = 50  # fitting rounds that must reach a position before its temperature is trusted
 
 
+def ece_rows(pred: torch.Tensor, obs: torch.Tensor, bins: int = BINS) -> torch.Tensor:
+    """(S,) expected calibration errors over equal-width bins of the prediction: every row of (S, n)
+    predictions against the (n,) events, or against the rows of (S, n) events."""
+    rows, n = pred.shape
+    idx = (pred * bins).long().clamp(0, bins - 1) + bins * torch.arange(rows, device=pred.device)[:, None]
+    sum_pred = torch.bincount(idx.flatten(), pred.double().flatten(), minlength=rows * bins)
+    sum_obs = torch.bincount(idx.flatten(), obs.double().expand(rows, n).flatten(), minlength=rows * bins)
+    return (sum_pred - sum_obs).abs().view(rows, bins).sum(1) / max(n, 1)
+
+
 def ece(pred: torch.Tensor, obs: torch.Tensor, bins: int = BINS) -> float:
     """Expected calibration error over equal-width bins of the prediction."""
-    if pred.numel() == 0:
-        return float("nan")
-    idx = (pred * bins).long().clamp(0, bins - 1)
-    sum_pred = torch.bincount(idx, pred.double(), minlength=bins)
-    sum_obs = torch.bincount(idx, obs.double(), minlength=bins)
-    return float((sum_pred - sum_obs).abs().sum() / pred.numel())
+    return float("nan") if pred.numel() == 0 else float(ece_rows(pred[None], obs, bins)[0])
 
 
 def ece_noise_floor(pred: torch.Tensor, draws: int = 20, seed: int = 0) -> float:
@@ -81,16 +86,6 @@ def auroc(score: torch.Tensor, label: torch.Tensor) -> float | None:
     below = torch.cumsum(counts, 0) - counts  # scores strictly below each distinct value
     ranks = (below + (counts + 1) / 2).double()[inverse]  # 1-based ranks, ties averaged
     return float((ranks[label.bool()].sum() - pos * (pos + 1) / 2) / (pos * neg))
-
-
-def ece_rows(pred: torch.Tensor, obs: torch.Tensor, bins: int = BINS) -> torch.Tensor:
-    """(S,) ECE of every row of (S, n) predictions against the (n,) events, or the rows of (S, n) events
-    (`ece` row by row)."""
-    rows, n = pred.shape
-    idx = (pred * bins).long().clamp(0, bins - 1) + bins * torch.arange(rows, device=pred.device)[:, None]
-    sum_pred = torch.bincount(idx.flatten(), pred.double().flatten(), minlength=rows * bins)
-    sum_obs = torch.bincount(idx.flatten(), obs.double().expand(rows, n).flatten(), minlength=rows * bins)
-    return (sum_pred - sum_obs).abs().view(rows, bins).sum(1) / max(n, 1)
 
 
 def fit_sts(
