@@ -53,7 +53,7 @@ from dspark.drafters.registry import default_path, get_calibration, get_drafter,
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduling import calibration, profiler
-from dspark.scheduling.scheduler import POLICY_NAMES, make_policy
+from dspark.scheduling.scheduler import POLICY_NAMES, make_policy, temperatures_and_offsets
 from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.step_cost import engine_draft_cost
 from dspark.study import gpu, offline, pareto, plots, tables
@@ -262,11 +262,12 @@ def bench_calibration(args: argparse.Namespace) -> dict:
     title = f"{args.drafter}: prefix survival, before (raw) and after STS"
     write_outputs(args, "calibration", table, lambda out: plots.plot_reliability(
         conf, events, mask, temperatures, out / "reliability.png", title))  # fmt: skip
+    temps, offsets = temperatures_and_offsets(temperatures)
     keys = ("k", "ece_before", "ece_after", "ece_change_95", "auroc", "brier", "rounds", "survival_rate",
             "ece_noise_floor")  # fmt: skip
     return {"benchmark": "calibration", "drafter": args.drafter, "rounds": int(conf.shape[0]),
-            "sts_temperatures": (temperatures[0] if temperatures.dim() == 2 else temperatures).tolist(),
-            "sts_shifts": temperatures[1].tolist() if temperatures.dim() == 2 else None, "samples": args.samples,
+            "sts_temperatures": temps.tolist(), "sts_shifts": offsets.tolist() if temperatures.dim() == 2 else None,
+            "samples": args.samples,
             "positions": [{k: r[k] for k in keys} for r in rows]}  # fmt: skip
 
 

@@ -251,6 +251,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     from dspark.drafters.registry import get_drafter
     from dspark.sampling import SamplingParams
     from dspark.scheduling import calibration
+    from dspark.scheduling.scheduler import temperatures_and_offsets
     from dspark.study import offline
 
     tokenizer, target, target_name = cli.load_target(args)
@@ -276,11 +277,10 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
             "prompts": f"eval prompts {first}..{last - 1} of each domain, {args.samples} sample(s) each",
             "selection": "fitted on even rounds, kept where odd rounds' ECE improves", "reasons": reasons}  # fmt: skip
     calibration.save_temperatures(path, temps, info)
-    sts = temps if temps.dim() == 2 else torch.stack([temps, torch.zeros_like(temps)])
     print(
         "\n| k | T_k | b_k | why | ECE before | ECE after (in-sample) | AUROC |\n|---:|---:|---:|---|---:|---:|---:|"
     )
-    for t, b, r, why in zip(sts[0].tolist(), sts[1].tolist(), rows, reasons):
+    for t, b, r, why in zip(*(x.tolist() for x in temperatures_and_offsets(temps)), rows, reasons):
         auc = "-" if r["auroc"] is None else f"{r['auroc']:.3f}"
         print(f"| {r['k']} | {t:.3f} | {b:+.3f} | {why} | {100 * r['ece_before']:.1f}% | "
               f"{100 * r['ece_after']:.1f}% | {auc} |")  # fmt: skip
@@ -425,13 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_drafter(p, tuple(PARALLEL_KINDS))
     cli.add_target(p, pretrained=True)
     cli.add_sampling(p, temperature=1.0, max_new_tokens=96, tokens_help="tokens per prompt")
-    option(
-        p,
-        "--samples",
-        2,
-        "decodes of every fitting prompt (other random draws): more rounds to fit on",
-        low=1,
-    )
+    option(p, "--samples", 2, "decodes of every fitting prompt (other random draws): more rounds to fit on",
+           low=1)  # fmt: skip
     p.add_argument("--shifts", action=argparse.BooleanOptionalAction, default=True,
                    help="fit a logit offset b_k next to each temperature, c = sigmoid(logit(c) / T_k - b_k) "
                    "(--no-shifts: temperatures only, the paper's STS)")  # fmt: skip

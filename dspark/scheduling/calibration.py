@@ -41,7 +41,7 @@ import torch
 from dspark import paths
 from dspark.checkpoint import config_path
 from dspark.device import generator_uniforms
-from dspark.scheduling.scheduler import prefix_survival
+from dspark.scheduling.scheduler import prefix_survival, temperatures_and_offsets
 
 FIT_PROMPTS = (40, 80)  # eval prompts [40, 80) per domain fit STS; benchmarks report on [0, 40)
 BINS = 15  # reliability bins
@@ -139,7 +139,7 @@ def select_sts(
     fit_rows = rows % 2 == 0 if fit_rows is None else fit_rows
     check = ~fit_rows
     temps = fit_sts(conf[fit_rows], events[fit_rows], mask[fit_rows], shifts=shifts)
-    fitted = temps if shifts else torch.stack([temps, torch.zeros_like(temps)])  # (2, γ)
+    fitted = torch.stack(temperatures_and_offsets(temps))  # (2, γ)
     chosen = torch.stack([torch.ones_like(fitted[0]), torch.zeros_like(fitted[1])])
     reasons = []
     for k in range(conf.shape[1]):
@@ -218,9 +218,9 @@ def reliability(pred: torch.Tensor, obs: torch.Tensor, bins: int = BINS) -> list
 
 def describe_sts(temperatures: torch.Tensor) -> str:
     """'T 1.00 1.26 ...' (and '; b +0.10 ...' with logit offsets) for logs and tables."""
-    rows = temperatures if temperatures.dim() == 2 else temperatures[None]
-    text = "T " + " ".join(f"{float(t):.2f}" for t in rows[0])
-    return text + ("; b " + " ".join(f"{float(b):+.2f}" for b in rows[1]) if len(rows) == 2 else "")
+    temps, offsets = temperatures_and_offsets(temperatures)
+    text = "T " + " ".join(f"{float(t):.2f}" for t in temps)
+    return text + ("; b " + " ".join(f"{float(b):+.2f}" for b in offsets) if temperatures.dim() == 2 else "")
 
 
 def save_temperatures(drafter_path: str | Path, temperatures: torch.Tensor, info: dict) -> None:
@@ -228,9 +228,9 @@ def save_temperatures(drafter_path: str | Path, temperatures: torch.Tensor, info
     checkpoint's JSON twin (`sts_temperatures`, `sts_shifts`)."""
     path = config_path(drafter_path)
     record = json.loads(path.read_text())
-    rows = temperatures if temperatures.dim() == 2 else temperatures[None]
-    stored = {"sts_temperatures": [round(float(t), 5) for t in rows[0]]}
-    if len(rows) == 2:
-        stored["sts_shifts"] = [round(float(b), 5) for b in rows[1]]
+    temps, offsets = temperatures_and_offsets(temperatures)
+    stored = {"sts_temperatures": [round(float(t), 5) for t in temps]}
+    if temperatures.dim() == 2:
+        stored["sts_shifts"] = [round(float(b), 5) for b in offsets]
     record["calibration"] = {**stored, **info}
     paths.write_text_atomic(path, json.dumps(record, indent=2) + "\n")

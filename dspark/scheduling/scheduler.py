@@ -125,6 +125,14 @@ def interpolated_times(sizes: list[int], seconds: list[float], max_size: int) ->
     return times
 
 
+def temperatures_and_offsets(calibration: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(T, b), each (γ',), of an STS calibration stored as (γ',) temperatures (b = 0) or as (2, γ')
+    temperatures and logit offsets."""
+    if calibration.dim() == 2:
+        return calibration[0], calibration[1]
+    return calibration, torch.zeros_like(calibration)
+
+
 def prefix_survival(confidences: torch.Tensor, temperatures: torch.Tensor | None = None) -> torch.Tensor:
     """(R, γ) confidences c -> (R, γ) survivals a_{r,j} = Π_{i<=j} c̃_{r,i}, where
     c̃ = σ(logit(c) / T_j) with the STS temperatures (γ',), or c̃ = σ(logit(c) / T_j - b_j) when
@@ -132,10 +140,8 @@ def prefix_survival(confidences: torch.Tensor, temperatures: torch.Tensor | None
     Both are increasing in c, so the order of the drafts inside a position never changes."""
     c = confidences.double()
     if temperatures is not None:
-        sts = temperatures.to(c.device, torch.float64)
-        gamma = c.shape[1]
-        z = torch.logit(c.clamp(1e-12, 1 - 1e-12)) / (sts[0] if sts.dim() == 2 else sts)[:gamma]
-        c = torch.sigmoid(z - sts[1, :gamma] if sts.dim() == 2 else z)
+        t, b = (x[: c.shape[1]] for x in temperatures_and_offsets(temperatures.to(c.device, torch.float64)))
+        c = torch.sigmoid(torch.logit(c.clamp(1e-12, 1 - 1e-12)) / t - b)
     return c.cumprod(dim=1)
 
 
