@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from dspark.data.corpus import eval_prompts_by_domain
 from dspark.data.tokenizer import Tokenizer
@@ -232,9 +233,12 @@ def run_speedup(
     fresh verify-length scheduler per request (None or no function: verify all γ drafts). At T = 0
     each row also counts the prompts whose text equals plain decoding's (`same_as_plain`)."""
     rows = []
+    total = len(temperatures) * sum(map(len, by_domain.values()))
+    bar = tqdm(total=total, desc=f"plain + {len(drafters)} drafter(s)", unit="prompt")
     for temperature in temperatures:
         params = SamplingParams(temperature=temperature)
         for domain, prompts in by_domain.items():
+            bar.set_postfix_str(f"T={temperature:g} {domain}")
             generate(target, prompts[:1], 4, params)  # warm-up
             tokens, seconds = (
                 {"none": 0, **dict.fromkeys(drafters, 0)},
@@ -257,6 +261,7 @@ def run_speedup(
                     seconds[name] += r.prefill_seconds + r.decode_seconds
                     stats[name].extend(r.stats)
                     same[name] += r.tokens == base.tokens
+                bar.update()
             base_tps = tokens["none"] / seconds["none"]
             rows.append({"drafter": "none", "domain": domain, "temperature": temperature, "gamma": 0,
                          "tau": 1.0, "cond_acceptance": [], "tokens_per_s": base_tps, "speedup": 1.0})  # fmt: skip
@@ -270,6 +275,7 @@ def run_speedup(
                 if temperature == 0:
                     row["same_as_plain"] = f"{same[name]}/{len(prompts)}"
                 rows.append(row)
+    bar.close()
     return rows
 
 
