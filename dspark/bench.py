@@ -56,7 +56,7 @@ from dspark.scheduling import calibration, profiler
 from dspark.scheduling.scheduler import POLICY_NAMES, make_policy, temperatures_and_offsets
 from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.step_cost import engine_draft_cost
-from dspark.study import gpu, offline, pareto, plots, tables
+from dspark.study import gpu, offline, pareto, plots, tables, tau_intervals
 from dspark.study import kernels as kernel_study
 
 MAX_ARRIVAL_SPAN_S = 3600.0  # bench serve --poisson: the requests must all arrive within an hour
@@ -138,14 +138,26 @@ def bench_offline(args: argparse.Namespace) -> dict:
         return gpu.measured_scheduler(policies[name], drafter, target, gammas[name], temperatures,
                                       cost_aware=not args.ignore_draft_cost)  # fmt: skip
 
-    rows = offline.run_speedup(target, drafters, study_prompts(args, tokenizer, target), args.temperatures,
-                               gammas, args.max_new_tokens, tokenizer.eos_id, scheduler_for)  # fmt: skip
+    by_domain = study_prompts(args, tokenizer, target)
+    if args.tau_only:
+        if args.policy != "fixed":
+            raise UsageError("--tau-only verifies every draft: use it with --policy fixed (the default)")
+        rows = offline.run_tau(target, drafters, by_domain, args.temperatures, gammas, args.max_new_tokens,
+                               tokenizer.eos_id, args.batch_size)  # fmt: skip
+    else:
+        rows = offline.run_speedup(target, drafters, by_domain, args.temperatures, gammas, args.max_new_tokens,
+                                   tokenizer.eos_id, scheduler_for)  # fmt: skip
+    batch = f"tau only, batch {args.batch_size}" if args.tau_only else "batch 1"
     print(f"offline speculative decoding, gamma {', '.join(f'{n} {g}' for n, g in gammas.items())}, policy "
           f"{', '.join(f'{n} {p}' for n, p in policies.items())}, {args.prompts_per_domain} held-out prompts "
-          f"per domain, batch 1, {cpu_description()}, {dtype_name(target)}\n")  # fmt: skip
+          f"per domain, {batch}, {cpu_description()}, {dtype_name(target)}\n")  # fmt: skip
     print(tables.speedup_table(rows), end="")
     table = tables.table1(rows)
     print("\nTable 1 analogue: tau (tokens per round incl. the bonus token)\n\n" + table)
+    ratios = tau_intervals.ratio_rows(rows)
+    if ratios:
+        table += "\n" + tables.ratio_table(ratios)
+        print(tables.ratio_table(ratios))
 
     def plot(out: Path) -> None:
         for temperature in args.temperatures:
@@ -155,7 +167,7 @@ def bench_offline(args: argparse.Namespace) -> dict:
 
     write_outputs(args, "table1", table, plot)
     return {"benchmark": "offline", "gamma": gammas, "policy": policies, "dtype": dtype_name(target),
-            "results": rows}  # fmt: skip
+            "tau_only": args.tau_only, "results": rows, "macro_tau_ratios": ratios}  # fmt: skip
 
 
 def bench_depth(args: argparse.Namespace) -> dict:
@@ -588,6 +600,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "confidence head verify every draft under a policy that ranks by confidences) "
                    "(default: %(default)s = verify every draft)")  # fmt: skip
     cli.add_draft_cost(p)
+    p.add_argument("--tau-only", action="store_true",
+                   help="measure tau and acceptance only: no plain decoding and no clock, --batch-size prompts "
+                   "at a time (every draft verified; far faster over many prompts)")  # fmt: skip
+    option(p, "--batch-size", 16, "prompts decoded together with --tau-only", low=1)
     cli.add_gamma(p)
     add_study_options(p, prompts_per_domain=8, temperature=False)
 

@@ -421,3 +421,28 @@ def test_bench_profile_measures_what_the_cost_aware_policy_reads(
             "--drafter-checkpoint", str(small_drafters["dspark"]), "--policy", "dspark", "--device", "cpu"]  # fmt: skip
     assert run_main(generate.main, argv) == 0
     assert sorted(p.name for p in (tmp_path / "profiles").iterdir()) == measured
+
+
+def test_bench_offline_tau_only_measures_what_the_timed_run_does(
+    small_checkpoint, small_drafters, tmp_path, capsys
+):
+    """--tau-only (no clock, no plain decoding) gives the timed run's τ and per-prompt counts: at T = 0 and
+    batch 1 the two decode the same tokens; both print the paired macro-τ ratio with its interval."""
+    common = ["offline", "--drafters", f"d={small_drafters['dspark']},e={small_drafters['eagle']}", "--gamma", "3",
+              "--temperatures", "0", "--prompts-per-domain", "2", "--max-new-tokens", "6",
+              "--checkpoint", str(small_checkpoint)]  # fmt: skip
+    records = []
+    for extra in ([], ["--tau-only", "--batch-size", "1"]):
+        out = tmp_path / f"o{len(extra)}.json"
+        assert run_main(bench.main, [*common, *extra, "--json", str(out)]) == 0
+        assert "| 0 | d / e |" in capsys.readouterr().out
+        records.append(json.loads(out.read_text()))
+    timed, untimed = ([r for r in rec["results"] if r["drafter"] != "none"] for rec in records)
+    assert [r["tokens_per_s"] for r in untimed] == [None] * 6 and all(r["tokens_per_s"] > 0 for r in timed)
+    keys = ("drafter", "domain", "tau", "prompt_tokens", "prompt_rounds", "cond_acceptance")
+    assert [{k: r[k] for k in keys} for r in untimed] == [{k: r[k] for k in keys} for r in timed]
+    (ratio,) = records[1]["macro_tau_ratios"]
+    assert (ratio["a"], ratio["b"]) == ("d", "e") and ratio["low"] <= ratio["ratio"] <= ratio["high"]
+    # the scheduler's policies need the timed path
+    assert run_main(bench.main, [*common, "--tau-only", "--policy", "dspark"]) == 2
+    assert "--policy fixed" in capsys.readouterr().err

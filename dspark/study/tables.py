@@ -41,8 +41,10 @@ def speedup_table(rows: list[dict]) -> str:
     for r in rows:
         acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["cond_acceptance"])
         verified = f"{r['mean_verify_len']:.2f}" if "mean_verify_len" in r else "-"
+        timed = r["tokens_per_s"] is not None  # (None: measured with --tau-only, no clock)
+        tps, speedup = (f"{r['tokens_per_s']:.0f}", f"{r['speedup']:.2f}x") if timed else ("-", "-")
         lines.append(f"| {r['temperature']:g} | {r['drafter']} | {r['domain']} | {r['tau']:.2f} | {verified} | "
-                     f"{r['tokens_per_s']:.0f} | {r['speedup']:.2f}x | {r.get('same_as_plain', '-')} | {acc} |")  # fmt: skip
+                     f"{tps} | {speedup} | {r.get('same_as_plain', '-')} | {acc} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -60,9 +62,21 @@ def table1(rows: list[dict]) -> str:
         for t in temps:
             sub = {r["domain"]: r for r in rows if r["drafter"] == name and r["temperature"] == t}
             line += [sub[d]["tau"] for d in domains] + [macro([sub[d]["tau"] for d in domains])]
-            line.append(", ".join(f"{sub[d]['speedup']:.2f}x" for d in domains))
+            timed = all(sub[d]["speedup"] is not None for d in domains)
+            line.append(", ".join(f"{sub[d]['speedup']:.2f}x" for d in domains) if timed else None)
         body.append(line)
     return markdown_table(header, body)
+
+
+def ratio_table(rows: list[dict]) -> str:
+    """Markdown of `tau_intervals.ratio_rows`: macro-τ ratios of drafter pairs with 95% paired intervals."""
+    lines = [
+        "| T | macro tau ratio | ratio | 95% interval (prompts resampled, paired) |",
+        "|---|---|---:|---|",
+    ]
+    lines += [f"| {r['temperature']:g} | {r['a']} / {r['b']} | {r['ratio']:.3f} | {r['low']:.3f} .. {r['high']:.3f} |"
+              for r in rows]  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def depth_table(rows: list[dict]) -> str:

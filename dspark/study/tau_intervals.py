@@ -1,0 +1,79 @@
+"""How sure a τ comparison is: per-prompt counts and a paired bootstrap of macro-τ ratios.
+
+τ of a drafter on a domain is committed tokens over request-rounds, pooled over
+that domain's prompts; the macro τ is the mean over domains (paper Table 1).
+Two drafters measured on the *same* prompts are paired: a prompt that is easy
+to draft (a long list, a repeated identifier) is easy for both. So the
+interval of the ratio macro τ(A) / macro τ(B) resamples prompts -- the same
+draws for A and B, within each domain -- and recomputes the pooled τ of each
+domain, the macro averages and their ratio (percentile interval). Rounds are
+not resampled one by one: the rounds of one prompt are strongly correlated.
+
+`prompt_counts` gives what a benchmark row stores to make this possible
+(`bench offline` writes `prompt_tokens` / `prompt_rounds` into every row).
+
+What this file does not do: measure anything (dspark/study/offline.py) or
+format tables (dspark/study/tables.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dspark.serving.rounds import RoundStats
+
+
+def prompt_counts(stats: RoundStats) -> tuple[list[int], list[int]]:
+    """(committed tokens, request-rounds) of each request of `stats`, in its request order."""
+    return [sum(e) for e in stats.emitted], [len(a) for a in stats.accepted]
+
+
+def macro_tau_ratio(
+    a_rows: dict[str, dict], b_rows: dict[str, dict], draws: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """(ratio, 2.5th, 97.5th percentile) of macro τ(A) / macro τ(B).
+
+    a_rows / b_rows: per domain, a row with `prompt_tokens` and `prompt_rounds` (one entry per prompt, the
+    same prompts in the same order for A and B). Prompts are resampled with replacement within each domain,
+    the same indices for both drafters."""
+    if set(a_rows) != set(b_rows) or not a_rows:
+        raise ValueError("both drafters need rows for the same, non-empty set of domains")
+    g = torch.Generator().manual_seed(seed)
+    point_a, point_b, boot_a, boot_b = [], [], [], []
+    for domain in a_rows:
+        counts = []
+        for rows in (a_rows, b_rows):
+            tokens = torch.tensor(rows[domain]["prompt_tokens"], dtype=torch.float64)
+            rounds = torch.tensor(rows[domain]["prompt_rounds"], dtype=torch.float64)
+            counts.append((tokens, rounds))
+        (ta, ra), (tb, rb) = counts
+        if len(ta) != len(tb) or len(ta) == 0:
+            raise ValueError(f"{domain}: the two drafters must be measured on the same prompts")
+        idx = torch.randint(0, len(ta), (draws, len(ta)), generator=g)  # (draws, prompts)
+        point_a.append(ta.sum() / ra.sum())
+        point_b.append(tb.sum() / rb.sum())
+        boot_a.append(ta[idx].sum(1) / ra[idx].sum(1).clamp(min=1))  # (draws,) pooled τ of the resample
+        boot_b.append(tb[idx].sum(1) / rb[idx].sum(1).clamp(min=1))
+    ratio = torch.stack(point_a).mean() / torch.stack(point_b).mean()
+    boot = torch.stack(boot_a).mean(0) / torch.stack(boot_b).mean(0)  # (draws,)
+    low, high = torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return ratio.item(), low, high
+
+
+def ratio_rows(rows: list[dict], draws: int = 2000) -> list[dict]:
+    """For every temperature and every ordered pair of drafters (A listed before B) in `rows` (benchmark
+    rows with per-prompt counts; plain decoding's rows are skipped): the macro-τ ratio A / B and its 95%
+    paired bootstrap interval."""
+    out = []
+    for temperature in dict.fromkeys(r["temperature"] for r in rows):
+        by_drafter: dict[str, dict[str, dict]] = {}
+        for r in rows:
+            if r["temperature"] == temperature and r["drafter"] != "none" and "prompt_tokens" in r:
+                by_drafter.setdefault(r["drafter"], {})[r["domain"]] = r
+        names = list(by_drafter)
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                ratio, low, high = macro_tau_ratio(by_drafter[a], by_drafter[b], draws)
+                out.append({"temperature": temperature, "a": a, "b": b, "ratio": ratio, "low": low,
+                            "high": high})  # fmt: skip
+    return out
