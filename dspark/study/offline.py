@@ -217,6 +217,26 @@ def run_ar(
     return rows
 
 
+def drafter_row(
+    name: str,
+    domain: str,
+    temperature: float,
+    gamma: int,
+    stats: RoundStats,
+    tokens_per_s: float | None = None,
+    speedup: float | None = None,
+) -> dict:
+    """One drafter's row of `bench offline` (domain, temperature): τ, acceptance by position with its counts,
+    the mean verify length, the per-prompt counts behind the τ intervals, and tokens/s and speed-up where
+    timed (None otherwise)."""
+    hits, tries = stats.acceptance_counts(gamma)
+    tokens, rounds = prompt_counts(stats)
+    return {"drafter": name, "domain": domain, "temperature": temperature, "gamma": gamma, "tau": stats.tau,
+            "cond_acceptance": [h / t if t else None for h, t in zip(hits, tries)], "cond_tries": tries,
+            "rounds": stats.rounds, "mean_verify_len": stats.mean_verify_len, "tokens_per_s": tokens_per_s,
+            "speedup": speedup, "prompt_tokens": tokens, "prompt_rounds": rounds}  # fmt: skip
+
+
 def run_speedup(
     target: Transformer,
     drafters: dict[str, Drafter],
@@ -267,13 +287,8 @@ def run_speedup(
             rows.append({"drafter": "none", "domain": domain, "temperature": temperature, "gamma": 0,
                          "tau": 1.0, "cond_acceptance": [], "tokens_per_s": base_tps, "speedup": 1.0})  # fmt: skip
             for name in drafters:
-                g, tps = gammas[name], tokens[name] / seconds[name]
-                row = {"drafter": name, "domain": domain, "temperature": temperature, "gamma": g,
-                       "tau": stats[name].tau, "cond_acceptance": stats[name].acceptance_by_position(g),
-                       "cond_tries": stats[name].acceptance_counts(g)[1], "rounds": stats[name].rounds,
-                       "mean_verify_len": stats[name].mean_verify_len, "tokens_per_s": tps,
-                       "speedup": tps / base_tps}  # fmt: skip
-                row["prompt_tokens"], row["prompt_rounds"] = prompt_counts(stats[name])
+                tps = tokens[name] / seconds[name]
+                row = drafter_row(name, domain, temperature, gammas[name], stats[name], tps, tps / base_tps)
                 if temperature == 0:
                     row["same_as_plain"] = f"{same[name]}/{len(prompts)}"
                 rows.append(row)
@@ -302,15 +317,9 @@ def run_tau(
         for domain, prompts in by_domain.items():
             for name, drafter in drafters.items():
                 bar.set_postfix_str(f"T={temperature:g} {domain} {name}")
-                g = gammas[name]
-                stats = measure_tau(target, drafter, prompts, params, g, max_new_tokens, eos_id,
+                stats = measure_tau(target, drafter, prompts, params, gammas[name], max_new_tokens, eos_id,
                                     batch_size=batch_size)  # fmt: skip
-                row = {"drafter": name, "domain": domain, "temperature": temperature, "gamma": g,
-                       "tau": stats.tau, "cond_acceptance": stats.acceptance_by_position(g),
-                       "cond_tries": stats.acceptance_counts(g)[1], "rounds": stats.rounds,
-                       "mean_verify_len": stats.mean_verify_len, "tokens_per_s": None, "speedup": None}  # fmt: skip
-                row["prompt_tokens"], row["prompt_rounds"] = prompt_counts(stats)
-                rows.append(row)
+                rows.append(drafter_row(name, domain, temperature, gammas[name], stats))
                 bar.update()
     bar.close()
     return rows
