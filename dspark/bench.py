@@ -3,7 +3,8 @@
   ar         plain autoregressive decoding speed of the target at several batch sizes
   offline    speculative decoding per drafter, domain and temperature: tau,
              position-wise acceptance, single-stream tokens/s and speed-up over
-             no drafter (paper Table 1 and Fig. 2 analogues)
+             no drafter (paper Table 1 and Fig. 2 analogues), and every macro-tau
+             ratio with a 95% paired interval; --tau-only: no clock, batched
   depth      tau against the number of drafter layers, DSpark vs DFlash (Fig. 3)
   gamma      tau against the verified block length, and per-round latency with
              and without the sequential head (Fig. 4)
@@ -120,8 +121,9 @@ def bench_ar(args: argparse.Namespace) -> dict:
 def bench_offline(args: argparse.Namespace) -> dict:
     """Speculative decoding on the held-out prompts, one request at a time: per drafter, domain and temperature,
     tau (tokens per round incl. the bonus), position-wise conditional acceptance, tokens/s and the speed-up
-    over plain decoding on this machine. With --out: table1.md and position_acceptance_T<t>.png (paper Table 1
-    and Fig. 2 analogues). With --policy the drafters run `generate --policy`'s scheduler, so the speed-up is
+    over plain decoding on this machine, and every pair's macro-tau ratio with a 95% paired bootstrap interval
+    (prompts resampled). --tau-only skips the clock and plain decoding and runs --batch-size prompts at a time.
+    With --out: table1.md and position_acceptance_T<t>.png (paper Table 1 and Fig. 2 analogues). With --policy the drafters run `generate --policy`'s scheduler, so the speed-up is
     that of `python -m dspark.generate --drafter NAME --policy P` against `--drafter none`.
     """
     tokenizer, target = load_model(args)
