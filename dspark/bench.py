@@ -123,8 +123,9 @@ def bench_offline(args: argparse.Namespace) -> dict:
     tau (tokens per round incl. the bonus), position-wise conditional acceptance, tokens/s and the speed-up
     over plain decoding on this machine, and every pair's macro-tau ratio with a 95% paired bootstrap interval
     (prompts resampled). --tau-only skips the clock and plain decoding and runs --batch-size prompts at a time.
-    With --out: table1.md and position_acceptance_T<t>.png (paper Table 1 and Fig. 2 analogues). With --policy the drafters run `generate --policy`'s scheduler, so the speed-up is
-    that of `python -m dspark.generate --drafter NAME --policy P` against `--drafter none`.
+    With --out: table1.md and position_acceptance_T<t>.png (paper Table 1 and Fig. 2 analogues). With --policy
+    the drafters run `generate --policy`'s scheduler, so the speed-up is that of `python -m dspark.generate
+    --drafter NAME --policy P` against `--drafter none`.
     """
     tokenizer, target = load_model(args)
     drafters = offline.load_labelled_drafters(target, args.drafters, args.target_name)
@@ -158,8 +159,9 @@ def bench_offline(args: argparse.Namespace) -> dict:
     print("\nTable 1 analogue: tau (tokens per round incl. the bonus token)\n\n" + table)
     ratios = tau_intervals.ratio_rows(rows)
     if ratios:
-        table += "\n" + tables.ratio_table(ratios)
-        print(tables.ratio_table(ratios))
+        ratio_table = tables.ratio_table(ratios)
+        table += "\n" + ratio_table
+        print(ratio_table)
 
     def plot(out: Path) -> None:
         for temperature in args.temperatures:

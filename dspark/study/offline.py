@@ -229,10 +229,9 @@ def drafter_row(
     """One drafter's row of `bench offline` (domain, temperature): τ, acceptance by position with its counts,
     the mean verify length, the per-prompt counts behind the τ intervals, and tokens/s and speed-up where
     timed (None otherwise)."""
-    hits, tries = stats.acceptance_counts(gamma)
     tokens, rounds = prompt_counts(stats)
     return {"drafter": name, "domain": domain, "temperature": temperature, "gamma": gamma, "tau": stats.tau,
-            "cond_acceptance": [h / t if t else None for h, t in zip(hits, tries)], "cond_tries": tries,
+            "cond_acceptance": stats.acceptance_by_position(gamma), "cond_tries": stats.acceptance_counts(gamma)[1],
             "rounds": stats.rounds, "mean_verify_len": stats.mean_verify_len, "tokens_per_s": tokens_per_s,
             "speedup": speedup, "prompt_tokens": tokens, "prompt_rounds": rounds}  # fmt: skip
 

@@ -39,23 +39,20 @@ def macro_tau_ratio(
     if set(a_rows) != set(b_rows) or not a_rows:
         raise ValueError("both drafters need rows for the same, non-empty set of domains")
     g = torch.Generator().manual_seed(seed)
-    point_a, point_b, boot_a, boot_b = [], [], [], []
+    points: dict[str, list] = {"a": [], "b": []}  # per domain: pooled τ
+    boots: dict[str, list] = {"a": [], "b": []}  # per domain: (draws,) pooled τ of each resample
     for domain in a_rows:
-        counts = []
-        for rows in (a_rows, b_rows):
+        n = len(a_rows[domain]["prompt_tokens"])
+        if n != len(b_rows[domain]["prompt_tokens"]) or n == 0:
+            raise ValueError(f"{domain}: the two drafters must be measured on the same prompts")
+        idx = torch.randint(0, n, (draws, n), generator=g)  # (draws, prompts), shared by A and B
+        for side, rows in (("a", a_rows), ("b", b_rows)):
             tokens = torch.tensor(rows[domain]["prompt_tokens"], dtype=torch.float64)
             rounds = torch.tensor(rows[domain]["prompt_rounds"], dtype=torch.float64)
-            counts.append((tokens, rounds))
-        (ta, ra), (tb, rb) = counts
-        if len(ta) != len(tb) or len(ta) == 0:
-            raise ValueError(f"{domain}: the two drafters must be measured on the same prompts")
-        idx = torch.randint(0, len(ta), (draws, len(ta)), generator=g)  # (draws, prompts)
-        point_a.append(ta.sum() / ra.sum())
-        point_b.append(tb.sum() / rb.sum())
-        boot_a.append(ta[idx].sum(1) / ra[idx].sum(1).clamp(min=1))  # (draws,) pooled τ of the resample
-        boot_b.append(tb[idx].sum(1) / rb[idx].sum(1).clamp(min=1))
-    ratio = torch.stack(point_a).mean() / torch.stack(point_b).mean()
-    boot = torch.stack(boot_a).mean(0) / torch.stack(boot_b).mean(0)  # (draws,)
+            points[side].append(tokens.sum() / rounds.sum())
+            boots[side].append(tokens[idx].sum(1) / rounds[idx].sum(1).clamp(min=1))
+    ratio = torch.stack(points["a"]).mean() / torch.stack(points["b"]).mean()
+    boot = torch.stack(boots["a"]).mean(0) / torch.stack(boots["b"]).mean(0)  # (draws,) macro ratio
     low, high = torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
     return ratio.item(), low, high
 
