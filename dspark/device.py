@@ -24,6 +24,7 @@ What this file does not do: choose kernels (dspark/backend.py) or move models.
 
 from __future__ import annotations
 
+import os
 import platform
 from collections import Counter
 from pathlib import Path
@@ -57,9 +58,14 @@ def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
 
 
 def cpu_description(cpuinfo: str | None = None) -> str:
-    """This CPU for a benchmark's header: model, the vector instructions that decide its matmul speed, and
-    torch's thread count, e.g. "AMD EPYC, AVX-512 + BF16, 2 threads". Timings depend on these: bf16 matmuls
-    are fast only with BF16 instructions (emulated without), and per-op overhead varies between machines.
+    """This CPU for a benchmark's header: model, the vector instructions that decide its matmul speed,
+    torch's thread count and, when set, OpenMP's wait policy, e.g. "AMD EPYC, AVX-512 + BF16, 2 threads" or
+    "..., 2 threads, OMP_WAIT_POLICY=PASSIVE". Timings depend on all of these: bf16 matmuls are fast only with
+    BF16 instructions (emulated without), per-op overhead varies between machines, and passive waiting wakes
+    sleeping threads for every parallel op (SmolLM2 bf16 on an idle 2-core AVX-512 EPYC: a decode step 24-30 ms
+    with the default spinning, 45-57 ms passive), while spinning threads on a busy machine can be many
+    times slower still. The cached SPS and drafting-cost tables are keyed by this line, so a table measured
+    under one policy never prices steps run under the other.
     `cpuinfo`: the text of /proc/cpuinfo (read when None; where it is missing, only the platform's name)."""
     fields = cpu_fields(cpuinfo)
     name = fields.get("model name") or platform.processor() or platform.machine() or "CPU"
@@ -70,7 +76,9 @@ def cpu_description(cpuinfo: str | None = None) -> str:
         vector = "AVX2 (no AVX-512, no BF16)"
     else:
         vector = ""
-    return ", ".join(x for x in (name, vector, f"{torch.get_num_threads()} threads") if x)
+    wait = os.environ.get("OMP_WAIT_POLICY", "").strip()
+    policy = f"OMP_WAIT_POLICY={wait.upper()}" if wait else ""
+    return ", ".join(x for x in (name, vector, f"{torch.get_num_threads()} threads", policy) if x)
 
 
 def resolve_device(name: str | None) -> torch.device:

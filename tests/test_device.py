@@ -385,8 +385,22 @@ def test_bench_gpu_dry_run(tmp_path, capsys, monkeypatch):
     assert (tmp_path / "gpu.md").is_file() and record["seconds"] > 0
 
 
-def test_cpu_description_names_the_vector_instructions():
+def test_cpu_description_names_the_openmp_wait_policy(monkeypatch):
+    """Passive and spinning OpenMP threads time the same step very differently, so the header (and the
+    cached SPS / drafting-cost tables keyed by it) name the policy when one is set, and nothing otherwise."""
+    avx512 = "model name\t: AMD EPYC 9R14\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n"
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    default = dev.cpu_description(avx512)
+    assert "OMP_WAIT_POLICY" not in default
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
+    assert dev.cpu_description(avx512) == default + ", OMP_WAIT_POLICY=PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert dev.cpu_description(avx512).endswith(", OMP_WAIT_POLICY=ACTIVE")
+
+
+def test_cpu_description_names_the_vector_instructions(monkeypatch):
     """Benchmark headers say which instructions the timings ran on (bf16 matmuls are emulated without BF16)."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     avx512 = "model name\t: AMD EPYC 9R14\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n"
     avx2 = "model name\t: AMD EPYC\nflags\t\t: fpu sse avx2\n"
     threads = f"{torch.get_num_threads()} threads"
