@@ -140,6 +140,9 @@ def cmd_responses(args: argparse.Namespace) -> None:
     device = cli.device_of(args)
     if args.per_domain == 0 and args.val_per_domain == 0:
         raise UsageError("--per-domain and --val-per-domain are both 0: there is nothing to generate")
+    if args.out and Path(args.out).suffix == ".gz":
+        raise UsageError(f"--out {args.out}: answers are appended as plain JSON lines; write a .jsonl and gzip "
+                         "it when it is complete")  # fmt: skip
     corpus = Path(args.data) / "corpus.jsonl"
     if not corpus.is_file():
         raise UsageError(f"no corpus in {args.data}; run `python -m dspark.train data` first")

@@ -168,6 +168,7 @@ CASES = [
     ("responses-nothing", "train", ["responses", "--per-domain", "0", "--val-per-domain", "0"], {},
      "nothing to generate"),
     ("responses-batch-0", "train", ["responses", "--batch-size", "0"], {}, "--batch-size"),
+    ("responses-out-gzipped", "train", ["responses", "--out", "{tmp}/r.jsonl.gz"], {}, "plain JSON lines"),
     ("data-math-negative", "train", ["data", "--math-problems", "-1"], {}, "--math-problems"),
     ("data-out-under-a-file", "train", ["data", "--out", "{file}/corpus"], {}, "{file}"),
     ("target-without-corpus", "train", ["target", "--data", "{tmp}/none", "--out", "{tmp}/run"], {},

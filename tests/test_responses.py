@@ -4,6 +4,7 @@ uninterrupted run would."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections import Counter
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dspark.checkpoint import load_target
-from dspark.training.responses import answered_prompts, pick_prompts, regenerate
+from dspark.training.responses import answered_prompts, load_responses, pick_prompts, regenerate
 
 DOMAIN_SIZES = {"chat": 3, "code": 5, "math": 6}  # unequal on purpose: chat runs out first
 
@@ -66,3 +67,23 @@ def test_resumed_and_grown_runs_equal_one_uninterrupted_run(corpus, tokenizer, s
     assert answered_prompts(grown) == answered_prompts(whole) and len(after) == len(lines)
     regenerate(out_path=grown, train_per_domain=100, **run)  # nothing left: nothing appended
     assert grown.read_text().splitlines() == after
+
+
+def test_a_gzipped_responses_file_reads_like_the_file(tmp_path):
+    """The committed answers are gzipped JSON lines: loading (and counting what is answered) is the same as
+    from the plain file; a damaged .gz is one clear error, and appending to a .gz is refused."""
+    records = [{"domain": d, "split": s, "prompt_ids": [1, 2, i], "response_ids": [3, i, 4]}
+               for i, (d, s) in enumerate((d, s) for d in ("code", "math", "chat") for s in ("train", "val"))]  # fmt: skip
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    plain, packed = tmp_path / "r.jsonl", tmp_path / "r.jsonl.gz"
+    plain.write_text(text)
+    packed.write_bytes(gzip.compress(text.encode()))
+    for split in ("train", "val"):
+        assert load_responses(packed, split) == load_responses(plain, split) != []
+    assert answered_prompts(packed) == answered_prompts(plain) and len(answered_prompts(plain)) == 6
+    damaged = tmp_path / "d.jsonl.gz"
+    damaged.write_bytes(gzip.compress(text.encode())[:-20])  # cut short: the gzip stream ends early
+    with pytest.raises(ValueError, match=r"d\.jsonl\.gz line \d+ is not a response record"):
+        load_responses(damaged, "train")
+    with pytest.raises(ValueError, match="plain JSON lines"):
+        regenerate(None, None, plain, packed, 1, 1, 4, 2)

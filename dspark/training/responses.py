@@ -6,6 +6,7 @@ like the paper), and drafters train on prompt + regenerated response. The
 result is cached on disk as JSON lines `{"domain", "split", "prompt_ids",
 "response_ids"}`; an interrupted run continues where it stopped, and a
 larger selection (more prompts per domain) answers only the prompts not yet answered.
+A gzipped copy (`*.jsonl.gz`, as committed under walkthrough/data/) reads like the file itself.
 
 What this file does not do: train anything, or touch the held-out evaluation
 prompts (only the corpus's train and val splits are used).
@@ -13,6 +14,7 @@ prompts (only the corpus's train and val splits are used).
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 from pathlib import Path
@@ -58,12 +60,18 @@ def pick_prompts(
     return [(domain, split, ids) for _, domain, split, ids in ranked]
 
 
+def open_records(path: Path):
+    """A responses file opened for reading text: gzip-compressed when its name ends in .gz."""
+    path = Path(path)
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
+
+
 def answered_prompts(out_path: Path) -> set[tuple[str, str, tuple[int, ...]]]:
     """The (domain, split, prompt ids) already answered in `out_path` (empty when it does not exist)."""
     if not Path(out_path).exists():
         return set()
     done = set()
-    with open(out_path, encoding="utf-8") as f:
+    with open_records(out_path) as f:
         for line in f:
             if line.strip():
                 r = json.loads(line)
@@ -83,7 +91,11 @@ def regenerate(
     batch_size: int,
     seed: int = 0,
 ) -> int:
-    """Append target responses to `out_path` until every chosen prompt has one; returns the count."""
+    """Append target responses to `out_path` until every chosen prompt has one; returns the count.
+    `out_path` is plain JSON lines (appended to as answers come): gzip a finished file, not this one."""
+    if Path(out_path).suffix == ".gz":
+        raise ValueError(f"{out_path}: responses are appended as plain JSON lines; write a .jsonl and gzip it "
+                         "when it is complete")  # fmt: skip
     max_prompt = target.config.max_seq_len - max_new_tokens
     chosen = pick_prompts(
         corpus_path, {"train": train_per_domain, "val": val_per_domain}, max_prompt, tokenizer, seed
@@ -110,18 +122,20 @@ def regenerate(
 
 
 def load_responses(path: Path, split: str) -> list[dict]:
+    """The records of one split ("train" or "val") of a responses file (plain or gzipped JSON lines).
+    FileNotFoundError when it is missing, ValueError (one line) when it is not a responses file."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path} not found; run `python -m dspark.train responses` first")
     records = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            try:
+    try:
+        with open_records(path) as f:
+            for line in f:
                 record = json.loads(line)
                 record["split"], record["domain"], record["prompt_ids"], record["response_ids"]  # noqa: B018
-            except (json.JSONDecodeError, TypeError, KeyError) as exc:
-                raise ValueError(f"{path} line {number} is not a response record ({exc}); regenerate it with "
-                                 "`python -m dspark.train responses`") from None  # fmt: skip
-            records.append(record)
+                records.append(record)
+    except (json.JSONDecodeError, TypeError, KeyError, OSError, EOFError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} line {len(records) + 1} is not a response record ({exc}); regenerate it with "
+                         "`python -m dspark.train responses`") from None  # fmt: skip
     out = [r for r in records if r["split"] == split]
     missing = {d for d in DOMAINS} - {r["domain"] for r in out}
     if missing:
