@@ -31,6 +31,8 @@ from dspark.scheduling.step import (
     VerifyScheduler,
     draft_plan,
     drafting_can_pay,
+    faded_forecast,
+    forecast_parts,
     forecast_survivals,
 )
 
@@ -254,6 +256,31 @@ def test_a_reused_decision_equals_a_fresh_one(monkeypatch):
             sched.accepted_total += float(torch.rand(1, generator=g)) * 3
             sched.predicted_total += 1.0
     assert 50 < len(computed) < 200  # reused (the lone idle request), recomputed (fades, new rounds)
+
+
+def test_the_forecast_parts_are_kept_while_only_idle_steps_change(monkeypatch):
+    """Steps in which only idle counts move (the fade) re-plan from the kept `forecast_parts`; new rounds,
+    arrivals and first rounds compute them again; the forecast from kept parts is the fresh one."""
+    cost = DraftCost([0.0025 * (1 + 0.05 * n) for n in range(1, 65)], "about a target pass")
+    sched = VerifyScheduler(make_policy("dspark"), CPU_LIKE, None, cost)
+    made = []
+    monkeypatch.setattr(
+        step_module, "forecast_parts", lambda *a, **k: made.append(1) or forecast_parts(*a, **k)
+    )
+    history, idle = [[[0.3] * 7], [[0.5] * 7, [0.4] * 7]], [3, 5]  # two idle requests: every step re-plans
+    fresh = []
+    for step in range(6):
+        sched.speculate(history, [i + step for i in idle], 7)
+        fresh.append(faded_forecast(sched._parts[2], [i + step for i in idle]))
+    assert len(made) == 1  # computed once, then kept while only the idle steps moved
+    for step, kept in enumerate(fresh):  # (these calls count too: after the check above)
+        assert torch.equal(kept, forecast_survivals(history, [i + step for i in idle], 7, None, []))
+    made.clear()
+    history = [history[0], [*history[1], [0.9] * 7][-4:]]  # request 1 drafted: a new list
+    sched.speculate(history, [9, 0], 7)
+    assert len(made) == 1
+    sched.speculate([*history, []], [10, 1, 0], 7)  # an arrival
+    assert len(made) == 2
 
 
 def test_rows_that_did_not_draft_verify_nothing():

@@ -62,6 +62,7 @@ the step (dspark/serving/engine.py).
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
@@ -97,23 +98,33 @@ def drafting_can_pay(requests: int, gamma: int, profile: ThroughputProfile, cost
     return best > step_rate(requests, requests, profile)
 
 
-def forecast_survivals(
+@dataclass
+class ForecastParts:
+    """What a forecast takes from the earlier rounds alone, before the idle steps fade it: it changes only
+    when a request drafts, arrives or leaves (or a first round is remembered), not from one idle step to the
+    next, so `VerifyScheduler.speculate` keeps it while the histories are the same lists. `own` is None when
+    nothing is known (no request has drafted and no first round is remembered)."""
+
+    own: torch.Tensor | None  # (R, γ) float64 each request's mean calibrated survivals over its rounds
+    known: torch.Tensor | None  # (R, γ) bool: some round of the request saw position j
+    has_rounds: torch.Tensor | None  # (R,) bool
+    population: torch.Tensor | None  # (γ,) the mean of the requests that saw each position (else newcomer's)
+    newcomer: torch.Tensor | None  # (γ,) the mean of earlier requests' first rounds, or None without any
+    newcomer_seen: torch.Tensor | None  # (γ,) how many of those first rounds saw each position
+
+
+def forecast_parts(
     history: list[list[list[float]]],
-    idle_steps: list[int],
     gamma: int,
     temperatures: torch.Tensor | None = None,
     first_rounds: list[list[float]] | None = None,
-) -> torch.Tensor | None:
-    """(R, γ) float64 forecast of this step's survivals from earlier rounds: each request's mean calibrated
-    survivals over its recent drafted rounds, faded toward the other requests' mean the longer it has been
-    idle (half-life IDLE_HALF_LIFE steps); a request that never drafted gets the mean of `first_rounds`
-    (raw confidences of earlier requests' first drafted rounds) or, without any, the others' mean; a request
-    that is the only one with rounds keeps exactly its own. None when nothing is known: no request has
-    drafted and no first round is remembered. All rounds go through `prefix_survival` together."""
+) -> ForecastParts:
+    """The idle-independent part of `forecast_survivals`: every round through `prefix_survival` together,
+    the means per request, of the population and of the first rounds."""
     counts = [len(h) for h in history]
     first_rounds = first_rounds or []
     if not any(counts) and not first_rounds:
-        return None
+        return ForecastParts(None, None, None, None, None, None)
     rounds = [c[:gamma] for h in history for c in h] + [c[:gamma] for c in first_rounds]
     # a round drafted at a narrower width knows fewer positions: pad it, and average each position only over
     # the rounds that saw it (survivals of the padding are never read)
@@ -143,17 +154,45 @@ def forecast_survivals(
     population = (own * known).sum(0) / known.sum(0).clamp(min=1)  # (γ,)
     if newcomer is not None:
         population = torch.where(known.any(0), population, newcomer)
+    return ForecastParts(own, known, has_rounds, population, newcomer, newcomer_seen)
+
+
+def faded_forecast(parts: ForecastParts, idle_steps: list[int]) -> torch.Tensor | None:
+    """(R, γ) the forecast of `forecast_survivals` from its `parts` and this step's idle steps (None when
+    nothing is known)."""
+    if parts.own is None:
+        return None
+    own, known, has_rounds, population, newcomer = (
+        parts.own, parts.known, parts.has_rounds, parts.population, parts.newcomer
+    )  # fmt: skip
     idle = torch.tensor(idle_steps, dtype=torch.float64, device=HOST)
     w = torch.where(has_rounds, 0.5 ** (idle / IDLE_HALF_LIFE), 0.0)[:, None] * known  # (R, γ) own weight
     alone = known.sum(0) == 1  # (γ,) one request saw the position: the population is that request itself
     w = torch.where(alone[None, :] & known, 1.0, w)
     forecast = w * own + (1 - w) * population
     if newcomer is not None:  # a request without rounds: the first rounds' mean where they saw the position
-        fresh = ~has_rounds[:, None] & (newcomer_seen > 0)[None, :]  # (R, γ)
+        fresh = ~has_rounds[:, None] & (parts.newcomer_seen > 0)[None, :]  # (R, γ)
         forecast = torch.where(fresh, newcomer.expand_as(forecast), forecast)
     # positions mixed from different rounds (narrow ones count only where they saw) may rise along j; a
     # survival never does (a no-op when every round saw every position)
     return forecast.cummin(dim=1).values
+
+
+def forecast_survivals(
+    history: list[list[list[float]]],
+    idle_steps: list[int],
+    gamma: int,
+    temperatures: torch.Tensor | None = None,
+    first_rounds: list[list[float]] | None = None,
+) -> torch.Tensor | None:
+    """(R, γ) float64 forecast of this step's survivals from earlier rounds: each request's mean calibrated
+    survivals over its recent drafted rounds, faded toward the other requests' mean the longer it has been
+    idle (half-life IDLE_HALF_LIFE steps); a request that never drafted gets the mean of `first_rounds`
+    (raw confidences of earlier requests' first drafted rounds) or, without any, the others' mean; a request
+    that is the only one with rounds keeps exactly its own. None when nothing is known: no request has
+    drafted and no first round is remembered. All rounds go through `prefix_survival` together
+    (`forecast_parts`), then the idle steps fade them (`faded_forecast`)."""
+    return faded_forecast(forecast_parts(history, gamma, temperatures, first_rounds), idle_steps)
 
 
 def draft_plan(
@@ -166,6 +205,7 @@ def draft_plan(
     realism: float = 1.0,
     first_rounds: list[list[float]] | None = None,
     early_stop: bool = True,
+    parts: ForecastParts | None = None,
 ) -> tuple[torch.Tensor, int]:
     """((R,) bool which requests draft this step, the block width w they draft: 0 when none does).
 
@@ -176,13 +216,17 @@ def draft_plan(
     early_stop: False forecasts ℓ̂ with the global search (the async policy's, whose budget comes from it): on
     a jagged SPS (CUDA-graph buckets) the early stop halts at the first bucket edge and forecasts ℓ̂ = 0.
     The width is γ unless a narrower block costs less (`DraftCost.width_matters`): then the top k drafting
-    requests draft w = min(γ, max forecast ℓ̂ + DRAFT_SLACK) positions, priced at that width."""
+    requests draft w = min(γ, max forecast ℓ̂ + DRAFT_SLACK) positions, priced at that width.
+    parts: `forecast_parts(history, gamma, temperatures, first_rounds)` if the caller kept it (the same
+    decision, without recomputing what only new rounds change)."""
     R = len(history)
     if cost.is_free:
         return torch.ones(R, dtype=torch.bool, device=HOST), gamma
     if not drafting_can_pay(R, gamma, profile, cost):
         return torch.zeros(R, dtype=torch.bool, device=HOST), 0
-    forecast = forecast_survivals(history, idle_steps, gamma, temperatures, first_rounds)  # (R, γ)
+    if parts is None:
+        parts = forecast_parts(history, gamma, temperatures, first_rounds)
+    forecast = faded_forecast(parts, idle_steps)  # (R, γ)
     if forecast is None:  # nothing learnt yet: draft the whole block to find out
         return torch.ones(R, dtype=torch.bool, device=HOST), gamma
     ell = prefix_schedule(forecast, profile, early_stop=early_stop, draft_seconds=cost.seconds(R))  # (R,)
@@ -224,6 +268,7 @@ class VerifyScheduler:
         self.accepted_total = self.predicted_total = 0.0  # over every drafted round: realised vs forecast
         self._predicted: torch.Tensor | None = None  # (R,) this round's survival-predicted accepted drafts
         self._last_decision: tuple | None = None  # (inputs, history lists, mask) of the last `speculate`
+        self._parts: tuple | None = None  # ((γ, first rounds' version), history lists, their ForecastParts)
         self.first_rounds: deque[list[float]] = deque(maxlen=FIRST_ROUNDS)  # earlier requests' first rounds
         self.first_rounds_seen = 0  # how many were ever remembered (the memory's version)
 
@@ -248,6 +293,19 @@ class VerifyScheduler:
         if last is not None and last[0] == key and len(last[1]) == len(history):
             if all(a is b for a, b in zip(last[1], history)):
                 return last[2]
+        # what only new rounds change is kept while the history lists are the same: a step in which only the
+        # idle steps moved recomputes the fade and the walk, not every round's calibrated survivals
+        parts_key, kept = (gamma, self.first_rounds_seen), self._parts
+        if (
+            kept is not None
+            and kept[0] == parts_key
+            and len(kept[1]) == len(history)
+            and all(a is b for a, b in zip(kept[1], history))
+        ):
+            parts = kept[2]
+        else:
+            parts = forecast_parts(history, gamma, self.temperatures, list(self.first_rounds))
+            self._parts = (parts_key, list(history), parts)
         mask, width = draft_plan(
             history,
             idle_steps,
@@ -258,6 +316,7 @@ class VerifyScheduler:
             self.realism,
             list(self.first_rounds),
             early_stop=not self.policy.forecast_global,
+            parts=parts,
         )
         widths = mask.long() * width  # (R,)
         self._last_decision = (key, list(history), widths)
