@@ -135,14 +135,13 @@ def cmd_responses(args: argparse.Namespace) -> None:
     """Answer training/validation prompts of the corpus again with the target, sampled at T = 1, so that drafters
     learn the target rather than the corpus. Resumes if interrupted.
     """
-    from dspark.training.responses import regenerate
+    from dspark.training.responses import refuse_gzipped_output, regenerate
 
     device = cli.device_of(args)
     if args.per_domain == 0 and args.val_per_domain == 0:
         raise UsageError("--per-domain and --val-per-domain are both 0: there is nothing to generate")
-    if args.out and Path(args.out).suffix == ".gz":
-        raise UsageError(f"--out {args.out}: answers are appended as plain JSON lines; write a .jsonl and gzip "
-                         "it when it is complete")  # fmt: skip
+    if args.out:  # before the target loads
+        refuse_gzipped_output(args.out)
     corpus = Path(args.data) / "corpus.jsonl"
     if not corpus.is_file():
         raise UsageError(f"no corpus in {args.data}; run `python -m dspark.train data` first")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import zlib
 from pathlib import Path
 
 import torch
@@ -66,6 +67,14 @@ def open_records(path: Path):
     return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
 
 
+def refuse_gzipped_output(out_path: Path) -> None:
+    """ValueError (one line) for an output path ending in .gz: answers are appended as they come, which a
+    gzip stream does not allow; gzip a finished file instead."""
+    if Path(out_path).suffix == ".gz":
+        raise ValueError(f"{out_path}: responses are appended as plain JSON lines; write a .jsonl and gzip it "
+                         "when it is complete")  # fmt: skip
+
+
 def answered_prompts(out_path: Path) -> set[tuple[str, str, tuple[int, ...]]]:
     """The (domain, split, prompt ids) already answered in `out_path` (empty when it does not exist)."""
     if not Path(out_path).exists():
@@ -93,9 +102,7 @@ def regenerate(
 ) -> int:
     """Append target responses to `out_path` until every chosen prompt has one; returns the count.
     `out_path` is plain JSON lines (appended to as answers come): gzip a finished file, not this one."""
-    if Path(out_path).suffix == ".gz":
-        raise ValueError(f"{out_path}: responses are appended as plain JSON lines; write a .jsonl and gzip it "
-                         "when it is complete")  # fmt: skip
+    refuse_gzipped_output(out_path)
     max_prompt = target.config.max_seq_len - max_new_tokens
     chosen = pick_prompts(
         corpus_path, {"train": train_per_domain, "val": val_per_domain}, max_prompt, tokenizer, seed
@@ -133,7 +140,15 @@ def load_responses(path: Path, split: str) -> list[dict]:
                 record = json.loads(line)
                 record["split"], record["domain"], record["prompt_ids"], record["response_ids"]  # noqa: B018
                 records.append(record)
-    except (json.JSONDecodeError, TypeError, KeyError, OSError, EOFError, UnicodeDecodeError) as exc:
+    except (
+        json.JSONDecodeError,
+        TypeError,
+        KeyError,
+        gzip.BadGzipFile,
+        zlib.error,
+        EOFError,
+        UnicodeDecodeError,
+    ) as exc:
         raise ValueError(f"{path} line {len(records) + 1} is not a response record ({exc}); regenerate it with "
                          "`python -m dspark.train responses`") from None  # fmt: skip
     out = [r for r in records if r["split"] == split]
