@@ -62,6 +62,7 @@ the step (dspark/serving/engine.py).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -85,6 +86,12 @@ DRAFT_SLACK = 1
 def realism_ratio(accepted: float, predicted: float) -> float:
     """Accepted drafts per survival-predicted one, with REALISM_PRIOR tokens of pseudo-evidence for 1."""
     return (accepted + REALISM_PRIOR) / (predicted + REALISM_PRIOR)
+
+
+def same_lists(kept: list[list], history: list[list]) -> bool:
+    """Whether `history` holds the very lists kept from an earlier step (the engine replaces a request's list
+    when it drafts and never edits one, so the same objects mean the same rounds)."""
+    return len(kept) == len(history) and all(a is b for a, b in zip(kept, history))
 
 
 def drafting_can_pay(requests: int, gamma: int, profile: ThroughputProfile, cost: DraftCost) -> bool:
@@ -205,7 +212,7 @@ def draft_plan(
     realism: float = 1.0,
     first_rounds: list[list[float]] | None = None,
     early_stop: bool = True,
-    parts: ForecastParts | None = None,
+    parts: Callable[[], ForecastParts] | None = None,
 ) -> tuple[torch.Tensor, int]:
     """((R,) bool which requests draft this step, the block width w they draft: 0 when none does).
 
@@ -217,16 +224,16 @@ def draft_plan(
     a jagged SPS (CUDA-graph buckets) the early stop halts at the first bucket edge and forecasts ℓ̂ = 0.
     The width is γ unless a narrower block costs less (`DraftCost.width_matters`): then the top k drafting
     requests draft w = min(γ, max forecast ℓ̂ + DRAFT_SLACK) positions, priced at that width.
-    parts: `forecast_parts(history, gamma, temperatures, first_rounds)` if the caller kept it (the same
-    decision, without recomputing what only new rounds change)."""
+    parts: a function giving `forecast_parts(history, gamma, temperatures, first_rounds)`, called only where
+    a forecast is needed, if the caller keeps them (the same decision, without recomputing what only new
+    rounds change)."""
     R = len(history)
     if cost.is_free:
         return torch.ones(R, dtype=torch.bool, device=HOST), gamma
     if not drafting_can_pay(R, gamma, profile, cost):
         return torch.zeros(R, dtype=torch.bool, device=HOST), 0
-    if parts is None:
-        parts = forecast_parts(history, gamma, temperatures, first_rounds)
-    forecast = faded_forecast(parts, idle_steps)  # (R, γ)
+    kept = parts() if parts is not None else forecast_parts(history, gamma, temperatures, first_rounds)
+    forecast = faded_forecast(kept, idle_steps)  # (R, γ)
     if forecast is None:  # nothing learnt yet: draft the whole block to find out
         return torch.ones(R, dtype=torch.bool, device=HOST), gamma
     ell = prefix_schedule(forecast, profile, early_stop=early_stop, draft_seconds=cost.seconds(R))  # (R,)
@@ -290,22 +297,19 @@ class VerifyScheduler:
         fades = sum(1 for h in history if h) > 1
         key = (gamma, self.realism, self.first_rounds_seen, tuple(idle_steps) if fades else len(idle_steps))
         last = self._last_decision
-        if last is not None and last[0] == key and len(last[1]) == len(history):
-            if all(a is b for a, b in zip(last[1], history)):
-                return last[2]
-        # what only new rounds change is kept while the history lists are the same: a step in which only the
-        # idle steps moved recomputes the fade and the walk, not every round's calibrated survivals
-        parts_key, kept = (gamma, self.first_rounds_seen), self._parts
-        if (
-            kept is not None
-            and kept[0] == parts_key
-            and len(kept[1]) == len(history)
-            and all(a is b for a, b in zip(kept[1], history))
-        ):
-            parts = kept[2]
-        else:
-            parts = forecast_parts(history, gamma, self.temperatures, list(self.first_rounds))
-            self._parts = (parts_key, list(history), parts)
+        if last is not None and last[0] == key and same_lists(last[1], history):
+            return last[2]
+
+        def parts() -> ForecastParts:
+            """What only new rounds change, kept while the history lists are the same: a step in which only
+            the idle steps moved recomputes the fade and the walk, not every round's calibrated survivals."""
+            parts_key, kept = (gamma, self.first_rounds_seen), self._parts
+            if kept is not None and kept[0] == parts_key and same_lists(kept[1], history):
+                return kept[2]
+            fresh = forecast_parts(history, gamma, self.temperatures, list(self.first_rounds))
+            self._parts = (parts_key, list(history), fresh)
+            return fresh
+
         mask, width = draft_plan(
             history,
             idle_steps,
