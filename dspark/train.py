@@ -213,6 +213,8 @@ def cmd_drafter(args: argparse.Namespace) -> None:
     from dspark.training.drafters import train_drafter, trainer_state_path
     from dspark.training.responses import load_responses, response_token_counts
 
+    if args.tied_rank and args.kind != "dspark":
+        raise UsageError(f"--tied-rank is for the dspark kind (its Markov head), not {args.kind}")
     target = load_training_target(args)
     out = Path(args.out) if args.out else default_path(args.kind, args.target_name)
     if trainer_state_path(out).exists() and not args.resume:
@@ -222,7 +224,7 @@ def cmd_drafter(args: argparse.Namespace) -> None:
     gamma = 1 if args.kind == "mtp" else args.gamma
     torch.manual_seed(args.seed)
     drafter = new_drafter(
-        target, args.kind, gamma, args.layers, args.rank, args.draft_vocab, args.final_hidden
+        target, args.kind, gamma, args.layers, args.rank, args.draft_vocab, args.final_hidden, args.tied_rank
     )
     if args.draft_vocab:  # the K ids the target writes most often in the training responses (EOS always)
         counts = response_token_counts(
@@ -383,6 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=cli.number(int, 0), default=0, help=f"drafter layers (default: {AUTOREGRESSIVE.n_layers} "
                    f"for mtp/eagle, {PARALLEL.n_layers} for the parallel ones)")  # fmt: skip
     option(p, "--rank", PARALLEL.rank, "DSpark sequential-head rank r", low=1)
+    option(p, "--tied-rank", PARALLEL.tied_rank, "dspark only: r_t more Markov-head rank factored through the "
+           "target's own embeddings (2 x dim x r_t weights, whatever the vocabulary)", low=0)  # fmt: skip
     option(p, "--draft-vocab", PARALLEL.draft_vocab, "score only the K ids the target writes most often in "
            "the training responses (q = 0 elsewhere: still lossless); 0 = the whole vocabulary", low=0)  # fmt: skip
     p.add_argument("--final-hidden", action="store_true",

@@ -3,6 +3,7 @@ refused or rebuilt) and the equal-budget step count."""
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -22,6 +23,7 @@ from dspark.training.feature_cache import (
     build_feature_cache,
     ensure_feature_cache,
     live_features,
+    response_caches,
     supervised_target_probs,
 )
 
@@ -168,6 +170,22 @@ def test_a_stale_cache_is_refused_and_rebuilt(tmp_path, tiny_model):
     assert ensure_feature_cache(retapped, data, tmp_path / "f", log=messages.append) is not None
     assert len(messages) == 1  # fresh now: opened, not rebuilt
     assert not (tmp_path / "f.partial").exists()
+
+
+def test_a_gzipped_responses_file_shares_its_plain_twins_cache(tmp_path, tiny_model):
+    """The committed answers are `responses.jsonl.gz`; the generated ones `responses.jsonl`: the same records
+    must open the same cache (building it takes ~20 minutes on SmolLM2), not a second one."""
+    domains = ("code", "math", "chat")
+    text = "".join(json.dumps({**r, "split": split, "domain": domains[i % 3]}) + "\n"
+                   for split in ("train", "val") for i, r in enumerate(records(5)))  # fmt: skip
+    plain, packed = tmp_path / "responses.jsonl", tmp_path / "responses.jsonl.gz"
+    plain.write_text(text)
+    packed.write_bytes(gzip.compress(text.encode()))
+    built, reopened = [], []
+    response_caches(tiny_model, plain, tmp_path / "features", log=built.append)
+    response_caches(tiny_model, packed, tmp_path / "features", log=reopened.append)
+    assert any("building" in m for m in built) and not any("building" in m for m in reopened)
+    assert sorted(p.name for p in (tmp_path / "features").iterdir()) == ["responses"]
 
 
 def test_an_interrupted_build_leaves_the_old_cache(tmp_path, tiny_model, monkeypatch):

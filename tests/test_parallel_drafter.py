@@ -21,14 +21,16 @@ from dspark.training.feature_cache import FeatureBatch
 from dspark.training.packed_blocks import BlockLoss, block_losses, block_visibility, packed_blocks
 
 
-def make(target, kind, gamma=4, rank=8, seed=0, final_hidden=False):
+def make(target, kind, gamma=4, rank=8, seed=0, final_hidden=False, tied_rank=0):
     torch.manual_seed(seed)
     mask_id = min(5, target.config.vocab_size - 1)
     config = ParallelDrafterConfig(kind, gamma=gamma, ffn_hidden=64, rank=rank, mask_id=mask_id,
-                                   final_hidden=final_hidden)  # fmt: skip
+                                   final_hidden=final_hidden, tied_rank=tied_rank)  # fmt: skip
     drafter = ParallelDrafter(target, config)
     if kind != "dflash":  # a non-trivial sequential head (W2 starts at zero)
         torch.nn.init.normal_(drafter.w2.weight, std=0.5)
+    if tied_rank:  # and a non-trivial tied part (P starts at zero)
+        torch.nn.init.normal_(drafter.tied_out.weight, std=0.5)
     return drafter.eval()
 
 
@@ -104,12 +106,15 @@ def test_rank_zero_dspark_is_the_dflash_path(tiny_model):
     assert ParallelDrafterConfig("dflash", rank=64).rank == 0
 
 
-@pytest.mark.parametrize("kind", ["dflash", "dspark", "dspark-rnn"])
+@pytest.mark.parametrize("kind", ["dflash", "dspark", "dspark-rnn", "dspark-tied"])
 @pytest.mark.parametrize("gamma", [1, 3, 4])
 def test_greedy_identity(tiny_model, kind, gamma):
     ps = prompts(RAGGED, seed=6)
     reference = generate(tiny_model, ps, 24, GREEDY)
-    result = speculative_generate(tiny_model, make(tiny_model, kind, gamma=4), ps, 24, GREEDY, gamma)
+    drafter = (
+        make(tiny_model, "dspark", gamma=4, tied_rank=6) if kind == "dspark-tied" else make(tiny_model, kind)
+    )
+    result = speculative_generate(tiny_model, drafter, ps, 24, GREEDY, gamma)
     assert result.tokens == reference.tokens and result.stop_reasons == reference.stop_reasons
     assert result.stats.tau > 1.0  # some drafts accepted, so verification is exercised
 
@@ -124,6 +129,36 @@ def test_training_loss_terms_and_gradients(tiny_model):
     assert set(terms) == {"ce", "tv", "conf"} and len(acc) == drafter.config.gamma
     assert all(0 <= float(a) <= 1 for a in acc)
     assert drafter.w1.weight.grad.abs().sum() > 0 and drafter.confidence.weight.grad.abs().sum() > 0
+
+
+def test_tied_rank_is_a_markov_head_factored_through_the_targets_embeddings(tiny_model):
+    drafter = make(tiny_model, "dspark", rank=8, tied_rank=6)
+    emb, head = tiny_model.embed.weight.detach(), tiny_model.lm_head.weight.detach()
+    with torch.no_grad():
+        w1, w2, conf_w, _ = drafter.markov_weights()
+        assert w1.shape == (TINY.vocab_size, 14) and w2.shape == (TINY.vocab_size, 14)
+        assert conf_w.shape == (TINY.dim + 14,)
+        torch.testing.assert_close(w1, torch.cat([drafter.w1.weight, emb @ drafter.tied_in.weight.T], -1))
+        torch.testing.assert_close(w2, torch.cat([drafter.w2.weight, head @ drafter.tied_out.weight], -1))
+        assert drafter.markov_weights()[0] is w1  # built once, reused while no weight changes
+        drafter.tied_in.weight.add_(1.0)  # an in-place update (what an optimizer step does)
+        w1_new = drafter.markov_weights()[0]
+    assert (
+        w1_new is not w1
+        and not torch.equal(w1_new[:, 8:], w1[:, 8:])
+        and torch.equal(w1_new[:, :8], w1[:, :8])
+    )
+    # training: gradients reach both factors and the free part
+    drafter.train()
+    tokens = torch.randint(0, TINY.vocab_size, (2, 20), generator=torch.Generator().manual_seed(4))
+    batch = live(tiny_model, tokens, [20, 9], [3, 2])
+    anchors, valid = sample_anchors(batch.lengths, batch.prompt_lens, 5, torch.Generator().manual_seed(0))
+    block_losses(drafter, tiny_model, batch, anchors, valid)[0].backward()
+    for weight in (drafter.w1.weight, drafter.tied_in.weight, drafter.tied_out.weight):
+        assert weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="tied_rank"):
+        ParallelDrafterConfig("dspark-rnn", tied_rank=4)
+    assert ParallelDrafterConfig("dflash", tied_rank=4).tied_rank == 0
 
 
 def live(target, tokens, lengths, prompt_lens) -> FeatureBatch:

@@ -21,6 +21,14 @@ Sequential stage (paper section 3.1, eq. for p_k): left to right,
   * RNN head: z = [s_{k-1}; W1[x_{k-1}]; h_k] -> gate g, candidate c, output o;
     s_k = σ(g) s_{k-1} + (1 - σ(g)) tanh(c);  B = tanh(o) W2;
   * rank r = 0: no sequential term -- the DFlash baseline, same code path.
+  * tied rank r_t (optional, Markov head only): r_t more columns of W1 and W2
+    factored through the target's own frozen embeddings, W1' = E_in Q and
+    W2' = E_out P (Q: dim x r_t, P: dim x r_t), i.e. B gains E_out P Qᵀ e_{x_{k-1}}:
+    a previous-token correction in the LM head's input space. It stores
+    2·dim·r_t numbers instead of 2·V·r, so a real target's large vocabulary
+    does not make a higher rank expensive to ship. W1 and W2 are materialised
+    ([W1 | W1'], [W2 | W2']) once per weight update and reused, so inference and
+    the Triton kernel see an ordinary rank r + r_t Markov head.
 
 `markov_block_sample` runs the Markov stage of a whole block in one call: the
 PyTorch loop `markov_block_reference`, or on CUDA tensors the Triton kernel in
@@ -155,14 +163,17 @@ class ParallelDrafterConfig:
     normed_head_input: bool = True  # heads read RMSNorm(h), the LM head's input (False: raw h)
     draft_vocab: int = 0  # K: score only the K most frequent target ids (drafters/vocab.py); 0 = all of them
     final_hidden: bool = False  # also read the target's final-normed hidden state next to its tap layers
+    tied_rank: int = 0  # r_t: Markov-head rank factored through the target's embeddings (2·dim·r_t weights)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {sorted(KINDS)}, got {self.kind!r}")
         if self.kind == "dflash":
-            self.rank = 0
+            self.rank, self.tied_rank = 0, 0
         if self.kind != "dflash" and self.rank < 1:
             raise ValueError("DSpark's sequential head needs rank >= 1 (rank 0 is the dflash kind)")
+        if self.tied_rank < 0 or (self.tied_rank and self.head != "markov"):
+            raise ValueError(f"tied_rank must be >= 0 and only the Markov head has one, got {self.tied_rank}")
         for name in ("gamma", "n_layers", "ffn_hidden"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -193,8 +204,13 @@ class ParallelDrafter(Drafter):
             self.w2 = nn.Linear(r, self.vocab.n_out, bias=False)  # W2: r -> V (or K)
         if config.head == "rnn":
             self.rnn = nn.Linear(r + r + tc.dim, 3 * r)  # [s; W1[x]; h] -> gate, candidate, output
+        rt = config.tied_rank
+        if rt > 0:  # W1' = E_in Q, W2' = E_out P through the target's frozen embeddings
+            self.tied_in = nn.Linear(tc.dim, rt, bias=False)  # Qᵀ: e_x (dim) -> (r_t)
+            self.tied_out = nn.Linear(rt, tc.dim, bias=False)  # P: (r_t) -> a vector the LM-head rows read
+        self._markov_cache: tuple | None = None  # (weights' versions, [W1 | W1'], [W2 | W2'])
         if config.head != "none":  # DFlash has no confidence head
-            self.confidence = nn.Linear(tc.dim + r, 1)  # w of c_k = σ(wᵀ[h_k; W1[x_{k-1}]])
+            self.confidence = nn.Linear(tc.dim + r + rt, 1)  # w of c_k = σ(wᵀ[h_k; W1[x_{k-1}]])
         cos, sin = rope_table(self.layer_config)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -209,6 +225,8 @@ class ParallelDrafter(Drafter):
                 nn.init.normal_(m.weight, std=0.02)
         if r > 0:
             nn.init.zeros_(self.w2.weight)  # the sequential term starts as a no-op on top of U
+        if rt > 0:
+            nn.init.zeros_(self.tied_out.weight)
 
     @property
     def target(self) -> Transformer:
@@ -268,8 +286,35 @@ class ParallelDrafter(Drafter):
         return u_k, conf, state
 
     def markov_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(W1 (V, r), W2 (V, r) as nn.Linear stores it, confidence w (dim + r,), its bias (1,))."""
-        return self.w1.weight, self.w2.weight, self.confidence.weight[0], self.confidence.bias
+        """(W1 (V, r), W2 (V, r) as nn.Linear stores it, confidence w (dim + r,), its bias (1,));
+        with a tied rank, W1 and W2 are [W1 | E_in Q] and [W2 | E_out P] (r + r_t columns)."""
+        conf = (self.confidence.weight[0], self.confidence.bias)
+        if not self.config.tied_rank:
+            return self.w1.weight, self.w2.weight, *conf
+        return (*self.markov_tables(), *conf)
+
+    def markov_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """[W1 | E_in Q] (n_prev, r + r_t) and [W2 | E_out P] (n_out, r + r_t), built once per weight update:
+        the key holds every input's storage and in-place version (an optimizer step or a load bumps it),
+        whether autograd records, and the autocast state."""
+        tensors = (self.w1.weight, self.w2.weight, self.tied_in.weight, self.tied_out.weight,
+                   self.vocab.previous_rows(), self.vocab.output_rows())  # fmt: skip
+        device = self.w1.weight.device.type
+        key = (
+            tuple((t.data_ptr(), t._version, t.dtype) for t in tensors),
+            torch.is_grad_enabled(),
+            torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device),
+        )
+        if self._markov_cache is None or self._markov_cache[0] != key:
+            w1, w2, q, p, rows_in, rows_out = tensors
+            t1 = F.linear(rows_in.to(q.dtype), q)  # (n_prev, r_t) = E_in Q
+            t2 = F.linear(rows_out.to(p.dtype), p.T)  # (n_out, r_t) = E_out P
+            self._markov_cache = (
+                key,
+                torch.cat([w1, t1.to(w1.dtype)], -1),
+                torch.cat([w2, t2.to(w2.dtype)], -1),
+            )
+        return self._markov_cache[1], self._markov_cache[2]
 
     # ---- inference ------------------------------------------------------------------------------
     def reset(self, n_slots: int) -> None:

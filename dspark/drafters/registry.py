@@ -115,16 +115,19 @@ def new_drafter(
     rank: int | None = None,
     draft_vocab: int = 0,
     final_hidden: bool = False,
+    tied_rank: int = 0,
 ) -> Drafter:
     """A freshly initialised drafter of `kind` for `target` (its SwiGLU width); MTP-1 always drafts 1 token,
     `layers` 0 = the kind's default depth, `rank` None = the default sequential-head rank, `draft_vocab` K > 0:
     it scores K target ids (the first K until `drafter.vocab.set_ids` chooses them), 0 = all; `final_hidden`:
-    EAGLE and the parallel kinds read the target's final hidden state next to its tap layers."""
+    EAGLE and the parallel kinds read the target's final hidden state next to its tap layers; `tied_rank`: the
+    Markov head's extra rank through the target's embeddings (dspark only)."""
     if kind in PARALLEL_KINDS:
         config = ParallelDrafterConfig(kind, gamma, layers or ParallelDrafterConfig.n_layers, target.config.ffn_hidden,
                                        rank=ParallelDrafterConfig.rank if rank is None else rank,
                                        mask_id=min(ParallelDrafterConfig.mask_id, target.config.vocab_size - 1),
-                                       draft_vocab=draft_vocab, final_hidden=final_hidden)  # fmt: skip
+                                       draft_vocab=draft_vocab, final_hidden=final_hidden,
+                                       tied_rank=tied_rank)  # fmt: skip
         return ParallelDrafter(target, config)
     layers = layers or AutoregressiveDrafterConfig.n_layers
     config = AutoregressiveDrafterConfig(

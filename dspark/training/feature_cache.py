@@ -328,7 +328,7 @@ def ensure_feature_cache(
 def response_caches(
     target: Transformer, responses_path: str | Path, root: str | Path, log=print
 ) -> tuple[FeatureCache, FeatureCache]:
-    """(train, val) caches of the responses file, under root/<file stem>/taps-<layers>/<split> (one per tap
+    """(train, val) caches of the responses file, under root/<file stem, without .gz>/taps-<layers>/<split> (one per tap
     set, so comparing taps never rebuilds), built or rebuilt as needed."""
     from dspark.training.responses import load_responses
 
@@ -336,7 +336,8 @@ def response_caches(
     for split in ("train", "val"):
         records = load_responses(Path(responses_path), split)
         taps = "-".join(map(str, target.config.tap_layers))
-        directory = Path(root) / Path(responses_path).stem / f"taps-{taps}" / split
+        name = Path(responses_path).name.removesuffix(".gz")  # a gzipped file shares its plain twin's cache
+        directory = Path(root) / Path(name).stem / f"taps-{taps}" / split
         t0 = time.perf_counter()
         caches.append(ensure_feature_cache(target, records, directory, log=log))
         log(f"feature cache {directory}: {len(records)} sequences, {int(caches[-1].index[:, 1].sum()):,} tokens, "
