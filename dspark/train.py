@@ -224,7 +224,15 @@ def cmd_drafter(args: argparse.Namespace) -> None:
     gamma = 1 if args.kind == "mtp" else args.gamma
     torch.manual_seed(args.seed)
     drafter = new_drafter(
-        target, args.kind, gamma, args.layers, args.rank, args.draft_vocab, args.final_hidden, args.tied_rank
+        target,
+        args.kind,
+        gamma,
+        args.layers,
+        args.rank,
+        args.draft_vocab,
+        args.final_hidden,
+        args.tied_rank,
+        args.width,
     )
     if args.draft_vocab:  # the K ids the target writes most often in the training responses (EOS always)
         counts = response_token_counts(
@@ -385,6 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=cli.number(int, 0), default=0, help=f"drafter layers (default: {AUTOREGRESSIVE.n_layers} "
                    f"for mtp/eagle, {PARALLEL.n_layers} for the parallel ones)")  # fmt: skip
     option(p, "--rank", PARALLEL.rank, "DSpark sequential-head rank r", low=1)
+    option(p, "--width", 0, "SwiGLU width of the drafter's layers (0 = the target's)", low=0)
     option(p, "--tied-rank", PARALLEL.tied_rank, "dspark only: r_t more Markov-head rank factored through the "
            "target's own embeddings (2 x dim x r_t weights, whatever the vocabulary)", low=0)  # fmt: skip
     option(p, "--draft-vocab", PARALLEL.draft_vocab, "score only the K ids the target writes most often in "

@@ -245,6 +245,7 @@ def test_train_features_and_drafter_commands(small_checkpoint, tmp_path, capsys)
     --taps gets its own cache; a drafter trained on other taps is refused by this target."""
     from dspark import train
     from dspark.checkpoint import CheckpointError, load_target
+    from dspark.cli import UsageError
     from dspark.drafters.registry import load_drafter
 
     g = torch.Generator().manual_seed(0)
@@ -263,9 +264,11 @@ def test_train_features_and_drafter_commands(small_checkpoint, tmp_path, capsys)
     assert capsys.readouterr().out.count("building it") == 2  # train and val
     out = tmp_path / "d.safetensors"
     train.main(["drafter", "--kind", "dspark", *common, "--epochs", "2", "--gamma", "3", "--layers", "1",
-                "--rank", "4", "--out", str(out), "--batch-size", "4"])  # fmt: skip
+                "--rank", "4", "--tied-rank", "3", "--width", "24", "--out", str(out), "--batch-size", "4"])  # fmt: skip
     printed = capsys.readouterr().out
     assert "building it" not in printed and " epochs, " in printed  # the cache was reused
+    config = json.loads(out.with_suffix(".json").read_text())["config"]
+    assert (config["rank"], config["tied_rank"], config["ffn_hidden"]) == (4, 3, 24)
     meta = json.loads(out.with_suffix(".json").read_text())["meta"]
     assert (
         meta["tap_layers"] == [0]
@@ -273,7 +276,20 @@ def test_train_features_and_drafter_commands(small_checkpoint, tmp_path, capsys)
         and meta["features"] == "cache"
     )
     target, _ = load_target(small_checkpoint)
-    load_drafter(out, target)  # loads for the taps it was trained on
+    assert load_drafter(out, target).markov_weights()[0].shape[1] == 7  # loads for the taps it was trained on
+    with pytest.raises(UsageError, match="--tied-rank is for the dspark kind"):  # the Markov head's option
+        train.main(
+            [
+                "drafter",
+                "--kind",
+                "mtp",
+                *common,
+                "--tied-rank",
+                "3",
+                "--out",
+                str(tmp_path / "x.safetensors"),
+            ]
+        )
     train.main(["drafter", "--kind", "mtp", *common, "--taps", "1", "--out", str(tmp_path / "m.safetensors")])
     assert capsys.readouterr().out.count("building it") == 2  # a new cache for taps [1]
     assert (tmp_path / "f" / "r" / "taps-1" / "train" / "manifest.json").is_file()

@@ -116,14 +116,17 @@ def new_drafter(
     draft_vocab: int = 0,
     final_hidden: bool = False,
     tied_rank: int = 0,
+    ffn_hidden: int = 0,
 ) -> Drafter:
     """A freshly initialised drafter of `kind` for `target` (its SwiGLU width); MTP-1 always drafts 1 token,
     `layers` 0 = the kind's default depth, `rank` None = the default sequential-head rank, `draft_vocab` K > 0:
     it scores K target ids (the first K until `drafter.vocab.set_ids` chooses them), 0 = all; `final_hidden`:
     EAGLE and the parallel kinds read the target's final hidden state next to its tap layers; `tied_rank`: the
-    Markov head's extra rank through the target's embeddings (dspark only)."""
+    Markov head's extra rank through the target's embeddings (dspark only); `ffn_hidden`: the SwiGLU width of its
+    layers (0 = the target's)."""
+    ffn_hidden = ffn_hidden or target.config.ffn_hidden
     if kind in PARALLEL_KINDS:
-        config = ParallelDrafterConfig(kind, gamma, layers or ParallelDrafterConfig.n_layers, target.config.ffn_hidden,
+        config = ParallelDrafterConfig(kind, gamma, layers or ParallelDrafterConfig.n_layers, ffn_hidden,
                                        rank=ParallelDrafterConfig.rank if rank is None else rank,
                                        mask_id=min(ParallelDrafterConfig.mask_id, target.config.vocab_size - 1),
                                        draft_vocab=draft_vocab, final_hidden=final_hidden,
@@ -134,7 +137,7 @@ def new_drafter(
         kind,
         1 if kind == "mtp" else gamma,
         layers,
-        target.config.ffn_hidden,
+        ffn_hidden,
         draft_vocab=draft_vocab,
         final_hidden=final_hidden and kind == "eagle",
     )
