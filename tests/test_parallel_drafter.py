@@ -161,6 +161,25 @@ def test_tied_rank_is_a_markov_head_factored_through_the_targets_embeddings(tiny
     assert ParallelDrafterConfig("dflash", tied_rank=4).tied_rank == 0
 
 
+def test_tied_rank_with_a_draft_vocabulary_reads_the_draft_ids_rows(tiny_model):
+    """W1' holds the embeddings of the draft ids (zeros for "other"), W2' their LM-head rows; choosing other ids
+    rebuilds both."""
+    config = ParallelDrafterConfig("dspark", ffn_hidden=64, rank=4, draft_vocab=20, tied_rank=3)
+    drafter = ParallelDrafter(tiny_model, config).eval()
+    torch.nn.init.normal_(drafter.tied_out.weight)
+    drafter.vocab.set_ids(torch.arange(30, 50))
+    emb, head = tiny_model.embed.weight.detach(), tiny_model.lm_head.weight.detach()
+    with torch.no_grad():
+        w1, w2 = drafter.markov_tables()
+        assert w1.shape == (21, 7) and w2.shape == (20, 7) and torch.equal(w1[20, 4:], torch.zeros(3))
+        torch.testing.assert_close(w1[:20, 4:], emb[30:50] @ drafter.tied_in.weight.T)
+        torch.testing.assert_close(w2[:, 4:], head[30:50] @ drafter.tied_out.weight)
+        drafter.vocab.set_ids(torch.arange(50, 70))
+        w1_new, w2_new = drafter.markov_tables()
+    torch.testing.assert_close(w1_new[:20, 4:], emb[50:70] @ drafter.tied_in.weight.T)
+    torch.testing.assert_close(w2_new[:, 4:], head[50:70] @ drafter.tied_out.weight)
+
+
 def live(target, tokens, lengths, prompt_lens) -> FeatureBatch:
     with torch.no_grad():
         out = target(tokens, return_taps=True)

@@ -295,19 +295,21 @@ class ParallelDrafter(Drafter):
 
     def markov_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         """[W1 | E_in Q] (n_prev, r + r_t) and [W2 | E_out P] (n_out, r + r_t), built once per weight update:
-        the key holds every input's storage and in-place version (an optimizer step or a load bumps it),
+        the key holds every input's storage and in-place version (an optimizer step or a load bumps it) -- the
+        target's embedding and the draft ids stand for E_in, gathered only when the tables are built --
         whether autograd records, and the autocast state."""
-        tensors = (self.w1.weight, self.w2.weight, self.tied_in.weight, self.tied_out.weight,
-                   self.vocab.previous_rows(), self.vocab.output_rows())  # fmt: skip
-        device = self.w1.weight.device.type
+        w1, w2, q, p = self.w1.weight, self.w2.weight, self.tied_in.weight, self.tied_out.weight
+        rows_out = self.vocab.output_rows()
+        inputs = (w1, w2, q, p, rows_out, self.target.embed.weight,
+                  *([self.vocab.ids] if self.vocab.size else []))  # fmt: skip
+        device = w1.device.type
         key = (
-            tuple((t.data_ptr(), t._version, t.dtype) for t in tensors),
+            tuple((t.data_ptr(), t._version, t.dtype) for t in inputs),
             torch.is_grad_enabled(),
             torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device),
         )
         if self._markov_cache is None or self._markov_cache[0] != key:
-            w1, w2, q, p, rows_in, rows_out = tensors
-            t1 = F.linear(rows_in.to(q.dtype), q)  # (n_prev, r_t) = E_in Q
+            t1 = F.linear(self.vocab.previous_rows().to(q.dtype), q)  # (n_prev, r_t) = E_in Q
             t2 = F.linear(rows_out.to(p.dtype), p.T)  # (n_out, r_t) = E_out P
             self._markov_cache = (
                 key,

@@ -63,9 +63,6 @@ class DraftVocabulary(nn.Module):
                 "to_draft_index", torch.empty(V, dtype=torch.long, device=device), persistent=False
             )
             self.register_buffer("head_rows", torch.empty(0, device=device), persistent=False)  # (K, dim)
-            self.register_buffer(
-                "embed_rows", torch.empty(0, device=device), persistent=False
-            )  # (K + 1, dim)
             self.register_load_state_dict_post_hook(lambda module, keys: module.refresh())
             self.refresh()
 
@@ -105,17 +102,19 @@ class DraftVocabulary(nn.Module):
         )
         self.to_draft_index[self.ids] = torch.arange(self.size, device=self.ids.device)
         self.head_rows = head.detach()[self.ids.to(head.device)].clone()
-        embed = self._target[0].embed.weight.detach()
-        other = embed.new_zeros(1, embed.shape[1])  # "other" has no embedding of its own
-        self.embed_rows = torch.cat([embed[self.ids.to(embed.device)], other])
 
     def output_rows(self) -> torch.Tensor:
         """(n_out, dim): the target's frozen LM-head row of every draft index."""
         return self.head_rows if self.size else self._target[0].lm_head.weight.detach()
 
     def previous_rows(self) -> torch.Tensor:
-        """(n_prev, dim): the target's frozen input embedding of every previous-token index (zeros for "other")."""
-        return self.embed_rows if self.size else self._target[0].embed.weight.detach()
+        """(n_prev, dim): the target's frozen input embedding of every previous-token index (zeros for "other");
+        gathered on each call with a draft vocabulary (its caller keeps what it builds from them)."""
+        embed = self._target[0].embed.weight.detach()
+        if not self.size:
+            return embed
+        other = embed.new_zeros(1, embed.shape[1])  # "other" has no embedding of its own
+        return torch.cat([embed[self.ids.to(embed.device)], other])
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         """(..., dim) -> (..., n_out): the target's frozen LM head, restricted to the draft ids."""

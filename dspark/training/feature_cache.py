@@ -333,10 +333,10 @@ def response_caches(
     from dspark.training.responses import load_responses
 
     caches = []
+    taps = "-".join(map(str, target.config.tap_layers))
+    name = Path(responses_path).name.removesuffix(".gz")  # a gzipped file shares its plain twin's cache
     for split in ("train", "val"):
         records = load_responses(Path(responses_path), split)
-        taps = "-".join(map(str, target.config.tap_layers))
-        name = Path(responses_path).name.removesuffix(".gz")  # a gzipped file shares its plain twin's cache
         directory = Path(root) / Path(name).stem / f"taps-{taps}" / split
         t0 = time.perf_counter()
         caches.append(ensure_feature_cache(target, records, directory, log=log))
