@@ -274,7 +274,10 @@ def test_the_forecast_parts_are_kept_while_only_idle_steps_change(monkeypatch):
         fresh.append(faded_forecast(sched._parts[2], [i + step for i in idle]))
     assert len(made) == 1  # computed once, then kept while only the idle steps moved
     for step, kept in enumerate(fresh):  # (these calls count too: after the check above)
-        assert torch.equal(kept, forecast_survivals(history, [i + step for i in idle], 7, None, []))
+        assert torch.equal(
+            torch.tensor(kept, dtype=torch.float64),
+            forecast_survivals(history, [i + step for i in idle], 7, None, []),
+        )
     made.clear()
     history = [history[0], [*history[1], [0.9] * 7][-4:]]  # request 1 drafted: a new list
     sched.speculate(history, [9, 0], 7)

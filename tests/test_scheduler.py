@@ -24,6 +24,7 @@ from dspark.scheduling.scheduler import (
     make_policy,
     prefix_schedule,
     prefix_survival,
+    schedule_rows,
 )
 from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.speculative import speculative_generate
@@ -131,6 +132,37 @@ def test_lengths_are_prefixes_of_the_greedy_path():
             n = int(lengths.sum())
             admitted = {(r, j) for r in range(5) for j in range(int(lengths[r]))}
             assert admitted == {tuple(x) for x in greedy_path(survivals)[:n].tolist()}
+
+
+def test_the_host_side_walk_equals_prefix_schedule():
+    """`schedule_rows` (Python lists, for the speculate-or-not forecast) admits exactly what `prefix_schedule`
+    does: ties in survival (equal rows, quantised values, zeros) broken by position then request, early stop
+    or global argmax, with and without a drafting time, on a smooth and a jagged profile."""
+    g = torch.Generator().manual_seed(3)
+    profiles = [
+        linear_profile(0.3, 0.05),
+        linear_profile(1.0, 0.002),
+        ThroughputProfile([1.0] + [0.6] * 7 + [0.3] * 56),
+    ]
+    differs = 0
+    for trial in range(300):
+        R, gamma = int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(1, 8, (1,), generator=g))
+        conf = torch.rand(R, gamma, generator=g)
+        if trial % 3 == 0:  # many exact ties
+            conf = (conf * 4).round() / 4
+        if trial % 5 == 0:
+            conf[0] = conf[-1]  # two identical requests
+        survivals = prefix_survival(conf)
+        for profile, early_stop, draft_seconds in itertools.product(profiles, (True, False), (0.0, 0.02)):
+            expected = prefix_schedule(survivals, profile, early_stop, draft_seconds=draft_seconds).tolist()
+            got = schedule_rows(survivals.tolist(), profile, early_stop, draft_seconds)
+            assert got == expected, (conf, profile.steps_per_second[:3], early_stop, draft_seconds)
+            differs += (
+                got
+                != prefix_schedule(survivals, profile, not early_stop, draft_seconds=draft_seconds).tolist()
+            )
+    assert differs > 0  # the cases tell the two walks apart somewhere
+    assert schedule_rows([], profiles[0]) == []
 
 
 def test_edge_cases_no_requests_one_request_zero_confidence():

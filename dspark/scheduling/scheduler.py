@@ -40,6 +40,7 @@ confidences (dspark/scheduling/calibration.py).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -193,16 +194,50 @@ def prefix_schedule(
     else:
         # host sync: the walk runs in Python here (on a GPU the Triton kernel walks on the device instead)
         gains = to_host(survivals[path[:, 0], path[:, 1]], "scheduler: Algorithm 1's walk")
-        tau, best, n_admit = float(R), step_rate(R, R, profile, draft_seconds), 0
-        for n, gain in enumerate(gains, start=1):
-            tau += gain
-            theta = step_rate(tau, R + n, profile, draft_seconds)
-            if theta > best:
-                best, n_admit = theta, n
-            elif early_stop:
-                break
+        n_admit = admitted_count(gains, R, profile, early_stop, draft_seconds)
     admitted = path[:n_admit]
     lengths.index_add_(0, admitted[:, 0], torch.ones(n_admit, dtype=torch.long, device=lengths.device))
+    return lengths
+
+
+def admitted_count(
+    gains: Iterable[float],
+    requests: int,
+    profile: ThroughputProfile,
+    early_stop: bool = True,
+    draft_seconds: float = 0.0,
+) -> int:
+    """Algorithm 1's walk: how many drafts of the greedy path to admit, given the survivals along it
+    (`gains`, in path order) and the step's `requests` (each brings its anchor). early_stop: stop at the
+    first draft that does not strictly improve Θ; else the path's global argmax of Θ."""
+    tau, best, n_admit = float(requests), step_rate(requests, requests, profile, draft_seconds), 0
+    for n, gain in enumerate(gains, start=1):
+        tau += gain
+        theta = step_rate(tau, requests + n, profile, draft_seconds)
+        if theta > best:
+            best, n_admit = theta, n
+        elif early_stop:
+            break
+    return n_admit
+
+
+def schedule_rows(
+    survivals: list[list[float]],
+    profile: ThroughputProfile,
+    early_stop: bool = True,
+    draft_seconds: float = 0.0,
+) -> list[int]:
+    """`prefix_schedule` for survivals held on the host as Python lists (R rows of γ, non-increasing along
+    each row): the same greedy path (descending survival, ties by position, then request) and the same walk,
+    without a tensor op -- for decisions made in Python from host-side records (`scheduling/step.py`), where
+    a few dozen small tensor ops would cost more than the numbers they handle."""
+    if not survivals:
+        return []
+    path = sorted((-a, j, r) for r, row in enumerate(survivals) for j, a in enumerate(row))
+    n_admit = admitted_count((-neg for neg, _, _ in path), len(survivals), profile, early_stop, draft_seconds)
+    lengths = [0] * len(survivals)
+    for _, _, r in path[:n_admit]:
+        lengths[r] += 1
     return lengths
 
 

@@ -71,7 +71,7 @@ import torch
 from dspark.device import to_host
 from dspark.drafters.base import Drafter, Proposal
 from dspark.scheduling.draft_cost import DraftCost
-from dspark.scheduling.scheduler import Policy, ThroughputProfile, prefix_schedule, prefix_survival, step_rate
+from dspark.scheduling.scheduler import Policy, ThroughputProfile, prefix_survival, schedule_rows, step_rate
 
 HOST = torch.device("cpu")  # who drafts is a host-side decision made from host-side records
 RECENT_ROUNDS = 4  # drafted rounds per request the forecast averages over
@@ -109,15 +109,28 @@ def drafting_can_pay(requests: int, gamma: int, profile: ThroughputProfile, cost
 class ForecastParts:
     """What a forecast takes from the earlier rounds alone, before the idle steps fade it: it changes only
     when a request drafts, arrives or leaves (or a first round is remembered), not from one idle step to the
-    next, so `VerifyScheduler.speculate` keeps it while the histories are the same lists. `own` is None when
-    nothing is known (no request has drafted and no first round is remembered)."""
+    next, so `VerifyScheduler.speculate` keeps it while the histories are the same lists. Plain Python
+    numbers (R ≤ a few dozen, γ ≤ 16: a tensor op would cost more than the arithmetic it does). `own` is
+    None when nothing is known (no request has drafted and no first round is remembered)."""
 
-    own: torch.Tensor | None  # (R, γ) float64 each request's mean calibrated survivals over its rounds
-    known: torch.Tensor | None  # (R, γ) bool: some round of the request saw position j
-    has_rounds: torch.Tensor | None  # (R,) bool
-    population: torch.Tensor | None  # (γ,) the mean of the requests that saw each position (else newcomer's)
-    newcomer: torch.Tensor | None  # (γ,) the mean of earlier requests' first rounds, or None without any
-    newcomer_seen: torch.Tensor | None  # (γ,) how many of those first rounds saw each position
+    own: list[list[float]] | None  # (R, γ) each request's mean calibrated survivals over its rounds
+    known: list[list[bool]] | None  # (R, γ) some round of the request saw position j
+    has_rounds: list[bool] | None  # (R,)
+    population: list[float] | None  # (γ,) the mean of the requests that saw each position (else newcomer's)
+    newcomer: list[float] | None  # (γ,) the mean of earlier requests' first rounds, or None without any
+    newcomer_seen: list[int] | None  # (γ,) how many of those first rounds saw each position
+    alone: list[bool] | None = None  # (γ,) exactly one request saw position j: the population is that request
+
+
+def mean_survivals(rounds: list[list[float]], gamma: int) -> tuple[list[float], list[int]]:
+    """(γ,) the mean of calibrated survival rows over the rounds that saw each position, and how many saw it
+    (a round drafted at a narrower width knows fewer positions; 0 where none saw it)."""
+    sums, seen = [0.0] * gamma, [0] * gamma
+    for row in rounds:
+        for j, a in enumerate(row):
+            sums[j] += a
+            seen[j] += 1
+    return [total / max(n, 1) for total, n in zip(sums, seen)], seen
 
 
 def forecast_parts(
@@ -126,63 +139,56 @@ def forecast_parts(
     temperatures: torch.Tensor | None = None,
     first_rounds: list[list[float]] | None = None,
 ) -> ForecastParts:
-    """The idle-independent part of `forecast_survivals`: every round through `prefix_survival` together,
-    the means per request, of the population and of the first rounds."""
+    """The idle-independent part of `forecast_survivals`: every round through `prefix_survival` together
+    (one call), then the means per request, of the population and of the first rounds, in Python."""
     counts = [len(h) for h in history]
     first_rounds = first_rounds or []
     if not any(counts) and not first_rounds:
         return ForecastParts(None, None, None, None, None, None)
     rounds = [c[:gamma] for h in history for c in h] + [c[:gamma] for c in first_rounds]
-    # a round drafted at a narrower width knows fewer positions: pad it, and average each position only over
-    # the rounds that saw it (survivals of the padding are never read)
-    widths = torch.tensor([len(c) for c in rounds], device=HOST)  # (N,)
-    seen = (torch.arange(gamma, device=HOST)[None, :] < widths[:, None]).double()  # (N, γ)
-    if bool((widths == gamma).all()):
-        padded = torch.tensor(rounds, dtype=torch.float64, device=HOST)
-    else:
-        padded = torch.tensor(
-            [[*c, *[0.0] * (gamma - len(c))] for c in rounds], dtype=torch.float64, device=HOST
-        )
-    survivals = prefix_survival(padded, temperatures) * seen  # (N, γ)
-    n_own = sum(counts)
+    # a narrower round is padded for the one `prefix_survival` call, then cut back to the positions it saw
+    padded = torch.tensor([[*c, *[0.0] * (gamma - len(c))] for c in rounds], dtype=torch.float64, device=HOST)
+    survivals = [row[: len(c)] for row, c in zip(prefix_survival(padded, temperatures).tolist(), rounds)]
+    own, known, at = [], [], 0
+    for n in counts:
+        mean, seen = mean_survivals(survivals[at : at + n], gamma)
+        own.append(mean)
+        known.append([k > 0 for k in seen])
+        at += n
     newcomer = newcomer_seen = None
-    if first_rounds:  # (γ,) a first round's mean, and which positions any first round saw
-        newcomer_seen = seen[n_own:].sum(0)
-        newcomer = survivals[n_own:].sum(0) / newcomer_seen.clamp(min=1)
-    owner = torch.repeat_interleave(
-        torch.arange(len(history), device=HOST), torch.tensor(counts, device=HOST)
-    )
-    zeros = torch.zeros(len(history), gamma, dtype=torch.float64, device=HOST)
-    own_seen = zeros.index_add(0, owner, seen[:n_own])  # (R, γ) rounds of each request that saw position j
-    own = zeros.index_add(0, owner, survivals[:n_own]) / own_seen.clamp(min=1)  # (R, γ) its mean
-    known = own_seen > 0  # (R, γ)
-    has_rounds = torch.tensor(counts, device=HOST) > 0  # (R,)
+    if first_rounds:  # (γ,) a first round's mean, and how many first rounds saw each position
+        newcomer, newcomer_seen = mean_survivals(survivals[at:], gamma)
     # the population at each position: the mean of the requests that saw it, else the first rounds', else 0
-    population = (own * known).sum(0) / known.sum(0).clamp(min=1)  # (γ,)
-    if newcomer is not None:
-        population = torch.where(known.any(0), population, newcomer)
-    return ForecastParts(own, known, has_rounds, population, newcomer, newcomer_seen)
+    seen_by = [[r for r in range(len(history)) if known[r][j]] for j in range(gamma)]
+    population = [
+        sum(own[r][j] for r in rs) / len(rs) if rs else (newcomer[j] if newcomer is not None else 0.0)
+        for j, rs in enumerate(seen_by)
+    ]
+    alone = [len(rs) == 1 for rs in seen_by]
+    return ForecastParts(own, known, [n > 0 for n in counts], population, newcomer, newcomer_seen, alone)
 
 
-def faded_forecast(parts: ForecastParts, idle_steps: list[int]) -> torch.Tensor | None:
-    """(R, γ) the forecast of `forecast_survivals` from its `parts` and this step's idle steps (None when
-    nothing is known)."""
+def faded_forecast(parts: ForecastParts, idle_steps: list[int]) -> list[list[float]] | None:
+    """(R, γ) rows: the forecast of `forecast_survivals` from its `parts` and this step's idle steps (None
+    when nothing is known)."""
     if parts.own is None:
         return None
-    own, known, has_rounds, population, newcomer = (
-        parts.own, parts.known, parts.has_rounds, parts.population, parts.newcomer
-    )  # fmt: skip
-    idle = torch.tensor(idle_steps, dtype=torch.float64, device=HOST)
-    w = torch.where(has_rounds, 0.5 ** (idle / IDLE_HALF_LIFE), 0.0)[:, None] * known  # (R, γ) own weight
-    alone = known.sum(0) == 1  # (γ,) one request saw the position: the population is that request itself
-    w = torch.where(alone[None, :] & known, 1.0, w)
-    forecast = w * own + (1 - w) * population
-    if newcomer is not None:  # a request without rounds: the first rounds' mean where they saw the position
-        fresh = ~has_rounds[:, None] & (parts.newcomer_seen > 0)[None, :]  # (R, γ)
-        forecast = torch.where(fresh, newcomer.expand_as(forecast), forecast)
-    # positions mixed from different rounds (narrow ones count only where they saw) may rise along j; a
-    # survival never does (a no-op when every round saw every position)
-    return forecast.cummin(dim=1).values
+    rows = []
+    for own, known, has_rounds, idle in zip(parts.own, parts.known, parts.has_rounds, idle_steps):
+        faded = 0.5 ** (idle / IDLE_HALF_LIFE) if has_rounds else 0.0  # the own rounds' weight
+        row, low = [], float("inf")
+        for j, population in enumerate(parts.population):
+            if parts.newcomer is not None and not has_rounds and parts.newcomer_seen[j] > 0:
+                f = parts.newcomer[j]  # a request without rounds: the first rounds' mean where they saw j
+            else:  # a position one request alone saw: its population is that request, whatever the fade
+                w = (1.0 if parts.alone[j] else faded) if known[j] else 0.0
+                f = w * own[j] + (1 - w) * population
+            # positions mixed from different rounds (narrow ones count only where they saw) may rise along
+            # j; a survival never does (a no-op when every round saw every position)
+            low = min(low, f)
+            row.append(low)
+        rows.append(row)
+    return rows
 
 
 def forecast_survivals(
@@ -199,7 +205,8 @@ def forecast_survivals(
     that is the only one with rounds keeps exactly its own. None when nothing is known: no request has
     drafted and no first round is remembered. All rounds go through `prefix_survival` together
     (`forecast_parts`), then the idle steps fade them (`faded_forecast`)."""
-    return faded_forecast(forecast_parts(history, gamma, temperatures, first_rounds), idle_steps)
+    rows = faded_forecast(forecast_parts(history, gamma, temperatures, first_rounds), idle_steps)
+    return None if rows is None else torch.tensor(rows, dtype=torch.float64, device=HOST).reshape(-1, gamma)
 
 
 def draft_plan(
@@ -213,6 +220,7 @@ def draft_plan(
     first_rounds: list[list[float]] | None = None,
     early_stop: bool = True,
     parts: Callable[[], ForecastParts] | None = None,
+    can_pay: bool | None = None,
 ) -> tuple[torch.Tensor, int]:
     """((R,) bool which requests draft this step, the block width w they draft: 0 when none does).
 
@@ -226,34 +234,34 @@ def draft_plan(
     requests draft w = min(γ, max forecast ℓ̂ + DRAFT_SLACK) positions, priced at that width.
     parts: a function giving `forecast_parts(history, gamma, temperatures, first_rounds)`, called only where
     a forecast is needed, if the caller keeps them (the same decision, without recomputing what only new
-    rounds change)."""
+    rounds change); can_pay: `drafting_can_pay(R, gamma, profile, cost)` if the caller knows it.
+    Everything after the one `prefix_survival` call is host-side Python (`schedule_rows` for the walk)."""
     R = len(history)
     if cost.is_free:
         return torch.ones(R, dtype=torch.bool, device=HOST), gamma
-    if not drafting_can_pay(R, gamma, profile, cost):
+    if not (can_pay if can_pay is not None else drafting_can_pay(R, gamma, profile, cost)):
         return torch.zeros(R, dtype=torch.bool, device=HOST), 0
     kept = parts() if parts is not None else forecast_parts(history, gamma, temperatures, first_rounds)
-    forecast = faded_forecast(kept, idle_steps)  # (R, γ)
+    forecast = faded_forecast(kept, idle_steps)  # (R, γ) rows
     if forecast is None:  # nothing learnt yet: draft the whole block to find out
         return torch.ones(R, dtype=torch.bool, device=HOST), gamma
-    ell = prefix_schedule(forecast, profile, early_stop=early_stop, draft_seconds=cost.seconds(R))  # (R,)
-    keep = torch.arange(gamma, device=HOST)[None, :] < ell[:, None]
-    gain = realism * (forecast * keep).sum(dim=1)  # (R,) expected accepted drafts if r drafts
-    order = torch.argsort(-gain, stable=True)
-    cum_gain = torch.cat([torch.zeros(1, dtype=torch.float64, device=HOST), gain[order].cumsum(0)]).tolist()
-    cum_len = torch.cat([torch.zeros(1, dtype=torch.long, device=HOST), ell[order].cumsum(0)]).tolist()
+    ell = schedule_rows(forecast, profile, early_stop=early_stop, draft_seconds=cost.seconds(R))  # (R,)
+    gain = [realism * sum(row[:n]) for row, n in zip(forecast, ell)]  # expected accepted drafts if r drafts
+    order = sorted(range(R), key=lambda r: -gain[r])  # stable: ties keep the request order
+    cum_gain = [0.0, *accumulate(gain[r] for r in order)]
+    cum_len = [0, *accumulate(ell[r] for r in order)]
     # the block the top k draft: as wide as the longest forecast verify length among them, plus slack
     widths = [gamma] * (R + 1)
     if cost.width_matters:
-        widths = [min(gamma, w + DRAFT_SLACK) for w in [0, *accumulate(ell[order].tolist(), max)]]
+        widths = [min(gamma, w + DRAFT_SLACK) for w in [0, *accumulate((ell[r] for r in order), max)]]
     # an idle request brings the tokens committed while it idled: its drafting pass appends them first
-    cum_idle = [0, *accumulate(idle_steps[r] for r in order.tolist())]
-    rates = [step_rate(R + cum_gain[k], R + int(cum_len[k]), profile,
+    cum_idle = [0, *accumulate(idle_steps[r] for r in order)]
+    rates = [step_rate(R + cum_gain[k], R + cum_len[k], profile,
                        cost.seconds(k, widths[k]) + cost.seconds_per_token * cum_idle[k])
              for k in range(R + 1)]  # fmt: skip
     k = max(range(R + 1), key=lambda i: (rates[i], i))
-    mask = torch.zeros(R, dtype=torch.bool, device=HOST)
-    mask[order[:k]] = True
+    chosen = set(order[:k])
+    mask = torch.tensor([r in chosen for r in range(R)], dtype=torch.bool, device=HOST)
     return mask, (widths[k] if k else 0)
 
 
@@ -278,6 +286,9 @@ class VerifyScheduler:
         self._parts: tuple | None = None  # ((γ, first rounds' version), history lists, their ForecastParts)
         self.first_rounds: deque[list[float]] = deque(maxlen=FIRST_ROUNDS)  # earlier requests' first rounds
         self.first_rounds_seen = 0  # how many were ever remembered (the memory's version)
+        self._can_pay: dict[
+            tuple[int, int], bool
+        ] = {}  # (R, γ) -> drafting_can_pay: fixed by profile and cost
 
     def speculate(self, history: list[list[list[float]]], idle_steps: list[int], gamma: int) -> torch.Tensor:
         """(R,) int64: how many positions each request drafts this step (0: it does not draft; the drafting
@@ -310,6 +321,9 @@ class VerifyScheduler:
             self._parts = (parts_key, list(history), fresh)
             return fresh
 
+        R = len(history)
+        if (R, gamma) not in self._can_pay:
+            self._can_pay[R, gamma] = drafting_can_pay(R, gamma, self.profile, self.draft_cost)
         mask, width = draft_plan(
             history,
             idle_steps,
@@ -321,6 +335,7 @@ class VerifyScheduler:
             list(self.first_rounds),
             early_stop=not self.policy.forecast_global,
             parts=parts,
+            can_pay=self._can_pay[R, gamma],
         )
         widths = mask.long() * width  # (R,)
         self._last_decision = (key, list(history), widths)
