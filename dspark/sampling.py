@@ -90,6 +90,12 @@ def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tens
     return torch.where(stray, torch.minimum(idx, last_positive), idx)
 
 
+def draw_token(probs: torch.Tensor, uniforms: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """`sample_from_probs(probs, uniforms)` for probabilities made with `params`: at temperature 0 they are
+    one-hot and the draw is their argmax whatever the uniform, found without the cumulative sum."""
+    return probs.argmax(-1) if params.greedy else sample_from_probs(probs, uniforms)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """(..., V) probs -> (...) ids on probs' device, uniforms drawn from `generator` on its own device
     (the same tokens on every device for the same seed, dspark/device.py)."""

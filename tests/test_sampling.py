@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from dspark.sampling import SamplingParams, probabilities, sample, sample_from_probs
+from dspark.sampling import SamplingParams, draw_token, probabilities, sample, sample_from_probs
 
 
 def test_temperature_one_is_softmax():
@@ -73,3 +73,15 @@ def test_same_generator_seed_same_tokens():
     b = sample(probs, torch.Generator().manual_seed(7))
     assert torch.equal(a, b)
     assert math.isclose(float(probs.sum()), 8.0, rel_tol=1e-5)
+
+
+def test_draw_token_is_the_inverse_cdf_draw():
+    """At temperature 0 `draw_token` skips the CDF and takes the argmax; the inverse-CDF draw on the same
+    one-hot rows gives the same ids for any uniform (0 and just below 1 included), ties in the logits too.
+    At T = 1 it is `sample_from_probs` itself."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 4, (64, 50), generator=g).float()  # many tied maxima
+    uniforms = torch.cat([torch.zeros(1), torch.full((1,), 1 - 2**-24), torch.rand(62, generator=g)])
+    for params in (SamplingParams(0.0), SamplingParams(1.0), SamplingParams(0.7, top_k=5)):
+        probs = probabilities(logits, params)
+        assert torch.equal(draw_token(probs, uniforms, params), sample_from_probs(probs, uniforms))

@@ -71,7 +71,7 @@ from dspark.model import (
     rope_table,
 )
 from dspark.projections import LayerLinear
-from dspark.sampling import SamplingParams, probabilities, sample_from_probs
+from dspark.sampling import SamplingParams, draw_token, probabilities
 
 KINDS = {"dflash": "none", "dspark": "markov", "dspark-rnn": "rnn"}  # kind -> sequential head
 
@@ -115,7 +115,7 @@ def markov_block_reference(
     for k in range(base_logits.shape[1]):
         logits, conf = markov_step(base_logits[:, k], hidden[:, k], prev, w1, w2, conf_weight, conf_bias)
         q = probabilities(logits, params)  # (R, V)
-        prev = sample_from_probs(q, uniforms[:, k])
+        prev = draw_token(q, uniforms[:, k], params)
         tokens.append(prev)
         probs.append(q)
         confs.append(conf)
@@ -378,7 +378,7 @@ class ParallelDrafter(Drafter):
         vocab = self.vocab  # sampling happens over draft indices; tokens and q leave in the target's ids
         if self.config.rank == 0:  # DFlash: no dependence between positions, sample the block at once
             q = probabilities(u, params)  # (R, γ, V)
-            return Proposal(vocab.to_target(sample_from_probs(q, uniforms)), vocab.expand(q))
+            return Proposal(vocab.to_target(draw_token(q, uniforms, params)), vocab.expand(q))
         prev = vocab.to_draft(anchors)  # (R,) the previous token's row of W1
         if self.config.head == "markov":  # the whole block in one call (a Triton kernel on CUDA)
             tokens, probs, conf = markov_block_sample(u, h, prev, *self.markov_weights(), params, uniforms)
@@ -389,7 +389,7 @@ class ParallelDrafter(Drafter):
         for k in range(gamma):
             logits, conf, state = self.sequential_logits(u[:, k], h[:, k], prev, state)
             q = probabilities(logits, params)
-            prev = sample_from_probs(q, uniforms[:, k])
+            prev = draw_token(q, uniforms[:, k], params)
             tokens.append(prev)
             probs.append(q)
             confs.append(conf)
