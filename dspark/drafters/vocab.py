@@ -135,9 +135,8 @@ class DraftVocabulary(nn.Module):
         if not self.size:
             return probs
         out = probs.new_zeros(*probs.shape[:-1], self.target_vocab)
-        return out.scatter_(
-            -1, self.ids.expand_as(probs), probs
-        )  # (2-3x faster than index_copy_ on the last dim)
+        # scatter_: 2-3x faster than index_copy_ along the last dimension
+        return out.scatter_(-1, self.ids.expand_as(probs), probs)
 
     def restrict(self, probs: torch.Tensor) -> torch.Tensor:
         """(..., V) target probabilities -> (..., K) at the draft ids (the mass elsewhere is dropped)."""

@@ -286,9 +286,8 @@ class VerifyScheduler:
         self._parts: tuple | None = None  # ((γ, first rounds' version), history lists, their ForecastParts)
         self.first_rounds: deque[list[float]] = deque(maxlen=FIRST_ROUNDS)  # earlier requests' first rounds
         self.first_rounds_seen = 0  # how many were ever remembered (the memory's version)
-        self._can_pay: dict[
-            tuple[int, int], bool
-        ] = {}  # (R, γ) -> drafting_can_pay: fixed by profile and cost
+        # (R, γ) -> drafting_can_pay, which the profile and the cost fix for the scheduler's life
+        self._can_pay: dict[tuple[int, int], bool] = {}
 
     def speculate(self, history: list[list[list[float]]], idle_steps: list[int], gamma: int) -> torch.Tensor:
         """(R,) int64: how many positions each request drafts this step (0: it does not draft; the drafting
