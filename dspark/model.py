@@ -125,11 +125,11 @@ def ragged_attention_reference(
     (N, H, hd) in q's dtype."""
     keys = rb.take_slots(layer_keys)  # (S, Hkv, L, hd)
     values = rb.take_slots(layer_values)
-    q_pad = q.new_zeros(rb.n_slots, rb.block_max, q.shape[1], q.shape[2])  # (S, Tb, H, hd)
-    q_pad[rb.slot_index, rb.offsets] = q
+    q_pad = q.new_zeros(rb.n_slots, rb.block_max, q.shape[1], q.shape[2])  # (S, Tb, H, hd), rows as keys
+    q_pad[rb.token_row, rb.offsets] = q
     if q.dtype in (torch.bfloat16, torch.float16) and q.device.type == "cpu":
         out = grouped_attention(q_pad, keys.to(q.dtype), values.to(q.dtype), rb.mask)  # (S, Tb, H, hd)
-        return out[rb.slot_index, rb.offsets]
+        return out[rb.token_row, rb.offsets]
     out = F.scaled_dot_product_attention(
         q_pad.transpose(1, 2),  # (S, H, Tb, hd)
         keys.to(q.dtype),
@@ -137,7 +137,7 @@ def ragged_attention_reference(
         attn_mask=rb.mask,  # (S, 1, Tb, L)
         enable_gqa=True,
     )
-    return out.transpose(1, 2)[rb.slot_index, rb.offsets]  # (N, H, hd)
+    return out.transpose(1, 2)[rb.token_row, rb.offsets]  # (N, H, hd)
 
 
 def grouped_attention(
@@ -203,18 +203,27 @@ class RaggedIndex:
     slots (S,) cache slots; block_lens (S,); tokens are flat, slot-major.
     Request r (0..S-1) owns flat tokens cu_seqlens[r]..cu_seqlens[r+1]-1;
     `slot_index` (N,) is the request id of every token. `slots`, `starts`,
-    `cu_seqlens` and `slot_index` are what the attention kernel reads."""
+    `cu_seqlens` and `slot_index` are what the attention kernel reads.
+
+    The PyTorch attention reads the slots' keys as (S, Hkv, L, hd), one row per
+    slot. When the slots, in whatever order, fill a range lo..lo+S-1 -- every
+    step of a full batch, as requests finish and are replaced in any order --
+    that is a view of the cache (`take_slots`) and `row` (S,) maps request r to
+    its row slots[r] - lo; otherwise the rows are gathered in request order (a
+    copy of the whole key range, every layer)."""
 
     def __init__(self, slots: torch.Tensor, block_lens: torch.Tensor, cache: KVCache) -> None:
         device = slots.device
         self.n_slots = S = slots.shape[0]
         self.slots = slots  # (S,)
         self.starts = starts = cache.lengths[slots]  # (S,) positions already in the cache
-        contiguous = (slots == slots[0] + torch.arange(S, device=device)).all()
+        lo = slots.min()
+        distinct = (slots[:, None] == slots[None, :]).sum() == S
+        fills_range = distinct & (slots.max() - lo + 1 == S)  # a permutation of lo..lo+S-1
         facts = torch.stack([block_lens.max(), (starts + block_lens).max(), block_lens.sum(), block_lens.min(),
-                             slots[0], contiguous.long()])  # fmt: skip
+                             lo, fills_range.long()])  # fmt: skip
         # host sync: the pass's shapes (longest block, longest key range) and what the checks need
-        self.block_max, self.kv_len, self.n_tokens, shortest, first_slot, contiguous = to_host(
+        self.block_max, self.kv_len, self.n_tokens, shortest, first_slot, fills_range = to_host(
             facts, "ragged index: shapes and checks"
         )
         if shortest < 0:
@@ -230,13 +239,18 @@ class RaggedIndex:
         self.offsets = torch.arange(self.n_tokens, device=device) - first[self.slot_index]
         self.positions = starts[self.slot_index] + self.offsets  # (N,) absolute positions
         self.token_slot = slots[self.slot_index]  # (N,) cache slot of every token
+        self.row = slots - first_slot if fills_range else request  # (S,) each request's row of take_slots
+        self.token_row = self.row[self.slot_index]  # (N,) the row of every token
+        row_starts = torch.empty_like(starts)
+        row_starts[self.row] = starts  # (S,) cache length before the block, per row
         key_pos = torch.arange(self.kv_len, device=device)  # L: keys to read per slot
-        query_pos = starts[:, None] + torch.arange(self.block_max, device=device)  # (S, Tb)
-        self.mask = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]  # (S, 1, Tb, L)
-        self._slot_range = (first_slot, first_slot + S) if contiguous else None
+        query_pos = row_starts[:, None] + torch.arange(self.block_max, device=device)  # (S, Tb)
+        self.mask = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]  # (S, 1, Tb, L), per row
+        self._slot_range = (first_slot, first_slot + S) if fills_range else None
 
     def take_slots(self, layer_cache: torch.Tensor) -> torch.Tensor:
-        """(n_slots_total, Hkv, T, hd) -> (S, Hkv, L, hd); a view when slots are contiguous."""
+        """(n_slots_total, Hkv, T, hd) -> (S, Hkv, L, hd), row `row[r]` holding request r's slot: a view
+        when the slots fill a range, else a gather in request order."""
         if self._slot_range is not None:
             return layer_cache[self._slot_range[0] : self._slot_range[1], :, : self.kv_len]
         return layer_cache[self.slots, :, : self.kv_len]

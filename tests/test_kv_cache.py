@@ -86,6 +86,29 @@ def test_non_contiguous_slots_in_any_order(tiny_model):
         torch.testing.assert_close(got, full_logits(tiny_model, seq)[0], atol=ATOL, rtol=0)
 
 
+def test_slots_that_fill_a_range_in_any_order_are_read_as_a_view(tiny_model):
+    """A full batch's slots are a permutation of a range (requests finish and are replaced in any order):
+    the attention reads the cache rows as a view, request r at row slots[r] - lo, and equals the full
+    forward; scattered slots are gathered in request order."""
+    from dspark.model import RaggedIndex
+
+    torch.manual_seed(2)
+    cache = tiny_model.new_cache(n_slots=6)
+    for _ in range(6):
+        cache.allocate()
+    lens = torch.tensor([3, 1, 2])
+    rb = RaggedIndex(torch.tensor([4, 2, 3]), lens, cache)
+    assert rb.row.tolist() == [2, 0, 1] and rb.take_slots(cache.keys[0])._base is not None
+    assert RaggedIndex(torch.tensor([5, 0, 3]), lens, cache).row.tolist() == [0, 1, 2]
+    assert RaggedIndex(torch.tensor([3, 3, 4]), lens, cache)._slot_range is None  # not distinct: no view
+    seqs = [torch.randint(0, TINY.vocab_size, (n,)) for n in (12, 7, 15)]
+    slots = [4, 2, 3]
+    schedule = [{0: 4, 1: 7, 2: 2}, {0: 3, 2: 6}, {0: 5, 2: 7}]  # then slots 4, 3: the range 3..4 reversed
+    logits, _, _ = run_blocks(tiny_model, cache, seqs, slots, schedule)
+    for seq, got in zip(seqs, logits):
+        torch.testing.assert_close(got, full_logits(tiny_model, seq)[0], atol=ATOL, rtol=0)
+
+
 @pytest.mark.parametrize("keep", [0, 1, 9, 10, 11, 17, 18])  # into the prompt, into the block, keep all
 def test_rollback_then_reappend_equals_fresh(tiny_model, keep):
     torch.manual_seed(keep)
