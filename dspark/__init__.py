@@ -39,7 +39,7 @@ from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.engine import Engine, EngineResult, Request
 from dspark.serving.rounds import RoundStats
 from dspark.serving.speculative import SpeculativeResult, speculative_generate
-from dspark.verify import VerifyResult, verify
+from dspark.verify import VerifyResult, verify, verify_greedy
 
 __all__ = [
     "DRAFTER_NAMES",
@@ -75,4 +75,5 @@ __all__ = [
     "sample",
     "speculative_generate",
     "verify",
+    "verify_greedy",
 ]

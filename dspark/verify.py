@@ -17,6 +17,9 @@ accepted + 1 tokens and the output distribution is exactly the target's
 Greedy decoding needs no special case: at temperature 0 both p and q are
 one-hot, so a draft is accepted exactly when it equals the target's argmax,
 and the residual of a rejection is the target's one-hot argmax.
+`verify_greedy` is that case written out, for speed only: it compares the
+drafts with the target's argmax ids and never builds the (R, γ+1, V) one-hot
+tensors (tested equal to `verify_reference` on one-hot inputs).
 
 `verify` dispatches to a Triton kernel for CUDA tensors (dspark/backend.py);
 `verify_reference` is the PyTorch ground truth the kernel is tested against.
@@ -131,6 +134,25 @@ def verify_reference(
     else:
         dist = p_next
     next_token = sample_from_probs(dist, resample_uniforms)
+    return VerifyResult(accepted, next_token)
+
+
+def verify_greedy(
+    draft_tokens: torch.Tensor, target_top: torch.Tensor, verify_lens: torch.Tensor
+) -> VerifyResult:
+    """`verify_reference` at temperature 0, where q_k is one-hot on x_k and p_k on the target's argmax:
+    draft_tokens (R, γ) int64, target_top (R, γ+1) int64 the target's argmax for each position (row k:
+    the token after x_k; entries beyond verify_lens[r] + 1 are ignored), verify_lens (R,) in 0..γ.
+    Accepted: the drafts equal to the target's choice, up to the first that is not or to ℓ_r; next token:
+    the target's choice at the stop (the residual of a rejection, or the bonus). No uniforms: at T = 0
+    the answer does not depend on them."""
+    R, gamma = draft_tokens.shape
+    if target_top.shape != (R, gamma + 1) or verify_lens.shape != (R,):
+        raise ValueError(f"target_top must be {(R, gamma + 1)} and verify_lens {(R,)}")
+    position = torch.arange(gamma, device=draft_tokens.device)
+    ok = (draft_tokens == target_top[:, :gamma]) & (position[None, :] < verify_lens[:, None])  # (R, γ)
+    accepted = torch.cumprod(ok.long(), dim=1).sum(dim=1)  # length of the all-True prefix
+    next_token = target_top.gather(1, accepted[:, None]).squeeze(1)  # (R,)
     return VerifyResult(accepted, next_token)
 
 

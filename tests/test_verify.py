@@ -7,7 +7,7 @@ import torch
 from stats_helpers import assert_matches
 
 from dspark.sampling import sample_from_probs
-from dspark.verify import draw_uniforms, verify
+from dspark.verify import draw_uniforms, verify, verify_greedy
 
 V = 5
 
@@ -77,6 +77,30 @@ def test_greedy_is_argmax_agreement():
         while a < lens[i] and drafts[i, a] == target_choice[i, a]:
             a += 1
         assert r.accepted[i] == a and r.next_token[i] == target_choice[i, a]
+    fast = verify_greedy(drafts, target_choice, lens)  # the engine's T = 0 path: argmax ids, no one-hots
+    assert torch.equal(fast.accepted, r.accepted) and torch.equal(fast.next_token, r.next_token)
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 7])
+def test_verify_greedy_equals_the_reference_on_one_hots_at_every_boundary(gamma):
+    """ℓ = 0, 1, γ−1, γ for every request; drafts that agree up to a random point; target choices that are
+    argmaxes of tied logits (the lowest id wins, in both paths)."""
+    g = torch.Generator().manual_seed(gamma)
+    R = 64
+    logits = torch.randint(0, 2, (R, gamma + 1, V), generator=g).float()  # many ties
+    top = logits.argmax(-1)  # (R, γ+1)
+    agree = torch.randint(0, gamma + 1, (R, 1), generator=g)
+    other = (top[:, :gamma] + torch.randint(1, V, (R, gamma), generator=g)) % V  # never the target's choice
+    drafts = torch.where(torch.arange(gamma)[None] < agree, top[:, :gamma], other)
+    for ell in sorted({0, 1, gamma - 1, gamma}):
+        lens = torch.full((R,), ell)
+        ref = verify(drafts, torch.nn.functional.one_hot(drafts, V).float(),
+                     torch.nn.functional.one_hot(top, V).float(), lens, *draw_uniforms(R, gamma, g))  # fmt: skip
+        fast = verify_greedy(drafts, top, lens)
+        assert torch.equal(fast.accepted, ref.accepted) and torch.equal(fast.next_token, ref.next_token)
+        assert torch.equal(fast.accepted, agree[:, 0].clamp(max=ell))
+    with pytest.raises(ValueError):
+        verify_greedy(drafts, top[:, :gamma], torch.full((R,), gamma))
 
 
 def test_bad_inputs():

@@ -52,13 +52,13 @@ from itertools import accumulate
 
 import torch
 
-from dspark.device import host_syncs, model_device, to_host, upload
+from dspark.device import generator_uniforms, host_syncs, model_device, to_host, upload
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
 from dspark.model import ModelOutput, Transformer
-from dspark.sampling import SamplingParams, probabilities, sample
+from dspark.sampling import SamplingParams, probabilities, sample_from_probs
 from dspark.scheduling.step import RECENT_ROUNDS
 from dspark.serving.rounds import RoundStats
-from dspark.verify import draw_uniforms, verify
+from dspark.verify import draw_uniforms, verify, verify_greedy
 
 
 @dataclass
@@ -245,7 +245,7 @@ class Engine:
                 # taps and hidden states of every prompt position (the drafter's context), logits of the last
                 res = target.forward_cached(flat, slots, upload(lens, device), cache, return_taps=True,
                                             logits_at=last)  # fmt: skip
-                first = sample(probabilities(res.logits, self.params), generator)  # (S,)
+                first = self.target_tokens(res.logits, generator)  # (S,)
                 first = to_host(first, "engine: first tokens")  # host sync: emit them, check EOS
                 feats = TargetFeatures(res.taps, res.last_hidden).split(lens)
                 for row, (i, toks) in enumerate(zip(admitted, flat.split(lens))):
@@ -280,7 +280,7 @@ class Engine:
                 res = target.forward_cached(blocks, slots, torch.ones_like(slots), cache, return_taps=True)
                 steps += 1
                 # the same draws as verifying zero drafts (sample from p_0), so the same tokens
-                next_token = sample(probabilities(res.logits, self.params), generator)  # (R,)
+                next_token = self.target_tokens(res.logits, generator)  # (R,)
                 if self.observe_fn is not None:
                     nothing = torch.zeros(R, dtype=torch.long, device=device)
                     self.observe_fn(nothing, nothing)
@@ -357,11 +357,18 @@ class Engine:
         keep = upload([r * (g + 1) + k for r, n in enumerate(block_lens) for k in range(n)], device)
         blocks = torch.cat([anchors[:, None], drafts], dim=1).flatten()[keep]  # (N,) flat, request-major
         res = target.forward_cached(blocks, slots, upload(block_lens, device), cache, return_taps=True)
-        V = target.config.vocab_size
-        target_probs = torch.zeros(R, g + 1, V, device=device)  # (R, γ+1, V)
-        target_probs.view(-1, V)[keep] = probabilities(res.logits, self.params)
-        result = verify(drafts, proposal.probs, target_probs, verify_lens,
-                        *draw_uniforms(R, g, generator, device))  # fmt: skip
+        uniforms = draw_uniforms(
+            R, g, generator, device
+        )  # drawn at every temperature: the same generator use
+        if self.params.greedy:  # p and q one-hot: compare the drafts with the target's argmax (verify_greedy)
+            top = torch.zeros(R, g + 1, dtype=torch.long, device=device)  # (R, γ+1)
+            top.view(-1)[keep] = res.logits.float().argmax(-1)  # (argmax is slow on bf16 here)
+            result = verify_greedy(drafts, top, verify_lens)
+        else:
+            V = target.config.vocab_size
+            target_probs = torch.zeros(R, g + 1, V, device=device)  # (R, γ+1, V)
+            target_probs.view(-1, V)[keep] = probabilities(res.logits, self.params)
+            result = verify(drafts, proposal.probs, target_probs, verify_lens, *uniforms)
         if self.observe_fn is not None:
             self.observe_fn(verify_lens, result.accepted)
         cache.lengths[slots] -= verify_lens - result.accepted  # roll back: anchor + accepted drafts stay
@@ -372,6 +379,15 @@ class Engine:
         # and fp32 confidences are exact in fp64) -- emitting tokens and stopping are decided here
         outcome = to_host(torch.cat([t.double() for t in outcome], dim=1), "engine: the round's outcome")
         return ells, block_lens, blocks, res, outcome
+
+    def target_tokens(self, logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """(S, V) target logits -> (S,) tokens drawn from the target's distribution. At T = 0 the argmax:
+        what the inverse-CDF draw from its one-hot returns, without building it. The uniforms are drawn at
+        every temperature, so the generator advances alike."""
+        uniforms = generator_uniforms(tuple(logits.shape[:-1]), generator, logits.device)  # (S,)
+        if self.params.greedy:
+            return logits.float().argmax(-1)
+        return sample_from_probs(probabilities(logits, self.params), uniforms)
 
     def draft(
         self,
