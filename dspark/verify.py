@@ -114,10 +114,7 @@ def verify_reference(
         tok = draft_tokens.unsqueeze(-1)
         q = draft_probs.gather(-1, tok).squeeze(-1)  # (R, γ) q_k(x_k)
         p = target_probs[:, :gamma].gather(-1, tok).squeeze(-1)  # (R, γ) p_{k-1}(x_k)
-        ok = accept_uniforms * q < p  # (R, γ)
-        position = torch.arange(gamma, device=draft_tokens.device)
-        ok &= position[None, :] < verify_lens[:, None]  # unverified drafts count as stops
-        accepted = torch.cumprod(ok.long(), dim=1).sum(dim=1)  # length of the all-True prefix
+        accepted = accepted_prefix(accept_uniforms * q < p, verify_lens)  # (R,)
     else:
         accepted = torch.zeros(R, dtype=torch.long, device=draft_tokens.device)
 
@@ -137,6 +134,14 @@ def verify_reference(
     return VerifyResult(accepted, next_token)
 
 
+def accepted_prefix(ok: torch.Tensor, verify_lens: torch.Tensor) -> torch.Tensor:
+    """(R, γ) bool per-draft acceptance -> (R,) drafts accepted: the all-True prefix, cut at ℓ_r
+    (unverified drafts count as stops)."""
+    position = torch.arange(ok.shape[1], device=ok.device)
+    ok = ok & (position[None, :] < verify_lens[:, None])
+    return torch.cumprod(ok.long(), dim=1).sum(dim=1)
+
+
 def verify_greedy(
     draft_tokens: torch.Tensor, target_top: torch.Tensor, verify_lens: torch.Tensor
 ) -> VerifyResult:
@@ -149,9 +154,7 @@ def verify_greedy(
     R, gamma = draft_tokens.shape
     if target_top.shape != (R, gamma + 1) or verify_lens.shape != (R,):
         raise ValueError(f"target_top must be {(R, gamma + 1)} and verify_lens {(R,)}")
-    position = torch.arange(gamma, device=draft_tokens.device)
-    ok = (draft_tokens == target_top[:, :gamma]) & (position[None, :] < verify_lens[:, None])  # (R, γ)
-    accepted = torch.cumprod(ok.long(), dim=1).sum(dim=1)  # length of the all-True prefix
+    accepted = accepted_prefix(draft_tokens == target_top[:, :gamma], verify_lens)  # (R,)
     next_token = target_top.gather(1, accepted[:, None]).squeeze(1)  # (R,)
     return VerifyResult(accepted, next_token)
 

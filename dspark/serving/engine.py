@@ -357,9 +357,8 @@ class Engine:
         keep = upload([r * (g + 1) + k for r, n in enumerate(block_lens) for k in range(n)], device)
         blocks = torch.cat([anchors[:, None], drafts], dim=1).flatten()[keep]  # (N,) flat, request-major
         res = target.forward_cached(blocks, slots, upload(block_lens, device), cache, return_taps=True)
-        uniforms = draw_uniforms(
-            R, g, generator, device
-        )  # drawn at every temperature: the same generator use
+        # drawn at every temperature (the greedy path does not read them): the generator advances alike
+        uniforms = draw_uniforms(R, g, generator, device)
         if self.params.greedy:  # p and q one-hot: compare the drafts with the target's argmax (verify_greedy)
             top = torch.zeros(R, g + 1, dtype=torch.long, device=device)  # (R, γ+1)
             top.view(-1)[keep] = res.logits.float().argmax(-1)  # (argmax is slow on bf16 here)
