@@ -33,9 +33,11 @@ from torch import nn
 
 from dspark import backend
 from dspark.config import ModelConfig
-from dspark.device import to_host
+from dspark.device import to_host, upload
 from dspark.kv_cache import KVCache
 from dspark.projections import LayerLinear, project_to_vocab
+
+BY_REQUEST_MIN_BLOCK = 16  # blocks this long are prefills, where attending request by request can pay
 
 
 @dataclass
@@ -123,6 +125,8 @@ def ragged_attention_reference(
     block up to itself. Pads every block to the longest, runs SDPA with
     `rb.mask` (bf16/fp16 on a CPU: `grouped_attention`) and unpads. Returns
     (N, H, hd) in q's dtype."""
+    if rb.pads_wastefully:
+        return attention_by_request(q, layer_keys, layer_values, rb)
     keys = rb.take_slots(layer_keys)  # (S, Hkv, L, hd)
     values = rb.take_slots(layer_values)
     q_pad = q.new_zeros(rb.n_slots, rb.block_max, q.shape[1], q.shape[2])  # (S, Tb, H, hd), rows as keys
@@ -138,6 +142,34 @@ def ragged_attention_reference(
         enable_gqa=True,
     )
     return out.transpose(1, 2)[rb.token_row, rb.offsets]  # (N, H, hd)
+
+
+def attention_by_request(
+    q: torch.Tensor, layer_keys: torch.Tensor, layer_values: torch.Tensor, rb: RaggedIndex
+) -> torch.Tensor:
+    """`ragged_attention_reference` for a pass that mixes long blocks with others (`rb.pads_wastefully`: a
+    prefill of prompts of unequal lengths, or prompts beside verify blocks), where padding every block to
+    the longest would cost several times the query-key pairs the requests need: each long block attends on
+    its own, over its own keys; the short blocks, padded together as usual. Returns (N, H, hd) in q's dtype."""
+    out = torch.empty_like(q)
+    for slot, first, start, n in rb.long_blocks:
+        keys = layer_keys[slot : slot + 1, :, : start + n].to(q.dtype)  # (1, Hkv, L_r, hd)
+        values = layer_values[slot : slot + 1, :, : start + n].to(q.dtype)
+        key_pos = torch.arange(start + n, device=q.device)
+        query_pos = torch.arange(start, start + n, device=q.device)
+        mask = (key_pos[None, :] <= query_pos[:, None])[None, None]  # (1, 1, n, L_r) causal
+        q_r = q[first : first + n][None]  # (1, n, H, hd)
+        if q.dtype in (torch.bfloat16, torch.float16) and q.device.type == "cpu":
+            out[first : first + n] = grouped_attention(q_r, keys, values, mask)[0]
+        else:
+            o = F.scaled_dot_product_attention(
+                q_r.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True
+            )
+            out[first : first + n] = o[0].transpose(0, 1)
+    if rb.short_blocks is not None:
+        short, tokens = rb.short_blocks  # a RaggedIndex of the short blocks, their flat token indices (N_s,)
+        out[tokens] = ragged_attention_reference(q[tokens], layer_keys, layer_values, short)
+    return out
 
 
 def grouped_attention(
@@ -220,10 +252,11 @@ class RaggedIndex:
         lo = slots.min()
         distinct = (slots[:, None] == slots[None, :]).sum() == S
         fills_range = distinct & (slots.max() - lo + 1 == S)  # a permutation of lo..lo+S-1
+        useful = (block_lens * (starts + block_lens)).sum()  # query-key pairs the requests' attention needs
         facts = torch.stack([block_lens.max(), (starts + block_lens).max(), block_lens.sum(), block_lens.min(),
-                             lo, fills_range.long()])  # fmt: skip
+                             lo, fills_range.long(), useful])  # fmt: skip
         # host sync: the pass's shapes (longest block, longest key range) and what the checks need
-        self.block_max, self.kv_len, self.n_tokens, shortest, first_slot, fills_range = to_host(
+        self.block_max, self.kv_len, self.n_tokens, shortest, first_slot, fills_range, useful = to_host(
             facts, "ragged index: shapes and checks"
         )
         if shortest < 0:
@@ -247,6 +280,23 @@ class RaggedIndex:
         query_pos = row_starts[:, None] + torch.arange(self.block_max, device=device)  # (S, Tb)
         self.mask = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]  # (S, 1, Tb, L), per row
         self._slot_range = (first_slot, first_slot + S) if fills_range else None
+        # long blocks beside shorter ones (a prefill of unequal prompts; prompts beside verify blocks):
+        # padding each to the longest would waste most of the attention work, so the PyTorch reference
+        # attends to each long block on its own and pads only the short ones together
+        self.pads_wastefully = (
+            self.block_max >= BY_REQUEST_MIN_BLOCK and S > 1 and S * self.block_max * self.kv_len > 2 * useful
+        )
+        self.long_blocks: list[list[int]] = []  # [slot, flat start, cache start, length] of each long block
+        self.short_blocks: tuple[RaggedIndex, torch.Tensor] | None = None  # (their index, flat token ids)
+        if self.pads_wastefully:
+            per = torch.stack([slots, first, starts, block_lens], 1)  # (S, 4)
+            per = to_host(per, "ragged index: the long blocks of a mixed pass")
+            self.long_blocks = [b for b in per if b[3] >= BY_REQUEST_MIN_BLOCK]
+            short = [r for r, b in enumerate(per) if b[3] < BY_REQUEST_MIN_BLOCK]
+            if short:  # never pads wastefully itself: all its blocks are short
+                tokens = [t for r in short for t in range(per[r][1], per[r][1] + per[r][3])]
+                rows = upload(short, device)
+                self.short_blocks = RaggedIndex(slots[rows], block_lens[rows], cache), upload(tokens, device)
 
     def take_slots(self, layer_cache: torch.Tensor) -> torch.Tensor:
         """(n_slots_total, Hkv, T, hd) -> (S, Hkv, L, hd), row `row[r]` holding request r's slot: a view

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -107,6 +108,46 @@ def test_slots_that_fill_a_range_in_any_order_are_read_as_a_view(tiny_model):
     logits, _, _ = run_blocks(tiny_model, cache, seqs, slots, schedule)
     for seq, got in zip(seqs, logits):
         torch.testing.assert_close(got, full_logits(tiny_model, seq)[0], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_blocks_beside_short_ones_attend_on_their_own(tiny_model, dtype, monkeypatch):
+    """A prefill of one long prompt among short ones, then a pass of short blocks after cached context
+    beside a new long prompt: padding every block to the longest would cost several times the query-key
+    pairs the requests need, so the reference attends to each long block on its own and pads the short
+    ones together -- equal to the full forward in fp32, and to the all-padded attention within bf16
+    rounding. Blocks of equal or short lengths (verify and decode passes) keep the padded attention."""
+    import dspark.model as model_module
+    from dspark.model import RaggedIndex
+
+    torch.manual_seed(3)
+    model = copy.deepcopy(tiny_model).cast(dtype) if dtype != torch.float32 else tiny_model  # cast is in place
+    schedule = [{0: 6, 1: 60, 2: 3, 3: 9}, {0: 2, 2: 5, 3: 1, 4: 40}]
+    lens = [sum(step.get(i, 0) for step in schedule) for i in range(5)]
+    seqs = [torch.randint(0, TINY.vocab_size, (n,)) for n in lens]
+    probe = model.new_cache(n_slots=4)
+    for _ in range(4):
+        probe.allocate()
+    rb = RaggedIndex(torch.arange(4), torch.tensor([6, 60, 3, 9]), probe)
+    assert rb.pads_wastefully and [b[3] for b in rb.long_blocks] == [60]
+    assert rb.short_blocks[1].tolist() == [*range(6), *range(66, 78)]  # the flat tokens of blocks 0, 2, 3
+    assert not RaggedIndex(torch.arange(4), torch.tensor([40, 40, 38, 40]), probe).pads_wastefully
+    assert not RaggedIndex(torch.arange(4), torch.tensor([8, 1, 3, 8]), probe).pads_wastefully
+
+    def run():
+        cache = model.new_cache(n_slots=5)
+        slots = [cache.allocate() for _ in range(5)]
+        logits, _, _ = run_blocks(model, cache, seqs, slots, schedule)
+        return logits
+
+    mixed = run()
+    if dtype == torch.float32:
+        for seq, got in zip(seqs, mixed):
+            torch.testing.assert_close(got, full_logits(model, seq)[0], atol=ATOL, rtol=0)
+    else:
+        monkeypatch.setattr(model_module, "BY_REQUEST_MIN_BLOCK", 10**9)  # pad every block to the longest
+        for got, padded in zip(mixed, run()):
+            torch.testing.assert_close(got.float(), padded.float(), atol=0.05, rtol=0.02)
 
 
 @pytest.mark.parametrize("keep", [0, 1, 9, 10, 11, 17, 18])  # into the prompt, into the block, keep all
