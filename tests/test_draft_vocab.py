@@ -81,6 +81,36 @@ def test_greedy_identity_with_a_draft_vocabulary(tiny_model, kind):
     assert result.tokens == reference.tokens and result.stop_reasons == reference.stop_reasons
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_q_over_the_whole_vocabulary_is_built_only_when_read(tiny_model, kind, monkeypatch):
+    """Greedy verification compares ids, so at T = 0 nobody builds the drafts' q over the whole vocabulary
+    (a large write with a reduced draft vocabulary); read, it is the draft-vocabulary q expanded, built once."""
+    ps = prompts(RAGGED, seed=6)
+    reference = generate(tiny_model, ps, 12, GREEDY)
+    drafter = drafter_with_vocab(tiny_model, kind, list(range(10, 40)))
+    gamma = 1 if kind == "mtp" else 4
+    expansions = []
+    expand = DraftVocabulary.expand
+    monkeypatch.setattr(
+        DraftVocabulary, "expand", lambda self, q: expansions.append(q.shape) or expand(self, q)
+    )
+    result = speculative_generate(tiny_model, drafter, ps, 12, GREEDY, gamma)
+    assert result.tokens == reference.tokens and expansions == []
+    drafter.reset(4)
+    slots, toks = torch.arange(2), torch.tensor([3, 4, 5, 6, 7])
+    features = tiny_model.forward_cached(toks, slots, torch.tensor([2, 3]), tiny_model.new_cache(4),
+                                         return_taps=True)  # fmt: skip
+    from dspark.drafters.base import TargetFeatures
+
+    proposal = drafter.propose(slots, toks, TargetFeatures(features.taps, features.last_hidden), torch.tensor([2, 3]),
+                               torch.tensor([8, 9]), gamma, SamplingParams(1.0), torch.Generator().manual_seed(0))  # fmt: skip
+    assert expansions == []
+    q = proposal.probs
+    assert q.shape == (2, gamma, TINY.vocab_size) and proposal.probs is q and len(expansions) == 1
+    torch.testing.assert_close(q.sum(-1), torch.ones(2, gamma))
+    assert float(q[..., :10].sum() + q[..., 40:].sum()) == 0  # zero off the draft ids
+
+
 @pytest.mark.parametrize("kind", ["eagle", "dspark"])
 def test_sampling_is_exact_when_the_drafter_cannot_propose_some_tokens(kind):
     """K = 3 of the micro target's 5 tokens: the other two only ever come from the residual."""

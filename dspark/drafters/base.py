@@ -31,6 +31,7 @@ decoding, which the tests use as a reference.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,16 +40,34 @@ from torch import nn
 from dspark.sampling import SamplingParams
 
 
-@dataclass
 class Proposal:
-    """One round's drafts for R requests: everything the policy and `verify` need from the drafter."""
+    """One round's drafts for R requests: everything the policy and `verify` need from the drafter.
 
-    tokens: torch.Tensor  # (R, γ) int64 draft tokens x_1..x_γ after each anchor
-    probs: torch.Tensor  # (R, γ, V) fp32 q_k: the exact distributions the tokens were sampled from
-    confidence: torch.Tensor | None = None  # (R, γ) c_k in (0, 1) from a trained confidence head, else None
-    # (R,) bool: which rows really drafted this step (None: all). The engine fills the rows of requests that
-    # did not draft (speculate-or-not, dspark/scheduling/step.py) with zeros; they verify nothing.
-    drafted: torch.Tensor | None = None
+    tokens (R, γ) int64: draft tokens x_1..x_γ after each anchor.
+    probs (R, γ, V) fp32: q_k, the exact distributions the tokens were sampled from. A drafter may hand a
+        function that builds them instead: it runs on the first read of `probs`. With a reduced draft
+        vocabulary q lives on K ids and its full-vocabulary copy is a large write (16 requests x 7 drafts
+        x 49k ids), which greedy verification (it compares ids) never reads.
+    confidence (R, γ): c_k in (0, 1) from a trained confidence head, else None.
+    drafted (R,) bool: which rows really drafted this step (None: all). The engine fills the rows of
+        requests that did not draft (speculate-or-not, dspark/scheduling/step.py) with zeros; they
+        verify nothing."""
+
+    def __init__(
+        self,
+        tokens: torch.Tensor,
+        probs: torch.Tensor | Callable[[], torch.Tensor],
+        confidence: torch.Tensor | None = None,
+        drafted: torch.Tensor | None = None,
+    ) -> None:
+        self.tokens, self._probs, self.confidence, self.drafted = tokens, probs, confidence, drafted
+
+    @property
+    def probs(self) -> torch.Tensor:
+        """(R, γ, V) fp32 q_k (built now if the drafter handed a function, once)."""
+        if callable(self._probs):
+            self._probs = self._probs()
+        return self._probs
 
 
 @dataclass

@@ -378,11 +378,11 @@ class ParallelDrafter(Drafter):
         vocab = self.vocab  # sampling happens over draft indices; tokens and q leave in the target's ids
         if self.config.rank == 0:  # DFlash: no dependence between positions, sample the block at once
             q = probabilities(u, params)  # (R, γ, V)
-            return Proposal(vocab.to_target(draw_token(q, uniforms, params)), vocab.expand(q))
+            return Proposal(vocab.to_target(draw_token(q, uniforms, params)), lambda: vocab.expand(q))
         prev = vocab.to_draft(anchors)  # (R,) the previous token's row of W1
         if self.config.head == "markov":  # the whole block in one call (a Triton kernel on CUDA)
             tokens, probs, conf = markov_block_sample(u, h, prev, *self.markov_weights(), params, uniforms)
-            return Proposal(vocab.to_target(tokens), vocab.expand(probs), conf)
+            return Proposal(vocab.to_target(tokens), lambda: vocab.expand(probs), conf)
         # the RNN head: left to right in PyTorch
         state = h.new_zeros(slots.shape[0], self.config.rank)
         tokens, probs, confs = [], [], []
@@ -393,5 +393,7 @@ class ParallelDrafter(Drafter):
             tokens.append(prev)
             probs.append(q)
             confs.append(conf)
-        tokens, probs = vocab.to_target(torch.stack(tokens, 1)), vocab.expand(torch.stack(probs, 1))
-        return Proposal(tokens, probs, torch.stack(confs, 1))
+        probs = torch.stack(probs, 1)  # (R, γ, K)
+        return Proposal(
+            vocab.to_target(torch.stack(tokens, 1)), lambda: vocab.expand(probs), torch.stack(confs, 1)
+        )

@@ -418,11 +418,17 @@ class Engine:
         if everyone:
             return proposal
         tokens = torch.zeros(R, gamma, dtype=torch.long, device=device)  # (R, γ)
-        probs = torch.zeros(R, gamma, V, device=device)  # (R, γ, V)
         conf = torch.zeros(R, gamma, device=device) if self.drafter.has_confidence else None  # (R, γ)
         drafted = torch.zeros(R, dtype=torch.bool, device=device)
         if proposal is not None:
-            tokens[index], probs[index], drafted[index] = proposal.tokens, proposal.probs, True
+            tokens[index], drafted[index] = proposal.tokens, True
             if conf is not None:
                 conf[index] = proposal.confidence.to(conf.dtype)
+
+        def probs() -> torch.Tensor:  # (R, γ, V), built only if read (greedy verification does not)
+            full = torch.zeros(R, gamma, V, device=device)
+            if proposal is not None:
+                full[index] = proposal.probs
+            return full
+
         return Proposal(tokens, probs, conf, drafted)
