@@ -121,7 +121,8 @@ def test_long_blocks_beside_short_ones_attend_on_their_own(tiny_model, dtype, mo
     from dspark.model import RaggedIndex
 
     torch.manual_seed(3)
-    model = copy.deepcopy(tiny_model).cast(dtype) if dtype != torch.float32 else tiny_model  # cast is in place
+    # cast works in place: the shared fixture is copied first
+    model = copy.deepcopy(tiny_model).cast(dtype) if dtype != torch.float32 else tiny_model
     schedule = [{0: 6, 1: 60, 2: 3, 3: 9}, {0: 2, 2: 5, 3: 1, 4: 40}]
     lens = [sum(step.get(i, 0) for step in schedule) for i in range(5)]
     seqs = [torch.randint(0, TINY.vocab_size, (n,)) for n in lens]
