@@ -152,7 +152,8 @@ def attention_by_request(
     the longest would cost several times the query-key pairs the requests need: each long block attends on
     its own, over its own keys; the short blocks, padded together as usual. Returns (N, H, hd) in q's dtype."""
     out = torch.empty_like(q)
-    for slot, first, start, n in rb.long_blocks:
+    long_blocks, short_blocks = rb.split()
+    for slot, first, start, n in long_blocks:
         keys = layer_keys[slot : slot + 1, :, : start + n].to(q.dtype)  # (1, Hkv, L_r, hd)
         values = layer_values[slot : slot + 1, :, : start + n].to(q.dtype)
         key_pos = torch.arange(start + n, device=q.device)
@@ -166,8 +167,8 @@ def attention_by_request(
                 q_r.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True
             )
             out[first : first + n] = o[0].transpose(0, 1)
-    if rb.short_blocks is not None:
-        short, tokens = rb.short_blocks  # a RaggedIndex of the short blocks, their flat token indices (N_s,)
+    if short_blocks is not None:
+        short, tokens = short_blocks  # a RaggedIndex of the short blocks, their flat token indices (N_s,)
         out[tokens] = ragged_attention_reference(q[tokens], layer_keys, layer_values, short)
     return out
 
@@ -244,11 +245,18 @@ class RaggedIndex:
     its row slots[r] - lo; otherwise the rows are gathered in request order (a
     copy of the whole key range, every layer)."""
 
-    def __init__(self, slots: torch.Tensor, block_lens: torch.Tensor, cache: KVCache) -> None:
+    def __init__(
+        self,
+        slots: torch.Tensor,
+        block_lens: torch.Tensor,
+        cache: KVCache,
+        starts: torch.Tensor | None = None,
+    ) -> None:
         device = slots.device
         self.n_slots = S = slots.shape[0]
-        self.slots = slots  # (S,)
-        self.starts = starts = cache.lengths[slots]  # (S,) positions already in the cache
+        self.slots, self.block_lens, self.cache = slots, block_lens, cache  # (S,), (S,)
+        # (S,) positions already in the cache (`starts`: given, for a part of a pass whose cache has advanced)
+        self.starts = starts = cache.lengths[slots] if starts is None else starts
         lo = slots.min()
         distinct = (slots[:, None] == slots[None, :]).sum() == S
         fills_range = distinct & (slots.max() - lo + 1 == S)  # a permutation of lo..lo+S-1
@@ -286,17 +294,26 @@ class RaggedIndex:
         self.pads_wastefully = (
             self.block_max >= BY_REQUEST_MIN_BLOCK and S > 1 and S * self.block_max * self.kv_len > 2 * useful
         )
-        self.long_blocks: list[list[int]] = []  # [slot, flat start, cache start, length] of each long block
-        self.short_blocks: tuple[RaggedIndex, torch.Tensor] | None = None  # (their index, flat token ids)
-        if self.pads_wastefully:
-            per = torch.stack([slots, first, starts, block_lens], 1)  # (S, 4)
+        self._split: tuple | None = None
+
+    def split(self) -> tuple[list[list[int]], tuple[RaggedIndex, torch.Tensor] | None]:
+        """For a pass that `pads_wastefully`: ([slot, flat start, cache start, length] of each long block,
+        (a RaggedIndex of the short blocks, their flat token indices (N_s,)) or None). Read on first use --
+        only the PyTorch reference attention asks (the kernel and the drafters' context writes never do)."""
+        if self._split is None:
+            per = torch.stack([self.slots, self.cu_seqlens[:-1], self.starts, self.block_lens], 1)  # (S, 4)
             per = to_host(per, "ragged index: the long blocks of a mixed pass")
-            self.long_blocks = [b for b in per if b[3] >= BY_REQUEST_MIN_BLOCK]
+            long = [b for b in per if b[3] >= BY_REQUEST_MIN_BLOCK]
             short = [r for r, b in enumerate(per) if b[3] < BY_REQUEST_MIN_BLOCK]
-            if short:  # never pads wastefully itself: all its blocks are short
-                tokens = [t for r in short for t in range(per[r][1], per[r][1] + per[r][3])]
+            rest = None
+            if short:  # its blocks are all short, so it never pads wastefully itself
+                device = self.slots.device
                 rows = upload(short, device)
-                self.short_blocks = RaggedIndex(slots[rows], block_lens[rows], cache), upload(tokens, device)
+                tokens = [t for r in short for t in range(per[r][1], per[r][1] + per[r][3])]
+                index = RaggedIndex(self.slots[rows], self.block_lens[rows], self.cache, self.starts[rows])
+                rest = index, upload(tokens, device)
+            self._split = long, rest
+        return self._split
 
     def take_slots(self, layer_cache: torch.Tensor) -> torch.Tensor:
         """(n_slots_total, Hkv, T, hd) -> (S, Hkv, L, hd), row `row[r]` holding request r's slot: a view
