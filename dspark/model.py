@@ -149,27 +149,12 @@ def attention_by_request(
 ) -> torch.Tensor:
     """`ragged_attention_reference` for a pass that mixes long blocks with others (`rb.pads_wastefully`: a
     prefill of prompts of unequal lengths, or prompts beside verify blocks), where padding every block to
-    the longest would cost several times the query-key pairs the requests need: each long block attends on
-    its own, over its own keys; the short blocks, padded together as usual. Returns (N, H, hd) in q's dtype."""
+    the longest would cost several times the query-key pairs the requests need: the reference runs once per
+    part of `rb.split()` -- each long block on its own, the short blocks padded together. Returns (N, H, hd)
+    in q's dtype."""
     out = torch.empty_like(q)
-    long_blocks, short_blocks = rb.split()
-    for slot, first, start, n in long_blocks:
-        keys = layer_keys[slot : slot + 1, :, : start + n].to(q.dtype)  # (1, Hkv, L_r, hd)
-        values = layer_values[slot : slot + 1, :, : start + n].to(q.dtype)
-        key_pos = torch.arange(start + n, device=q.device)
-        query_pos = torch.arange(start, start + n, device=q.device)
-        mask = (key_pos[None, :] <= query_pos[:, None])[None, None]  # (1, 1, n, L_r) causal
-        q_r = q[first : first + n][None]  # (1, n, H, hd)
-        if q.dtype in (torch.bfloat16, torch.float16) and q.device.type == "cpu":
-            out[first : first + n] = grouped_attention(q_r, keys, values, mask)[0]
-        else:
-            o = F.scaled_dot_product_attention(
-                q_r.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True
-            )
-            out[first : first + n] = o[0].transpose(0, 1)
-    if short_blocks is not None:
-        short, tokens = short_blocks  # a RaggedIndex of the short blocks, their flat token indices (N_s,)
-        out[tokens] = ragged_attention_reference(q[tokens], layer_keys, layer_values, short)
+    for part, tokens in rb.split():  # a RaggedIndex of the part, its flat token indices (N_p,)
+        out[tokens] = ragged_attention_reference(q[tokens], layer_keys, layer_values, part)
     return out
 
 
@@ -294,25 +279,24 @@ class RaggedIndex:
         self.pads_wastefully = (
             self.block_max >= BY_REQUEST_MIN_BLOCK and S > 1 and S * self.block_max * self.kv_len > 2 * useful
         )
-        self._split: tuple | None = None
+        self._split: list[tuple[RaggedIndex, torch.Tensor]] | None = None
 
-    def split(self) -> tuple[list[list[int]], tuple[RaggedIndex, torch.Tensor] | None]:
-        """For a pass that `pads_wastefully`: ([slot, flat start, cache start, length] of each long block,
-        (a RaggedIndex of the short blocks, their flat token indices (N_s,)) or None). Read on first use --
-        only the PyTorch reference attention asks (the kernel and the drafters' context writes never do)."""
+    def split(self) -> list[tuple[RaggedIndex, torch.Tensor]]:
+        """For a pass that `pads_wastefully`: its parts, each (a RaggedIndex of some of its blocks, their flat
+        token indices (N_p,)) -- every long block alone, then the short ones together; no part pads wastefully
+        itself. Read on first use: only the PyTorch reference attention asks (the kernel and the drafters'
+        context writes never do); each part takes the pass's own starts."""
         if self._split is None:
-            per = torch.stack([self.slots, self.cu_seqlens[:-1], self.starts, self.block_lens], 1)  # (S, 4)
-            per = to_host(per, "ragged index: the long blocks of a mixed pass")
-            long = [b for b in per if b[3] >= BY_REQUEST_MIN_BLOCK]
-            short = [r for r, b in enumerate(per) if b[3] < BY_REQUEST_MIN_BLOCK]
-            rest = None
-            if short:  # its blocks are all short, so it never pads wastefully itself
-                device = self.slots.device
-                rows = upload(short, device)
-                tokens = [t for r in short for t in range(per[r][1], per[r][1] + per[r][3])]
-                index = RaggedIndex(self.slots[rows], self.block_lens[rows], self.cache, self.starts[rows])
-                rest = index, upload(tokens, device)
-            self._split = long, rest
+            per = to_host(torch.stack([self.cu_seqlens[:-1], self.block_lens], 1), "ragged index: its parts")
+            groups = [[r] for r, (_, n) in enumerate(per) if n >= BY_REQUEST_MIN_BLOCK]  # each long block
+            short = [r for r, (_, n) in enumerate(per) if n < BY_REQUEST_MIN_BLOCK]
+            groups += [short] if short else []
+            device, self._split = self.slots.device, []
+            for rows in groups:
+                tokens = upload([t for r in rows for t in range(per[r][0], per[r][0] + per[r][1])], device)
+                at = upload(rows, device)
+                part = RaggedIndex(self.slots[at], self.block_lens[at], self.cache, self.starts[at])
+                self._split.append((part, tokens))
         return self._split
 
     def take_slots(self, layer_cache: torch.Tensor) -> torch.Tensor:

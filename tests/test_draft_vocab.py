@@ -14,6 +14,7 @@ from test_speculative import GREEDY, MICRO, MICRO_LENGTH, MICRO_PROMPT, RAGGED, 
 
 from dspark.checkpoint import save_checkpoint
 from dspark.decoding import generate
+from dspark.drafters.base import TargetFeatures
 from dspark.drafters.registry import load_drafter, new_drafter
 from dspark.drafters.vocab import DraftVocabulary, most_frequent
 from dspark.sampling import SamplingParams
@@ -100,8 +101,6 @@ def test_q_over_the_whole_vocabulary_is_built_only_when_read(tiny_model, kind, m
     slots, toks = torch.arange(2), torch.tensor([3, 4, 5, 6, 7])
     features = tiny_model.forward_cached(toks, slots, torch.tensor([2, 3]), tiny_model.new_cache(4),
                                          return_taps=True)  # fmt: skip
-    from dspark.drafters.base import TargetFeatures
-
     proposal = drafter.propose(slots, toks, TargetFeatures(features.taps, features.last_hidden), torch.tensor([2, 3]),
                                torch.tensor([8, 9]), gamma, SamplingParams(1.0), torch.Generator().manual_seed(0))  # fmt: skip
     assert expansions == []

@@ -130,9 +130,10 @@ def test_long_blocks_beside_short_ones_attend_on_their_own(tiny_model, dtype, mo
     for _ in range(4):
         probe.allocate()
     rb = RaggedIndex(torch.arange(4), torch.tensor([6, 60, 3, 9]), probe)
-    long_blocks, (_, short_tokens) = rb.split()
-    assert rb.pads_wastefully and [b[3] for b in long_blocks] == [60]
+    (long_part, long_tokens), (short_part, short_tokens) = rb.split()
+    assert rb.pads_wastefully and long_part.block_max == 60 and long_tokens.tolist() == [*range(6, 66)]
     assert short_tokens.tolist() == [*range(6), *range(66, 78)]  # the flat tokens of blocks 0, 2, 3
+    assert not long_part.pads_wastefully and not short_part.pads_wastefully
     assert not RaggedIndex(torch.arange(4), torch.tensor([40, 40, 38, 40]), probe).pads_wastefully
     assert not RaggedIndex(torch.arange(4), torch.tensor([8, 1, 3, 8]), probe).pads_wastefully
 
