@@ -72,7 +72,8 @@ def load_model(args: argparse.Namespace, device: torch.device | None = None) -> 
 
 def study_prompts(args: argparse.Namespace, tokenizer: Tokenizer, target: Transformer) -> dict:
     """--prompts-per-domain held-out prompts of each domain (token ids) that fit the target's context."""
-    return offline.prompts_by_domain(tokenizer, args.prompts_per_domain, 0, target.config.max_seq_len)
+    return offline.prompts_by_domain(tokenizer, args.prompts_per_domain, 0, target.config.max_seq_len,
+                                     getattr(args, "prompts", None))  # fmt: skip
 
 
 def write_outputs(args: argparse.Namespace, stem: str, table: str, plot) -> None:
@@ -128,6 +129,7 @@ def bench_offline(args: argparse.Namespace) -> dict:
     --drafter NAME --policy P` against `--drafter none`.
     """
     tokenizer, target = load_model(args)
+    by_domain = study_prompts(args, tokenizer, target)  # a bad --prompts file fails before the drafters load
     drafters = offline.load_labelled_drafters(target, args.drafters, args.target_name)
     gammas = {
         name: cli.resolve_gamma(args.gamma, d, name, mtp_drafts_one=True) for name, d in drafters.items()
@@ -141,7 +143,6 @@ def bench_offline(args: argparse.Namespace) -> dict:
         return gpu.measured_scheduler(policies[name], drafter, target, gammas[name], temperatures,
                                       cost_aware=not args.ignore_draft_cost)  # fmt: skip
 
-    by_domain = study_prompts(args, tokenizer, target)
     if args.tau_only:
         if args.policy != "fixed":
             raise UsageError("--tau-only verifies every draft: use it with --policy fixed (the default)")
@@ -153,6 +154,7 @@ def bench_offline(args: argparse.Namespace) -> dict:
     batch = f"tau only, batch {args.batch_size}" if args.tau_only else "batch 1"
     print(f"offline speculative decoding, gamma {', '.join(f'{n} {g}' for n, g in gammas.items())}, policy "
           f"{', '.join(f'{n} {p}' for n, p in policies.items())}, {args.prompts_per_domain} held-out prompts "
+          f"{'of ' + args.prompts + ' ' if args.prompts else ''}"
           f"per domain, {batch}, {cpu_description()}, {dtype_name(target)}\n")  # fmt: skip
     print(tables.speedup_table(rows), end="")
     table = tables.table1(rows)
@@ -425,7 +427,8 @@ def bench_serve(args: argparse.Namespace) -> dict:
     points = pareto.serve_points(target, tokenizer, args.policies, args.concurrency, args.requests, args.max_new_tokens,
                                  gpu.device_profile(target), SamplingParams(args.temperature),
                                  arrival_rate=args.poisson, cost_aware=not args.ignore_draft_cost,
-                                 target_name=args.target_name, repeats=args.repeats)  # fmt: skip
+                                 target_name=args.target_name, repeats=args.repeats,
+                                 prompts_file=args.prompts)  # fmt: skip
     mode = f"Poisson arrivals at {args.poisson:g}/s" if args.poisson else "closed loop"
     device = model_device(target)
     machine = cpu_description() if device.type == "cpu" else gpu.device_name(device)
@@ -610,6 +613,7 @@ def build_parser() -> argparse.ArgumentParser:
     option(p, "--batch-size", 16, "prompts decoded together with --tau-only", low=1)
     cli.add_gamma(p)
     add_study_options(p, prompts_per_domain=8, temperature=False)
+    cli.add_prompts_file(p)
 
     study_dir = paths.runs_dir() / "study"
     p = command("depth", bench_depth, "Fig. 3: tau against drafter layers")
@@ -679,6 +683,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("serve", bench_serve, "throughput vs tokens/s per user of the real engine on this CPU")
     add_frontier_options(p, concurrency=[1, 2, 4, 8, 16], requests=48)
     cli.add_sampling(p, max_new_tokens=64)
+    cli.add_prompts_file(p)
     p.add_argument("--poisson", type=cli.number(float, 0), metavar="RATE",
                    help="requests arrive as a Poisson process at RATE per second (default: closed loop)")  # fmt: skip
     option(p, "--repeats", 1, "run the whole sweep this many times, interleaved; the table then shows medians and "

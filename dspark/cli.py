@@ -307,6 +307,13 @@ def add_sampling(
         add_seed(parser, seed, "random seed for sampling")
 
 
+def add_prompts_file(parser: argparse.ArgumentParser) -> None:
+    """--prompts FILE: measure on a prompts file's held-out prompts instead of the shipped ones."""
+    parser.add_argument("--prompts", metavar="FILE", help="prompts to measure on instead of the shipped held-out "
+                        "ones: JSON lines with \"prompt\" and optional \"domain\" / \"split\" (only the eval "
+                        "split of a file that has splits), or plain text, one prompt per line")  # fmt: skip
+
+
 def add_outputs(
     parser: argparse.ArgumentParser,
     out: str | None = None,

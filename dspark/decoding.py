@@ -50,7 +50,7 @@ def check_prompts(prompts: list[list[int]], context: int) -> None:
     """Raise ValueError for an empty prompt or one that leaves no room to generate."""
     if not prompts:
         raise ValueError("no prompts given")
-    for i, p in enumerate(prompts):
+    for i, p in enumerate(prompts, start=1):
         if len(p) == 0:
             raise ValueError(f"prompt {i} is empty")
         if len(p) >= context:

@@ -46,6 +46,7 @@ from dspark import cli
 from dspark.backend import KERNEL_MODES, kernel_mode, kernels_as
 from dspark.cli import UsageError, run_main
 from dspark.data.corpus import eval_prompts_by_domain
+from dspark.data.prompt_files import held_out, read_prompts
 from dspark.data.tokenizer import Tokenizer
 from dspark.decoding import check_prompts, generate
 from dspark.drafters.registry import get_calibration, get_drafter
@@ -88,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_sampling(
         parser, max_new_tokens=96, temperature=0.0, top=True, seed=0, tokens_help="tokens to generate"
     )
+    parser.add_argument("--prompts", dest="prompts_file", metavar="FILE", help="decode the prompts of FILE "
+                        "together instead (JSON lines with \"prompt\" and optional \"domain\", only the eval split "
+                        "of a file that has splits; or plain text, one prompt per line)")  # fmt: skip
     cli.add_outputs(parser, json="stdout")
     cli.add_drafter(parser, help="speculative drafter; none = plain decoding",
                     gamma_help="draft tokens per round (not mtp)")  # fmt: skip
@@ -131,12 +135,24 @@ def main(argv: list[str] | None = None) -> None:
             f"--top-k must be at most the vocabulary size {model.config.vocab_size}, got {args.top_k}"
         )
 
-    if args.prompts:
+    if args.prompts and args.prompts_file:
+        raise UsageError("give prompts on the command line or --prompts FILE, not both")
+    if args.prompts_file is not None:
+        records = held_out(read_prompts(args.prompts_file))
+        if not records:
+            raise UsageError(f"prompts file {args.prompts_file} has no eval prompts")
+        labels, texts = [r.domain for r in records], [r.prompt for r in records]
+    elif args.prompts:
         labels, texts = ["prompt"] * len(args.prompts), args.prompts
     else:
         demo = eval_prompts_by_domain(per_domain=1)
         labels, texts = list(demo), [p[0] for p in demo.values()]
     prompts = [tokenizer.chat_prompt(t) for t in texts]
+    if args.prompts_file is not None:
+        for r, ids in zip(records, prompts):
+            if len(ids) >= model.config.max_seq_len:
+                raise UsageError(f"{args.prompts_file} line {r.line}: the prompt is {len(ids)} tokens with its chat "
+                                 f"template; the model's context is {model.config.max_seq_len} tokens")  # fmt: skip
     check_prompts(prompts, model.config.max_seq_len)  # before loading a drafter
 
     drafter = get_drafter(args.drafter, model, args.drafter_checkpoint, target_name)

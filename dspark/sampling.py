@@ -64,13 +64,31 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if params.top_p < 1:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        mass_before = sorted_probs.cumsum(-1) - sorted_probs  # mass of strictly better tokens
-        drop_sorted = mass_before >= params.top_p  # the top token always survives
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
-        probs = probs / probs.sum(-1, keepdim=True)
+        probs = nucleus(probs, params.top_p)
     return probs
+
+
+def nucleus(probs: torch.Tensor, top_p: float, first: int = 256) -> torch.Tensor:
+    """(..., V) probs kept on the smallest set of best tokens whose mass reaches `top_p`, renormalised.
+    Each row ranks its best `first` tokens (a top-k, far cheaper than sorting 49k ids); only the rows whose
+    nucleus is wider than that are sorted whole (the same set either way)."""
+    flat = probs.reshape(-1, probs.shape[-1])  # (N, V)
+    kept = torch.zeros_like(flat)
+
+    def keep_ranked(rows: torch.Tensor, best: torch.Tensor, order: torch.Tensor) -> None:
+        mass_before = best.cumsum(-1) - best  # mass of strictly better tokens; the top token always survives
+        kept[rows] = (
+            torch.zeros_like(best[:, :1])
+            .expand(-1, flat.shape[-1])
+            .scatter(-1, order, best * (mass_before < top_p))
+        )
+
+    best, order = flat.topk(min(first, flat.shape[-1]), dim=-1)  # descending
+    wide = best.sum(-1) < top_p
+    keep_ranked(~wide, best[~wide], order[~wide])
+    if bool(wide.any()):
+        keep_ranked(wide, *flat[wide].sort(dim=-1, descending=True))
+    return (kept / kept.sum(-1, keepdim=True)).reshape(probs.shape)
 
 
 def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

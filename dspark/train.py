@@ -2,6 +2,7 @@
 
   data       build the offline corpus, the tokenizer and the token arrays
   target     pre-train the target model (resumable)
+  instructions  sample self-written user requests from a chat target (Magpie), filtered, into a prompts file
   responses  answer training prompts again with the target (drafter data)
   features   cache the target's features of those responses (what drafter training reads)
   drafter    train a drafter (mtp | eagle | dflash | dspark | dspark-rnn) on those responses
@@ -131,10 +132,41 @@ def cmd_target(args: argparse.Namespace) -> None:
         print(f"shipped fp16 weights to {paths.TARGET_CHECKPOINT}")
 
 
+def cmd_instructions(args: argparse.Namespace) -> None:
+    """Sample user requests from a chat target given its template up to the user's turn (Magpie), steered
+    towards code and math by the turn's opening, filtered (length, script, repetition, near-duplicates,
+    domain) and split train / val / eval by a hash of the text. Resumes where it stopped.
+    """
+    from dspark.training.instructions import read_kept, sample_instructions
+
+    if args.out == "":
+        raise UsageError("--out is empty")
+    tokenizer, target, target_name = cli.load_target(args, cli.device_of(args))
+    if tokenizer.chat.name == "plain":
+        raise UsageError("a model without a chat template has no user turn to sample (Magpie needs one)")
+    out = Path(args.out or paths.target_home(target_name) / "instructions.jsonl")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    counts = {"chat": args.chat, "code": args.code, "math": args.math}
+    dropped = sample_instructions(target, tokenizer, out, counts, args.batch_size, args.max_new_tokens,
+                                  args.seed)  # fmt: skip
+    kept = read_kept(out)
+    print(f"{len(kept)} instructions in {out}")
+    for d in counts:
+        n = {
+            split: sum(1 for r in kept if (r["domain"], r["split"]) == (d, split))
+            for split in ("train", "val", "eval")
+        }
+        print(f"  {d:<5} train {n['train']:>6}  val {n['val']:>5}  eval {n['eval']:>5}")
+    total = len(kept) + sum(dropped.values())
+    print(f"dropped {sum(dropped.values())} of {total} samples: "
+          + ", ".join(f"{k} {v}" for k, v in dropped.most_common()))  # fmt: skip
+
+
 def cmd_responses(args: argparse.Namespace) -> None:
     """Answer training/validation prompts of the corpus again with the target, sampled at T = 1, so that drafters
     learn the target rather than the corpus. Resumes if interrupted.
     """
+    from dspark.data.prompt_files import read_prompts
     from dspark.training.responses import refuse_gzipped_output, regenerate
 
     device = cli.device_of(args)
@@ -142,13 +174,16 @@ def cmd_responses(args: argparse.Namespace) -> None:
         raise UsageError("--per-domain and --val-per-domain are both 0: there is nothing to generate")
     if args.out:  # before the target loads
         refuse_gzipped_output(args.out)
-    corpus = Path(args.data) / "corpus.jsonl"
-    if not corpus.is_file():
-        raise UsageError(f"no corpus in {args.data}; run `python -m dspark.train data` first")
+    if args.prompts is not None:
+        source = read_prompts(args.prompts)  # before the target loads: a bad file is one line at once
+    else:
+        source = Path(args.data) / "corpus.jsonl"
+        if not source.is_file():
+            raise UsageError(f"no corpus in {args.data}; run `python -m dspark.train data` first")
     tokenizer, target, target_name = cli.load_target(args, device)
     out = Path(args.out or paths.target_home(target_name) / "responses.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
-    n = regenerate(target, tokenizer, corpus, out, args.per_domain, args.val_per_domain, args.max_new_tokens,
+    n = regenerate(target, tokenizer, source, out, args.per_domain, args.val_per_domain, args.max_new_tokens,
                    args.batch_size)  # fmt: skip
     print(f"{n} target responses in {out}")
 
@@ -322,6 +357,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     data_dir, responses = str(paths.data_dir()), str(paths.dspark_home() / "responses.jsonl")
 
+    p = command(
+        "instructions", cmd_instructions, "sample self-written user requests (Magpie) into a prompts file"
+    )
+    cli.add_outputs(
+        p, "output JSON lines (default: DSPARK_HOME/NAME/instructions.jsonl)", None, "PATH", json=None
+    )
+    cli.add_target(p, pretrained=True)
+    for domain, count in (("chat", 7200), ("code", 7200), ("math", 7200)):
+        option(
+            p, f"--{domain}", count, f"kept {domain} requests wanted (train, val and eval together)", low=0
+        )
+    option(
+        p, "--max-new-tokens", 112, "cap on a request's length (a request cut off there is dropped)", low=1
+    )
+    option(p, "--batch-size", 128, "requests sampled together", low=1)
+    cli.add_seed(p)
+    cli.add_threads(p)
+    cli.add_device(p)
+
     p = command("data", cmd_data, "build corpus, tokenizer and token arrays")
     cli.add_outputs(p, "output directory (default: %(default)s)", data_dir, json=None)
     option(p, "--math-problems", MATH_PROBLEMS, "generated math problems", low=0)
@@ -351,6 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("responses", cmd_responses, "regenerate responses with the target (drafter data)")
     option(p, "--data", data_dir, "corpus directory")
+    p.add_argument("--prompts", metavar="FILE", help="answer the train and val prompts of this prompts file "
+                   "(JSON lines with prompt, domain, split, e.g. from `train instructions`; or one prompt per "
+                   "line) instead of the corpus's")  # fmt: skip
     cli.add_outputs(p, f"output JSON lines (default: {responses}; with --model NAME: "
                     "DSPARK_HOME/NAME/responses.jsonl)", None, "PATH", json=None)  # fmt: skip
     cli.add_target(p, pretrained=True)

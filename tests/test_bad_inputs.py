@@ -60,6 +60,14 @@ def files(small_checkpoint, small_drafters, tmp_path_factory) -> dict[str, str]:
     truncated.write_bytes(Path(small_drafters["dspark"]).read_bytes()[:200])
     shutil.copy(Path(small_drafters["dspark"]).with_suffix(".json"), truncated.with_suffix(".json"))
     out["truncated"] = str(truncated)
+    # prompts files (--prompts): empty, bad JSON on line 3, one prompt beyond the tiny target's context
+    (root / "empty_prompts.txt").write_text("\n  \n")
+    (root / "bad_prompts.jsonl").write_text('{"prompt": "a"}\n\n{"prompt": oops}\n')
+    (root / "long_prompts.jsonl").write_text(
+        '{"prompt": "hi"}\n' + json.dumps({"prompt": "word " * 600}) + "\n"
+    )
+    for name in ("empty_prompts.txt", "bad_prompts.jsonl", "long_prompts.jsonl"):
+        out[name.split(".")[0]] = str(root / name)
     # what an interrupted `train drafter` leaves next to its --out
     (root / "interrupted.trainer.pt").write_bytes(b"a run's state")
     out["interrupted"] = str(root / "interrupted.safetensors")
@@ -119,6 +127,23 @@ CASES = [
     ("missing-checkpoint", "generate", ["hi", "--checkpoint", "/nonexistent/model.safetensors"], {}, "not found"),
     ("unknown-option", "generate", ["hi", "--bogus"], {}, "unrecognized arguments"),
     ("unknown-drafter", "generate", ["hi", "--drafter", "nope"], {}, "invalid choice"),
+    ("prompts-file-missing", "generate", ["--prompts", "{tmp}/none.txt", *TINY, "--drafter", "none"], {},
+     "not found"),
+    ("prompts-file-empty", "generate", ["--prompts", "{empty_prompts}", *TINY, "--drafter", "none"], {}, "is empty"),
+    ("prompts-file-bad-json", "generate", ["--prompts", "{bad_prompts}", *TINY, "--drafter", "none"], {},
+     "{bad_prompts} line 3: not JSON"),
+    ("prompts-file-too-long", "generate", ["--prompts", "{long_prompts}", *TINY, "--drafter", "none"], {},
+     "{long_prompts} line 2"),
+    ("prompts-file-and-text", "generate", ["hi", "--prompts", "{bad_prompts}", *TINY], {}, "not both"),
+    ("offline-prompts-bad-json", "bench", ["offline", "--prompts", "{bad_prompts}", *TINY, "--drafters", "mtp=" +
+     "{mtp}"], {},
+     "{bad_prompts} line 3"),
+    ("offline-prompts-too-long", "bench", ["offline", "--prompts", "{long_prompts}", *TINY, "--drafters", "mtp=" +
+     "{mtp}"], {}, "{long_prompts} line 2"),
+    ("serve-prompts-empty", "bench", ["serve", "--prompts", "{empty_prompts}", *TINY], {}, "is empty"),
+    ("responses-prompts-bad-json", "train", ["responses", "--prompts", "{bad_prompts}", *TINY], {},
+     "{bad_prompts} line 3"),
+    ("instructions-out-empty", "train", ["instructions", "--out", ""], {}, "--out is empty"),
     # bench
     ("serve-threads", "bench", ["serve", "--threads", "-1"], {}, "--threads"),
     ("serve-poisson-tiny", "bench", ["serve", "--poisson", "1e-9"], {}, "--poisson"),

@@ -167,6 +167,11 @@ class Tokenizer:
         `<|bos|><|user|>prompt<|assistant|>`): what generation starts from."""
         return [*self._before, *self.encode(prompt), *self._after]
 
+    def user_turn(self, opening: str = "") -> list[int]:
+        """Ids of a chat turn cut inside the user's message: the template up to where the user writes, then
+        `opening` (what a self-written instruction is sampled from: dspark/data/instructions.py)."""
+        return [*self._before, *self.encode(opening)]
+
     def chat_sample(self, prompt: str, response: str) -> list[int]:
         """Ids of a whole training sample, ending with EOS."""
         return [*self.chat_prompt(prompt), *self.encode(response), self.eos_id]

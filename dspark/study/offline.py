@@ -36,6 +36,7 @@ import torch
 from tqdm import tqdm
 
 from dspark.data.corpus import eval_prompts_by_domain
+from dspark.data.prompt_files import prompt_ids_by_domain
 from dspark.data.tokenizer import Tokenizer
 from dspark.decoding import generate
 from dspark.device import model_device
@@ -49,11 +50,18 @@ from dspark.study.tau_intervals import prompt_counts
 
 
 def prompts_by_domain(
-    tokenizer: Tokenizer, per_domain: int, start: int = 0, context: int | None = None
+    tokenizer: Tokenizer,
+    per_domain: int,
+    start: int = 0,
+    context: int | None = None,
+    prompts_file: str | Path | None = None,
 ) -> dict[str, list[list[int]]]:
     """Held-out chat prompts (token ids) per domain, numbers start .. start+per_domain-1 of
     each domain's eval prompts: the same ones for every drafter. With `context`, prompts
-    that leave no room to generate in it are left out."""
+    that leave no room to generate in it are left out. With `prompts_file` (`--prompts`), that file's
+    held-out prompts instead (one that does not fit `context` is refused, not left out)."""
+    if prompts_file is not None:
+        return prompt_ids_by_domain(prompts_file, tokenizer, context or 1 << 62, per_domain, start)
     groups = eval_prompts_by_domain(start + per_domain).items()
     ids = {d: [tokenizer.chat_prompt(t) for t in texts[start:]] for d, texts in groups}
     return {d: [p for p in ps if context is None or len(p) < context] for d, ps in ids.items()}

@@ -78,16 +78,20 @@ def serve_points(
     cost_aware: bool = True,
     target_name: str = "tiny",
     repeats: int = 1,
+    prompts_file: str | None = None,
 ) -> list[dict]:
     """Measured points of the real engine on this machine: closed loop, or with
     `arrival_rate` requests/s arriving as a Poisson process (C then caps the active ones).
     The cost-aware policies weigh the drafter's measured drafting time (CPU, cached) unless
     `cost_aware` is False (the ablation). The drafters are those shipped for `target_name`.
     With `repeats` > 1 the whole sweep runs that many times and the points are combined
-    (`combine_repeats`)."""
+    (`combine_repeats`). `prompts_file`: the requests come from that file's held-out prompts (40 per
+    domain at most) instead of the shipped ones."""
     pool = [
         p
-        for ps in offline.prompts_by_domain(tokenizer, 40, 0, target.config.max_seq_len).values()
+        for ps in offline.prompts_by_domain(
+            tokenizer, 40, 0, target.config.max_seq_len, prompts_file
+        ).values()
         for p in ps
     ]
     order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed)).tolist()

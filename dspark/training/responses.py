@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 from dspark.data.corpus import DOMAINS
+from dspark.data.prompt_files import PromptRecord
 from dspark.data.tokenizer import Tokenizer
 from dspark.decoding import generate
 from dspark.model import Transformer
@@ -57,8 +58,36 @@ def pick_prompts(
             if len(ids) <= max_prompt_tokens:
                 ranked.append((taken, domain, split, ids))
                 taken += 1
+    return interleave(ranked)
+
+
+def interleave(ranked: list[tuple[int, str, str, list[int]]]) -> list[tuple[str, str, list[int]]]:
+    """(rank within its (domain, split), domain, split, ids) -> (domain, split, ids), the first of every
+    (domain, split) first: a run stopped anywhere leaves every domain with as many answers as the others."""
     ranked.sort(key=lambda r: r[:3])
     return [(domain, split, ids) for _, domain, split, ids in ranked]
+
+
+def pick_from_file(
+    records: list[PromptRecord], per_domain: dict[str, int], max_prompt_tokens: int, tokenizer: Tokenizer
+) -> list[tuple[str, str, list[int]]]:
+    """(domain, split, prompt ids) of a prompts file's train and val records (a record without a split counts
+    as train), in file order within each (domain, split), at most `per_domain[split]` of each, interleaved;
+    prompts longer than `max_prompt_tokens` are left out."""
+    taken: dict[tuple[str, str], int] = {}
+    ranked = []
+    for r in records:
+        split = r.split or "train"
+        if split not in per_domain:
+            continue
+        key = (r.domain, split)
+        if taken.get(key, 0) == per_domain[split]:
+            continue
+        ids = tokenizer.chat_prompt(r.prompt)
+        if len(ids) <= max_prompt_tokens:
+            ranked.append((taken.get(key, 0), r.domain, split, ids))
+            taken[key] = taken.get(key, 0) + 1
+    return interleave(ranked)
 
 
 def open_records(path: Path):
@@ -92,7 +121,7 @@ def answered_prompts(out_path: Path) -> set[tuple[str, str, tuple[int, ...]]]:
 def regenerate(
     target: Transformer,
     tokenizer: Tokenizer,
-    corpus_path: Path,
+    source: Path | list[PromptRecord],
     out_path: Path,
     train_per_domain: int,
     val_per_domain: int,
@@ -100,13 +129,18 @@ def regenerate(
     batch_size: int,
     seed: int = 0,
 ) -> int:
-    """Append target responses to `out_path` until every chosen prompt has one; returns the count.
+    """Append target responses to `out_path` until every chosen prompt has one; returns the count. `source` is
+    the corpus file (its train and val prompts) or the records of a prompts file (`read_prompts`).
     `out_path` is plain JSON lines (appended to as answers come): gzip a finished file, not this one."""
     refuse_gzipped_output(out_path)
     max_prompt = target.config.max_seq_len - max_new_tokens
-    chosen = pick_prompts(
-        corpus_path, {"train": train_per_domain, "val": val_per_domain}, max_prompt, tokenizer, seed
-    )
+    wanted = {"train": train_per_domain, "val": val_per_domain}
+    if isinstance(source, list):
+        chosen = pick_from_file(source, wanted, max_prompt, tokenizer)
+    else:
+        chosen = pick_prompts(source, wanted, max_prompt, tokenizer, seed)
+    if not chosen:
+        raise ValueError("no train or val prompt to answer fits the target's context with the response cap")
     answered = answered_prompts(out_path)
     todo = [(i, c) for i, c in enumerate(chosen) if (c[0], c[1], tuple(c[2])) not in answered]
     params = SamplingParams(temperature=1.0)

@@ -1,0 +1,132 @@
+"""A user's prompts file: what `--prompts FILE` reads in `generate`, `bench offline`, `bench serve` and
+`train responses`.
+
+Two formats, told apart by the first non-blank line:
+
+* JSON lines: one object per line with a string `prompt`, an optional `domain` (default "prompts") and an
+  optional `split` ("train", "val", "eval": which part of a training set it is; `train responses` answers
+  train and val, the benchmarks read every record unless asked for one split);
+* plain text: one prompt per line (blank lines skipped), domain "prompts".
+
+A gzipped file (`.gz`) reads like the file itself. Every problem is one line naming the file and the line
+(numbered from 1): a missing file, an empty one, bad JSON, a record without a text prompt.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from dspark.data.tokenizer import Tokenizer
+
+DEFAULT_DOMAIN = "prompts"
+SPLITS = ("train", "val", "eval")
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    prompt: str
+    domain: str = DEFAULT_DOMAIN
+    split: str | None = None  # None: the file does not say
+    line: int = 0  # where it stands in its file (from 1)
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                return f.read().splitlines()
+        return path.read_text(encoding="utf-8").splitlines()
+    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError, OSError) as exc:
+        if isinstance(exc, FileNotFoundError | IsADirectoryError | PermissionError):
+            raise
+        raise ValueError(f"{path}: not a readable text file ({exc})") from None
+
+
+def _record(path: Path, number: int, line: str) -> PromptRecord:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} line {number}: not JSON ({exc.msg})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f'{path} line {number}: expected a JSON object with a "prompt"')
+    prompt, domain, split = obj.get("prompt"), obj.get("domain", DEFAULT_DOMAIN), obj.get("split")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f'{path} line {number}: "prompt" must be a non-empty string')
+    if not isinstance(domain, str) or not domain.strip():
+        raise ValueError(f'{path} line {number}: "domain" must be a non-empty string')
+    if split is not None and split not in SPLITS:
+        raise ValueError(f'{path} line {number}: "split" must be one of {", ".join(SPLITS)}, got {split!r}')
+    return PromptRecord(prompt, domain.strip(), split, number)
+
+
+def read_prompts(path: str | Path, split: str | None = None) -> list[PromptRecord]:
+    """The prompts of `path` in file order (only those of `split` when given: a record without a split counts
+    as eval). FileNotFoundError for a missing file, ValueError (one line) for any other problem."""
+    path = Path(path)
+    if str(path) == "":
+        raise ValueError("--prompts: empty path")
+    if not path.exists():
+        raise FileNotFoundError(f"prompts file {path} not found")
+    if path.is_dir():
+        raise ValueError(f"prompts file {path} is a folder")
+    lines = _lines(path)
+    numbered = [(i, line) for i, line in enumerate(lines, start=1) if line.strip()]
+    if not numbered:
+        raise ValueError(f"prompts file {path} is empty")
+    if numbered[0][1].lstrip().startswith("{"):
+        records = [_record(path, i, line) for i, line in numbered]
+    else:
+        records = [PromptRecord(line.strip(), line=i) for i, line in numbered]
+    if split is not None:
+        records = [r for r in records if (r.split or "eval") == split]
+        if not records:
+            raise ValueError(f"prompts file {path} has no {split} prompts")
+    return records
+
+
+def by_domain(records: list[PromptRecord], per_domain: int | None = None) -> dict[str, list[str]]:
+    """Prompt texts grouped by domain in first-seen order, at most `per_domain` each."""
+    out: dict[str, list[str]] = {}
+    for r in records:
+        texts = out.setdefault(r.domain, [])
+        if per_domain is None or len(texts) < per_domain:
+            texts.append(r.prompt)
+    return out
+
+
+def held_out(records: list[PromptRecord]) -> list[PromptRecord]:
+    """What a benchmark measures on: the eval records of a file that splits its prompts (as `train
+    instructions` writes), every record of one that does not."""
+    if any(r.split is not None for r in records):
+        return [r for r in records if r.split == "eval"]
+    return records
+
+
+def prompt_ids_by_domain(
+    path: str | Path, tokenizer: Tokenizer, context: int, per_domain: int | None = None, start: int = 0
+) -> dict[str, list[list[int]]]:
+    """Chat-prompt ids of a prompts file's held-out records per domain (numbers start .. start+per_domain-1 of
+    each domain). ValueError (one line, naming the line) for a prompt that leaves no room to generate in
+    `context` tokens."""
+    records = held_out(read_prompts(path))
+    if not records:
+        raise ValueError(f"prompts file {path} has no eval prompts")
+    out: dict[str, list[list[int]]] = {}
+    seen: dict[str, int] = {}
+    for r in records:
+        rank = seen[r.domain] = seen.get(r.domain, -1) + 1
+        if rank < start or (per_domain is not None and rank >= start + per_domain):
+            continue
+        ids = tokenizer.chat_prompt(r.prompt)
+        if len(ids) >= context:
+            raise ValueError(
+                f"{path} line {r.line}: the prompt is {len(ids)} tokens with its chat template; the "
+                f"target's context is {context} tokens and generation needs room for one more"
+            )
+        out.setdefault(r.domain, []).append(ids)
+    if not out:
+        raise ValueError(f"prompts file {path} has fewer than {start + 1} prompts per domain")
+    return out
