@@ -145,6 +145,6 @@ class NearDuplicates:
 
 
 def split_of(text: str, eval_share: float = 0.03, val_share: float = 0.02) -> str:
-    """The split of a kept prompt, "eval", "val" or "train, from a hash of its words (stable across runs and machines)."""
+    """The split of a kept prompt ("eval", "val" or "train") from a hash of its words: stable across runs."""
     h = int.from_bytes(hashlib.sha256(" ".join(words(text)).encode()).digest()[:8], "big") / 2**64
     return "eval" if h < eval_share else "val" if h < eval_share + val_share else "train"
