@@ -17,7 +17,8 @@ from its subpackage: `dspark.training`, `dspark.study`. Plain decoding is
 `dspark.generate` is the command module (`python -m dspark.generate`).
 """
 
-from dspark import paths
+# `interrupt` first (before torch loads): under `python -m dspark...` Ctrl-C while starting is `interrupted`, 130
+from dspark import interrupt, paths  # noqa: F401
 from dspark.checkpoint import CheckpointError, load_target
 from dspark.config import ModelConfig
 from dspark.data.tokenizer import Tokenizer

@@ -20,7 +20,9 @@
                (--dry-run: every section on the CPU at tiny sizes)
 
 The offline-study commands write markdown tables and PNG figures with --out DIR
-(the README's copies live in walkthrough/results/). The measurements themselves
+(the README's copies live in walkthrough/results/). Every benchmark writes its
+result as JSON with --json PATH (a symlink: into its target), or with --json -
+to stdout, the tables then going to stderr so that stdout is the JSON alone. The measurements themselves
 are library functions (dspark/study/offline.py, pareto.py, kernels.py, ...);
 this file parses the options, calls them and prints.
 
@@ -33,6 +35,7 @@ and reports the median.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -50,7 +53,14 @@ from dspark.data.corpus import DOMAINS, EVAL_PER_DOMAIN
 from dspark.data.tokenizer import Tokenizer
 from dspark.device import cpu_description, model_device
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
-from dspark.drafters.registry import default_path, get_calibration, get_drafter, load_calibration, new_drafter
+from dspark.drafters.registry import (
+    default_path,
+    find_calibration,
+    get_calibration,
+    get_drafter,
+    labelled_specs,
+    new_drafter,
+)
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduling import calibration, profiler
@@ -134,12 +144,12 @@ def bench_offline(args: argparse.Namespace) -> dict:
     gammas = {
         name: cli.resolve_gamma(args.gamma, d, name, mtp_drafts_one=True) for name, d in drafters.items()
     }
-    checkpoints = {label: path or None for label, _, path in (s.partition("=") for s in args.drafters)}
+    checkpoints = {label: path or None for label, path in labelled_specs(args.drafters)}
     policies = {name: policy_for(args.policy, d) for name, d in drafters.items()}
 
     def scheduler_for(name: str, drafter) -> VerifyScheduler | None:
         """The scheduler `generate --policy` builds (fresh per request: it learns from its rounds)."""
-        temperatures = get_calibration(name, checkpoints[name], args.target_name)
+        temperatures = get_calibration(name, checkpoints[name], args.target_name, drafter.max_gamma)
         return gpu.measured_scheduler(policies[name], drafter, target, gammas[name], temperatures,
                                       cost_aware=not args.ignore_draft_cost)  # fmt: skip
 
@@ -258,7 +268,7 @@ def bench_calibration(args: argparse.Namespace) -> dict:
         raise UsageError(
             f"{args.drafter} has no trained confidence head to calibrate (use dspark, dspark-rnn)"
         )
-    temperatures = load_calibration(path)
+    temperatures = find_calibration(path, args.target_name, drafter.max_gamma)  # DSPARK_HOME's first
     if temperatures is None:
         raise UsageError(
             f"{path} is not calibrated yet: run `python -m dspark.train calibrate --drafter {args.drafter}`"
@@ -598,7 +608,7 @@ def build_parser() -> argparse.ArgumentParser:
         bench_offline,
         "Table 1 + Fig. 2: tau, acceptance by position and speed-up per drafter and domain",
     )
-    p.add_argument("--drafters", type=parse_name_list, default=["mtp", "eagle"],
+    p.add_argument("--drafters", type=cli.parse_drafter_list, default=["mtp", "eagle"],
                    help="comma-separated shipped drafter names or LABEL=CHECKPOINT (default: mtp,eagle)")  # fmt: skip
     p.add_argument("--temperatures", type=parse_float_list, default=[1.0],
                    help="comma-separated sampling temperatures (default: 1)")  # fmt: skip
@@ -627,7 +637,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(
         "gamma", bench_gamma, "Fig. 4: tau against gamma, and round latency with/without the sequential head"
     )
-    p.add_argument("--drafters", type=parse_name_list,
+    p.add_argument("--drafters", type=cli.parse_drafter_list,
                    default=[f"{k}={study_dir / (k + '_g16.safetensors')}" for k in ("dspark", "dflash")],
                    help="comma-separated LABEL=CHECKPOINT (or shipped names) (default: dspark,dflash at γ=16 "
                    "in the study dir)")  # fmt: skip
@@ -673,7 +683,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("profile", bench_profile, "the SPS(B) throughput profiles the scheduler uses")
     p.add_argument("--refresh", action="store_true", help="measure again instead of using the cache")
-    p.add_argument("--drafters", type=parse_name_list, default=[],
+    p.add_argument("--drafters", type=cli.parse_drafter_list, default=[],
                    help="also measure these drafters' drafting-cost tables (CPU; shipped names or "
                    "LABEL=CHECKPOINT), e.g. dspark (default: none)")  # fmt: skip
     cli.add_target(p, pretrained=True)
@@ -732,12 +742,31 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError(f"--poisson {poisson:g}: {args.requests} requests would take about {args.requests / poisson:.3g} s "
                          f"to arrive; use a rate of at least {args.requests / MAX_ARRIVAL_SPAN_S:.3g} per second")  # fmt: skip
     cli.prepare_outputs(getattr(args, "out", None), args.json)  # fail now, not after the measurement
-    result = args.func(args)
+    result = run_benchmark(args)
     ok = result.pop("ok", True)  # False: a check failed (kernels that disagree or do not compile)
     if args.json:
-        paths.write_text_atomic(args.json, json.dumps(result, indent=2) + "\n")
-        print(f"\nwrote {args.json}")
+        write_json(args.json, result)
     return 0 if ok else 3
+
+
+def run_benchmark(args: argparse.Namespace) -> dict:
+    """The chosen benchmark's result. With `--json -` what it prints goes to stderr, so that standard
+    output holds the JSON alone (`... --json - | jq` then works)."""
+    if args.json != cli.STDOUT:
+        return args.func(args)
+    with contextlib.redirect_stdout(sys.stderr):
+        return args.func(args)
+
+
+def write_json(where: str, result: dict) -> None:
+    """--json PATH, written whole (through a symlink: into its target), or `-`: standard output."""
+    text = json.dumps(result, indent=2) + "\n"
+    if where == cli.STDOUT:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    paths.write_text_atomic(where, text)
+    print(f"\nwrote {where}")
 
 
 if __name__ == "__main__":

@@ -38,21 +38,24 @@ def save_checkpoint(
     dtype: torch.dtype = torch.float32,
     meta: dict | None = None,
 ) -> None:
-    """Write `path` (.safetensors) and its `.json` twin. Tied weights are stored once."""
+    """Write `path` (.safetensors) and its `.json` twin. Tied weights are stored once. A symlinked `path` stays
+    a link: the weights replace its target, the twin goes beside the name given (where `read_checkpoint(path)`
+    looks for it)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    weights = paths.resolved(path)
+    weights.parent.mkdir(parents=True, exist_ok=True)
     tensors, seen = {}, set()
     for name, tensor in model.state_dict().items():
         if tensor.data_ptr() in seen:  # tied to a tensor already written
             continue
         seen.add(tensor.data_ptr())
-        tensor = tensor.detach()
+        tensor = tensor.detach().cpu()  # safetensors writes host memory (a model trained on a GPU)
         tensors[name] = (
             tensor.to(dtype) if tensor.is_floating_point() else tensor
         ).contiguous()  # ids stay ints
-    tmp = path.with_suffix(".tmp")
+    tmp = weights.with_suffix(".tmp")
     save_file(tensors, str(tmp))
-    tmp.replace(path)  # atomic: a crash never leaves half a checkpoint
+    tmp.replace(weights)  # atomic: a crash never leaves half a checkpoint
     record = {"config": config.to_dict(), "meta": meta or {}}
     paths.write_text_atomic(config_path(path), json.dumps(record, indent=2) + "\n")
 

@@ -40,7 +40,7 @@ from dspark import paths
 from dspark.checkpoint import CheckpointError
 from dspark.device import cpu_has_bf16, resolve_device
 from dspark.drafters.parallel import ParallelDrafterConfig
-from dspark.drafters.registry import DRAFTER_NAMES
+from dspark.drafters.registry import DRAFTER_NAMES, labelled_specs
 from dspark.pretrained.fetch import KNOWN_MODELS
 from dspark.sampling import MIN_TEMPERATURE
 
@@ -86,10 +86,16 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
+STDOUT = "-"  # --json - : the JSON on standard output
+
+
 def prepare_outputs(out_dir: str | None, *files: str | None) -> None:
     """Create --out DIR and the folders of output files up front, so an unwritable path fails before
-    a long measurement rather than after it (OSError, reported by `run_main` with the path)."""
-    for folder, name in [(out_dir, out_dir)] + [(f and Path(f).parent, f) for f in files]:
+    a long measurement rather than after it (OSError, reported by `run_main` with the path). A file is
+    checked where it will be written: past its symlinks (`paths.write_text_atomic` writes their target);
+    `-` is standard output and needs nothing."""
+    targets = {f: paths.resolved(f) for f in files if f and f != STDOUT}
+    for folder, name in [(out_dir, out_dir)] + [(t.parent, f) for f, t in targets.items()]:
         if not folder:
             continue
         blocker = next(
@@ -98,9 +104,20 @@ def prepare_outputs(out_dir: str | None, *files: str | None) -> None:
         if blocker is not None:
             raise UsageError(f"cannot write {name}: {blocker} is a file, not a folder")
         Path(folder).mkdir(parents=True, exist_ok=True)
-    for f in files:
-        if f and Path(f).is_dir():
+    for f, target in targets.items():
+        if target.is_dir():
             raise UsageError(f"{f} is a folder; give a file name")
+
+
+class NonEmpty(argparse.Action):
+    """Store an output path, refusing an empty one: `--out ''` would otherwise mean the default or the
+    current folder and `--json ''` no JSON at all, each silently."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if not values.strip():
+            hint = "give a file name, or - for standard output" if self.dest == "json" else "give a path"
+            parser.error(f"{option_string} is empty: {hint}")
+        setattr(namespace, self.dest, values)
 
 
 # ---- validated option types: every numeric option is checked here, for all three commands ------------
@@ -145,13 +162,24 @@ def add_option(
     parser.add_argument(flag, default=default, help=f"{help} (default: %(default)s)", **kwargs)
 
 
+THREADS_PER_CPU = 4  # --threads beyond this many per CPU only slows torch down (100000 crashed it)
+
+
+def max_threads() -> int:
+    """The largest --threads accepted: this machine's CPUs x THREADS_PER_CPU."""
+    return (os.cpu_count() or 1) * THREADS_PER_CPU
+
+
 def add_threads(parser: argparse.ArgumentParser) -> None:
-    add_option(parser, "--threads", 0, "torch CPU threads, 0 = torch's default: one per physical core", low=0)
+    add_option(parser, "--threads", 0, "torch CPU threads, 0 = torch's default: one per physical core; at most "
+               f"{THREADS_PER_CPU} per CPU", low=0, high=max_threads())  # fmt: skip
 
 
 def apply_threads(args: argparse.Namespace) -> None:
-    """Set torch's thread count if the command has --threads and it is not 0."""
+    """Set torch's thread count if the command has --threads and it is not 0 (at most `max_threads()`)."""
     threads = getattr(args, "threads", 0)
+    if threads and not 0 < threads <= max_threads():
+        raise UsageError(f"--threads must be 0..{max_threads()} ({THREADS_PER_CPU} per CPU), got {threads}")
     if threads:
         torch.set_num_threads(threads)
 
@@ -197,6 +225,8 @@ def load_target(args: argparse.Namespace, device: torch.device | None = None):
 
     device = device or device_of(args)
     spec = getattr(args, "model", None)
+    if spec is not None and not spec.strip():
+        raise UsageError("--model is empty: give a known model name, a .gguf file or a model folder")
     dtype = DTYPES[getattr(args, "dtype", None) or default_dtype_name(spec, device)]
     if spec:
         if args.checkpoint != str(paths.TARGET_CHECKPOINT) or getattr(args, "tokenizer", None) not in (
@@ -204,6 +234,7 @@ def load_target(args: argparse.Namespace, device: torch.device | None = None):
             raise UsageError("--model brings its own weights and tokenizer: drop --checkpoint/--tokenizer")
         loaded = load_pretrained(spec, dtype)
         return loaded.tokenizer, loaded.model.to(device), loaded.name
+    refuse_pretrained_checkpoint(args.checkpoint, hasattr(args, "model"))
     tokenizer = Tokenizer.load(getattr(args, "tokenizer", None) or paths.TOKENIZER_PATH)
     model = load_checkpoint(args.checkpoint)[0]
     if model.config.vocab_size != tokenizer.vocab_size:
@@ -211,6 +242,19 @@ def load_target(args: argparse.Namespace, device: torch.device | None = None):
             f"tokenizer has {tokenizer.vocab_size} tokens but the model expects {model.config.vocab_size}"
         )
     return tokenizer, model.cast(dtype).to(device), "tiny"
+
+
+def refuse_pretrained_checkpoint(checkpoint: str, takes_model: bool) -> None:
+    """--checkpoint takes this project's .safetensors + .json; a GGUF file or a model folder is a pretrained
+    target, which --model loads (on the commands that have it)."""
+    path = Path(checkpoint)
+    what = "a GGUF file" if path.suffix.lower() == ".gguf" else "a folder" if path.is_dir() else None
+    if what is None:
+        return
+    where = (
+        f"pass it as --model {checkpoint}" if takes_model else "this command runs the tiny target's kind only"
+    )
+    raise UsageError(f"--checkpoint {checkpoint} is {what}, not a dspark checkpoint (.safetensors); {where}")
 
 
 def add_gamma(
@@ -321,11 +365,13 @@ def add_outputs(
     out_metavar: str = "DIR",
     json: str | None = "file",
 ) -> None:
-    """--out (`out` is its help; None: no --out) and --json: "file" = --json PATH, "stdout" = a flag."""
+    """--out (`out` is its help; None: no --out) and --json: "file" = --json PATH ("-": standard output, the
+    tables then go to stderr), "stdout" = a flag. An empty path is refused (`NonEmpty`)."""
     if out is not None:
-        parser.add_argument("--out", default=out_default, metavar=out_metavar, help=out)
+        parser.add_argument("--out", default=out_default, metavar=out_metavar, help=out, action=NonEmpty)
     if json == "file":
-        parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+        parser.add_argument("--json", metavar="PATH", action=NonEmpty,
+                            help="also write the results as JSON to PATH (-: to stdout, the tables to stderr)")  # fmt: skip
     elif json == "stdout":
         parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
@@ -363,6 +409,16 @@ def parse_name_list(text: str) -> list[str]:
     values = [x.strip() for x in text.split(",") if x.strip()]
     if not values:
         raise argparse.ArgumentTypeError("expected at least one name")
+    return values
+
+
+def parse_drafter_list(text: str) -> list[str]:
+    """Comma-separated shipped drafter names or LABEL=CHECKPOINT, each label given once (`labelled_specs`)."""
+    values = parse_name_list(text)
+    try:
+        labelled_specs(values)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--drafters: ")) from None
     return values
 
 

@@ -17,6 +17,7 @@ that arrive over time (that is the serving engine's job).
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass
 
@@ -46,11 +47,37 @@ class GenerationResult:
         return self.new_tokens / total if total > 0 else float("nan")
 
 
-def check_prompts(prompts: list[list[int]], context: int) -> None:
-    """Raise ValueError for an empty prompt or one that leaves no room to generate."""
-    if not prompts:
-        raise ValueError("no prompts given")
+def is_integer(value: object) -> bool:
+    """A Python or NumPy integer, not a bool (True is an int to Python, never a token id or a count)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_token_ids(ids: list[int], vocab_size: int | None, what: str) -> None:
+    """Raise ValueError unless every id of `ids` (host ints) is an integer in 0..vocab_size-1 (`what` names the
+    list in the message, e.g. "prompt 2"); torch would otherwise truncate a float or fail with a bare IndexError."""
+    for j, t in enumerate(ids, start=1):
+        if not is_integer(t):
+            raise ValueError(f"{what}: token {j} is {t!r}, not an integer token id")
+    if ids and vocab_size is not None and not (0 <= min(ids) and max(ids) < vocab_size):
+        bad = next(t for t in ids if not 0 <= t < vocab_size)
+        raise ValueError(f"{what}: token id {bad} is outside the vocabulary 0..{vocab_size - 1}")
+
+
+def check_max_new_tokens(max_new_tokens: object) -> None:
+    """Raise ValueError unless the budget is an integer >= 1 (4.5 or True is refused, not rounded)."""
+    if not is_integer(max_new_tokens) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+
+
+def check_prompts(prompts: list[list[int]], context: int, vocab_size: int | None = None) -> None:
+    """Raise ValueError for no prompts, an empty prompt, one that leaves no room to generate, or (with
+    `vocab_size`) one holding an id that is not an integer in 0..vocab_size-1. Prompts are numbered from 1.
+    Checked once per call, on the host lists, before anything reaches the model."""
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError("no prompts given" if not prompts else "prompts must be a list of token-id lists")
     for i, p in enumerate(prompts, start=1):
+        if not isinstance(p, (list, tuple)):
+            raise ValueError(f"prompt {i} is a {type(p).__name__}, not a list of token ids")
         if len(p) == 0:
             raise ValueError(f"prompt {i} is empty")
         if len(p) >= context:
@@ -58,6 +85,7 @@ def check_prompts(prompts: list[list[int]], context: int) -> None:
                 f"prompt {i} is {len(p)} tokens; the model's context is {context} tokens "
                 "and generation needs room for at least one more"
             )
+        check_token_ids(p, vocab_size, f"prompt {i}")
 
 
 @torch.no_grad()
@@ -71,10 +99,9 @@ def generate(
     cache: KVCache | None = None,
 ) -> GenerationResult:
     """Generate for every prompt; `eos_id=None` never stops early (benchmarks)."""
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    check_max_new_tokens(max_new_tokens)
     context = model.config.max_seq_len
-    check_prompts(prompts, context)
+    check_prompts(prompts, context, model.config.vocab_size)
     generator = generator or torch.Generator().manual_seed(0)
     cache = cache or model.new_cache(len(prompts))
     device = model_device(model)
@@ -86,7 +113,7 @@ def generate(
         lengths = [len(p) for p in prompts]  # each request's cache length, kept on the host
         lens = upload(lengths, device)
         logits = model.forward_cached(flat, slots, lens, cache, last_only=True).logits  # (S, V)
-        next_tokens = sample(probabilities(logits, params), generator)  # (S,)
+        next_tokens = sample(probabilities(logits, params), generator, check=False)  # (S,)
         prefill_seconds = time.perf_counter() - t0
 
         out: list[list[int]] = [[] for _ in prompts]
@@ -114,7 +141,7 @@ def generate(
             logits = model.forward_cached(feed, step_slots, torch.ones_like(step_slots), cache).logits
             for i in active:
                 lengths[i] += 1
-            next_tokens = sample(probabilities(logits, params), generator)
+            next_tokens = sample(probabilities(logits, params), generator, check=False)
             steps += 1
         decode_seconds = time.perf_counter() - t1
     finally:

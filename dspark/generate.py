@@ -56,13 +56,19 @@ from dspark.serving.speculative import SpeculativeResult, speculative_generate
 from dspark.study.gpu import measured_scheduler
 
 
+def _colour() -> bool:
+    """Colour only on a terminal, and never when NO_COLOR is set to anything non-empty (no-color.org)."""
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
 def _style(text: str, sgr: int) -> str:
-    """Bold (1) or dim (2) on a terminal, plain text when piped."""
-    return f"\033[{sgr}m{text}\033[0m" if sys.stdout.isatty() else text
+    """Bold (1) or dim (2) on a terminal, plain text when piped or with NO_COLOR."""
+    return f"\033[{sgr}m{text}\033[0m" if _colour() else text
 
 
 def _mark_drafted(tokenizer: Tokenizer, tokens: list[int], from_draft: list[bool]) -> str:
-    """The decoded text with every run of accepted draft tokens marked (colour on a terminal, «» when piped).
+    """The decoded text with every run of accepted draft tokens marked (colour on a terminal, «» when piped or
+    with NO_COLOR).
 
     The whole reply is decoded once and the marks are inserted at character offsets, so a character whose
     UTF-8 bytes are split across a draft/target boundary is never broken: it goes with the run that
@@ -77,7 +83,7 @@ def _mark_drafted(tokenizer: Tokenizer, tokens: list[int], from_draft: list[bool
     for start, end in zip(cuts, cuts[1:]):
         piece = text[start:end]
         if drafted and piece:
-            piece = f"\033[32;4m{piece}\033[0m" if sys.stdout.isatty() else f"«{piece}»"
+            piece = f"\033[32;4m{piece}\033[0m" if _colour() else f"«{piece}»"
         pieces.append(piece)
         drafted = not drafted
     return "".join(pieces)
@@ -109,8 +115,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def refuse_ignored_options(args: argparse.Namespace) -> None:
+    """Options that only a drafter uses are refused with --drafter none, rather than silently ignored
+    (--gamma is refused by `cli.resolve_gamma`)."""
+    if args.drafter != "none":
+        return
+    ignored = [flag for flag, given in (("--drafter-checkpoint", args.drafter_checkpoint is not None),
+                                        ("--policy", args.policy != "fixed"),
+                                        ("--ignore-draft-cost", args.ignore_draft_cost)) if given]  # fmt: skip
+    if ignored:
+        raise UsageError(
+            f"--drafter none decodes plainly: drop {' and '.join(ignored)} (only a drafter uses it)"
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    refuse_ignored_options(args)
     params = SamplingParams(args.temperature, args.top_k, args.top_p)  # validates
     for i, prompt in enumerate(args.prompts, start=1):
         try:
@@ -160,9 +181,8 @@ def main(argv: list[str] | None = None) -> None:
     generator = torch.Generator().manual_seed(args.seed)
     verify_fn = observe_fn = speculate_fn = None
     if args.drafter != "none":
-        temperatures = get_calibration(
-            args.drafter, args.drafter_checkpoint, target_name
-        )  # STS, with the drafter
+        # STS: the calibration under DSPARK_HOME first, then the one shipped with the drafter
+        temperatures = get_calibration(args.drafter, args.drafter_checkpoint, target_name, drafter.max_gamma)
         scheduler = measured_scheduler(args.policy, drafter, model, gamma, temperatures, args.threshold,
                                        cost_aware=not args.ignore_draft_cost)  # fmt: skip
         if scheduler is not None:

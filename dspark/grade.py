@@ -5,12 +5,16 @@
     python -m dspark.grade N --reference        # the instructor's solution (the project's own code)
     python -m dspark.grade --list               # the assignments, one per line
 
-Every check runs in its own process with a time limit (--timeout, seconds), so a
-solution that crashes or hangs loses that check's points and nothing else. The report
-has one line per check -- PASS, or FAIL with the reason ("not implemented", "crashed:
-...", "timed out after Ns", or what is wrong) -- and ends with `score: X/Y`. The exit
-status is 0 whenever grading worked, whatever the score; a bad assignment number, a
-missing file or a file that does not import is one line on stderr and status 2.
+Every check runs the solution in a process of its own, in a scratch folder, with a time
+limit (--timeout, seconds, at most 3600), so a solution that crashes, hangs or kills its
+process loses that check's points and nothing else; the verdict is reached here, from the
+values the solution returned. The report has one line per check -- PASS, or FAIL with the
+reason ("not implemented", "crashed: ...", "timed out after Ns", "uses the instructor's
+reference solution ...", or what is wrong) -- with what the solution printed under it,
+each line behind a `|`, and ends with `score: X/Y`, which only this command writes. The
+exit status is 0 whenever grading worked, whatever the score; a bad assignment number, a
+missing file, a bad --timeout or a file that does not import is one line on stderr and
+status 2.
 """
 
 from __future__ import annotations
@@ -19,9 +23,18 @@ import argparse
 import sys
 from pathlib import Path
 
-from dspark.cli import UsageError, run_main
+from dspark.cli import UsageError, number, run_main
 from dspark.grading.catalog import ASSIGNMENTS, get_assignment
-from dspark.grading.framework import DEFAULT_TIMEOUT, SolutionError, check_imports, grade
+from dspark.grading.framework import (
+    DEFAULT_TIMEOUT,
+    MAX_TIMEOUT,
+    CheckResult,
+    SolutionError,
+    check_imports,
+    grade,
+)
+
+OUTPUT_PREFIX = "      | "  # before each line the solution printed: never mistaken for the report
 
 
 class _Parser(argparse.ArgumentParser):
@@ -42,9 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--check", action="append", metavar="NAME", help="run only this check (repeatable)")
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=number(float, 0.0, MAX_TIMEOUT),
         default=DEFAULT_TIMEOUT,
-        help="seconds each check may run (default: %(default)g)",
+        help=f"seconds each check may run, at most {MAX_TIMEOUT:g} (default: %(default)g)",
     )
     return parser
 
@@ -84,16 +97,16 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError(str(exc)) from None
     shown = path.resolve().relative_to(Path.cwd()) if path.resolve().is_relative_to(Path.cwd()) else path
     print(f"assignment {number}: {assignment.title} -- grading {shown}", flush=True)
-    report = grade(
-        assignment,
-        path,
-        args.timeout,
-        args.check,
-        lambda r: print("  " + r.line(), flush=True),
-        check_import=False,
-    )
+    report = grade(assignment, path, args.timeout, args.check, print_result, check_import=False)
     print(f"score: {report.score}/{report.total}", flush=True)
     return 0
+
+
+def print_result(result: CheckResult) -> None:
+    """The check's line, then what the solution printed meanwhile, each line behind OUTPUT_PREFIX."""
+    print("  " + result.line(), flush=True)
+    for line in result.output.splitlines():
+        print(OUTPUT_PREFIX + line, flush=True)
 
 
 if __name__ == "__main__":

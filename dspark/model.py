@@ -74,25 +74,41 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    """Grouped-query attention. `qk_norm`: a per-head RMSNorm on q and k before RoPE (Qwen3's `q_norm` /
+    `k_norm`; the drafter layers' option, the target has none); `in_dim`: the width q/k/v read (default
+    `dim`; 2·dim in the EAGLE-3 layer)."""
+
+    def __init__(self, config: ModelConfig, qk_norm: bool = False, in_dim: int | None = None) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = (
             config.n_heads,
             config.n_kv_heads,
             config.head_dim,
         )
-        kv_dim = config.n_kv_heads * config.head_dim
-        self.wq = LayerLinear(config.dim, config.dim, bias=False)
-        self.wk = LayerLinear(config.dim, kv_dim, bias=False)
-        self.wv = LayerLinear(config.dim, kv_dim, bias=False)
+        kv_dim, in_dim = config.n_kv_heads * config.head_dim, in_dim or config.dim
+        self.wq = LayerLinear(in_dim, config.dim, bias=False)
+        self.wk = LayerLinear(in_dim, kv_dim, bias=False)
+        self.wv = LayerLinear(in_dim, kv_dim, bias=False)
         self.wo = LayerLinear(config.dim, config.dim, bias=False)
+        self.q_norm = RMSNorm(config.head_dim, config.norm_eps) if qk_norm else None  # over each head's hd
+        self.k_norm = RMSNorm(config.head_dim, config.norm_eps) if qk_norm else None
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        lead = x.shape[:-1]
-        q = self.wq(x).view(*lead, self.n_heads, self.head_dim)
-        k = self.wk(x).view(*lead, self.n_kv_heads, self.head_dim)
-        v = self.wv(x).view(*lead, self.n_kv_heads, self.head_dim)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        """x (..., in_dim) -> q (..., H, hd) and k (..., Hkv, hd), normed per head if so built and rotated,
+        and v (..., Hkv, hd)."""
+        q = self.wq(x).view(*x.shape[:-1], self.n_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        v = self.wv(x).view(*x.shape[:-1], self.n_kv_heads, self.head_dim)
+        return apply_rope(q, cos, sin), self.rotated_keys(x, cos, sin), v
+
+    def rotated_keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The keys of x (..., in_dim): (..., Hkv, hd), normed per head if so built, then rotated -- what
+        `_qkv` returns as k, and what a parallel drafter's context features become (`context_kv`)."""
+        k = self.wk(x).view(*x.shape[:-1], self.n_kv_heads, self.head_dim)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        return apply_rope(k, cos, sin)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Full causal attention over x: (B, T, dim); cos/sin: (T, 1, head_dim/2)."""
@@ -203,12 +219,22 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    """A pre-norm decoder layer (`qk_norm`: its attention norms q and k per head, `Attention`)."""
+
+    def __init__(self, config: ModelConfig, qk_norm: bool = False) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(config.dim, config.norm_eps)
-        self.attn = Attention(config)
+        self.attn = Attention(config, qk_norm)
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
         self.ffn = FeedForward(config)
+
+    def attention_input(self, x: torch.Tensor) -> torch.Tensor:
+        """What the attention reads of the layer input x (..., dim): RMSNorm(x)."""
+        return self.attn_norm(x)
+
+    def residual(self, x: torch.Tensor) -> torch.Tensor:
+        """What the attention output is added to: x itself (the EAGLE-3 layer differs)."""
+        return x
 
 
 class RaggedIndex:
@@ -318,13 +344,14 @@ def run_blocks_cached(
 ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
     """Run pre-norm blocks over flat inputs x: (N, dim), block i using cache layer i.
 
-    Shared by the target and by drafters that keep their own small KV cache.
+    Shared by the target and by drafters that keep their own small KV cache (a block's
+    `attention_input` and `residual` say how it reads x: the EAGLE-3 layer's x is wider).
     Does not advance the cache lengths (the caller does, once). Returns the
     output (N, dim) and the residual stream after each layer in `tap_layers`."""
     cos, sin = rope_cos[rb.positions, None], rope_sin[rb.positions, None]  # (N, 1, hd/2)
     taps = [] if tap_layers else None
     for i, block in enumerate(blocks):
-        x = x + block.attn.forward_cached(block.attn_norm(x), cos, sin, i, cache, rb)
+        x = block.residual(x) + block.attn.forward_cached(block.attention_input(x), cos, sin, i, cache, rb)
         x = x + block.ffn(block.ffn_norm(x))
         if i in tap_layers:
             taps.append(x)
@@ -370,9 +397,15 @@ class Transformer(nn.Module):
         """Weights (and so the KV cache `new_cache` makes) in `dtype`; the RoPE tables stay fp32. Returns self."""
         return cast_keeping_rope(self, dtype)
 
-    def new_cache(self, n_slots: int, dtype: torch.dtype | None = None) -> KVCache:
+    def new_cache(
+        self, n_slots: int, dtype: torch.dtype | None = None, max_seq_len: int | None = None
+    ) -> KVCache:
+        """A KV cache for `n_slots` requests of up to `max_seq_len` tokens (default: the whole context; a
+        smaller one for short requests of a long-context model saves allocating and zeroing gigabytes)."""
         dtype = dtype or self.embed.weight.dtype
-        return KVCache.for_model(self.config, n_slots, dtype, self.embed.weight.device)
+        c = self.config
+        length = min(max_seq_len or c.max_seq_len, c.max_seq_len)
+        return KVCache(c.n_layers, n_slots, c.n_kv_heads, length, c.head_dim, dtype, self.embed.weight.device)
 
     def _head(
         self, x: torch.Tensor, taps: list[torch.Tensor] | None, logits_at: torch.Tensor | None = None

@@ -114,7 +114,26 @@ def draw_token(probs: torch.Tensor, uniforms: torch.Tensor, params: SamplingPara
     return probs.argmax(-1) if params.greedy else sample_from_probs(probs, uniforms)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def check_probabilities(probs: torch.Tensor) -> None:
+    """Raise ValueError unless every row of (..., V) `probs` is finite, non-negative and has positive mass
+    (an all-zero, NaN or negative row has no token to draw). One read of the device: for callers, not loops."""
+    if probs.dim() == 0 or probs.shape[-1] == 0:
+        raise ValueError(f"probabilities must have a vocabulary dimension, got shape {tuple(probs.shape)}")
+    p = probs.float()
+    finite, non_negative = torch.isfinite(p).all(), (p >= 0).all()
+    has_mass = (p.sum(-1) > 0).all() if p.numel() else torch.ones((), dtype=torch.bool, device=p.device)
+    ok = torch.stack([finite, non_negative, has_mass]).tolist()
+    for good, why in zip(ok, ("are not all finite (NaN or inf)", "hold negative values",
+                              "have a row with no mass (all zero)")):  # fmt: skip
+        if not good:
+            raise ValueError(f"cannot sample: the probabilities {why}")
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator, check: bool = True) -> torch.Tensor:
     """(..., V) probs -> (...) ids on probs' device, uniforms drawn from `generator` on its own device
-    (the same tokens on every device for the same seed, dspark/device.py)."""
+    (the same tokens on every device for the same seed, dspark/device.py). The probabilities are checked
+    first (`check_probabilities`, one host read); decoding loops, whose probabilities come from
+    `probabilities`, pass `check=False` and read nothing back."""
+    if check:
+        check_probabilities(probs)
     return sample_from_probs(probs, generator_uniforms(tuple(probs.shape[:-1]), generator, probs.device))

@@ -8,10 +8,11 @@
   drafter    train a drafter (mtp | eagle | dflash | dspark | dspark-rnn) on those responses
   calibrate  fit the confidence head's Sequential Temperature Scaling on held-out rounds
 
-Outputs go under DSPARK_HOME (default ~/.cache/dspark); `--ship` copies the
-compact result into `dspark/assets/`, which is what gets committed. The commands
-that only run the target (responses, calibrate) take --device cpu|cuda; training
-(target, drafter) runs on the CPU.
+Outputs go under DSPARK_HOME (default ~/.cache/dspark) or to an explicit --out,
+never into the package; `--ship` copies the compact result into
+`dspark/assets/`, which is what gets committed (the maintainers' step). Every command
+that runs the target or trains a drafter (responses, features, drafter,
+calibrate) takes --device cpu|cuda; pre-training the tiny target runs on the CPU.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 import torch
 
 from dspark import cli, paths
-from dspark.checkpoint import load_target, save_checkpoint
+from dspark.checkpoint import config_path, load_target, save_checkpoint
 from dspark.cli import UsageError, run_main
 from dspark.cli import add_option as option
 from dspark.config import ModelConfig
@@ -41,11 +42,17 @@ from dspark.data.corpus import (
     write_jsonl,
 )
 from dspark.data.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer
-from dspark.device import cpu_has_bf16
+from dspark.device import cpu_has_bf16, model_device
 from dspark.drafters.autoregressive import AutoregressiveDrafterConfig
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.parallel import ParallelDrafterConfig
-from dspark.drafters.registry import DRAFTER_NAMES, default_path, new_drafter
+from dspark.drafters.registry import (
+    DRAFTER_NAMES,
+    calibration_path,
+    checkpoint_digest,
+    default_path,
+    new_drafter,
+)
 from dspark.drafters.vocab import most_frequent
 from dspark.training.drafters import DrafterTrainConfig
 from dspark.training.target import TrainConfig, train_target
@@ -203,7 +210,7 @@ def load_training_target(args: argparse.Namespace):
     """The frozen target (--checkpoint, or --model in --dtype), with --taps overriding the tap layers its
     drafters read. Resolves the target's default --responses and --features-dir (under
     `paths.target_home`) and records its name in `args.target_name`."""
-    tokenizer, target, args.target_name = cli.load_target(args, torch.device("cpu"))
+    tokenizer, target, args.target_name = cli.load_target(args, cli.device_of(args))
     args.eos_id = tokenizer.eos_id
     home = paths.target_home(args.target_name)
     args.responses = args.responses or str(home / "responses.jsonl")
@@ -225,11 +232,13 @@ def cmd_features(args: argparse.Namespace) -> None:
     feature_caches(args, load_training_target(args))
 
 
-def training_in_bf16(choice: bool | None) -> bool:
-    """--bf16 / --no-bf16 as given; unset: bf16 autocast only where the CPU has BF16 instructions (without them
-    torch emulates bf16 and a step is many times slower than in fp32)."""
+def training_in_bf16(choice: bool | None, device: torch.device | None = None) -> bool:
+    """--bf16 / --no-bf16 as given; unset: bf16 autocast on a GPU, and on a CPU only where it has BF16
+    instructions (without them torch emulates bf16 and a step is many times slower than in fp32)."""
     if choice is not None:
         return choice
+    if device is not None and device.type != "cpu":
+        return True
     native = cpu_has_bf16()
     reason = (
         "this CPU has BF16 instructions" if native else "this CPU has no BF16 instructions (emulated: slower)"
@@ -250,8 +259,15 @@ def cmd_drafter(args: argparse.Namespace) -> None:
 
     if args.tied_rank and args.kind != "dspark":
         raise UsageError(f"--tied-rank is for the dspark kind (its Markov head), not {args.kind}")
+    if args.qk_norm and args.kind not in PARALLEL_KINDS:
+        raise UsageError(f"--qk-norm is for the parallel kinds ({', '.join(PARALLEL_KINDS)}), "
+                         f"not {args.kind}")  # fmt: skip
+    if args.eagle3_layer and (args.kind != "eagle" or args.layers > 1):
+        raise UsageError("--eagle3-layer is one layer of the eagle kind (--kind eagle, --layers 1)")
     target = load_training_target(args)
-    out = Path(args.out) if args.out else default_path(args.kind, args.target_name)
+    if args.ship and args.target_name == "custom":
+        raise UsageError("--ship: drafters are shipped for the tiny target and the known --model names only")
+    out = Path(args.out) if args.out else trained_drafter_path(args.kind, args.target_name)
     if trainer_state_path(out).exists() and not args.resume:
         raise UsageError(f"an interrupted run left {trainer_state_path(out)}: pass --resume to continue it, or "
                          "delete that file to start afresh")  # fmt: skip
@@ -268,7 +284,9 @@ def cmd_drafter(args: argparse.Namespace) -> None:
         args.final_hidden,
         args.tied_rank,
         args.width,
-    )
+        qk_norm=args.qk_norm,
+        eagle3_layer=args.eagle3_layer,
+    ).to(model_device(target))
     if args.draft_vocab:  # the K ids the target writes most often in the training responses (EOS always)
         counts = response_token_counts(
             load_responses(Path(args.responses), "train"), target.config.vocab_size
@@ -277,7 +295,7 @@ def cmd_drafter(args: argparse.Namespace) -> None:
     tc = DrafterTrainConfig(epochs=args.epochs, steps=args.steps, batch_size=args.batch_size, unroll=gamma,
                             anchors_per_seq=args.anchors, lr=args.lr, eval_every=args.eval_every,
                             position_decay=args.position_decay, ce_weight=args.ce_weight, soft_ce=args.soft_ce,
-                            bf16=training_in_bf16(args.bf16), seed=args.seed)  # fmt: skip
+                            bf16=training_in_bf16(args.bf16, model_device(target)), seed=args.seed)  # fmt: skip
     source = args.model or Path(args.checkpoint).name
     meta = {"target_checkpoint": source, "tap_layers": list(target.config.tap_layers),
             "responses": len(train_set), "features": "live" if args.live else "cache"}  # fmt: skip
@@ -285,14 +303,60 @@ def cmd_drafter(args: argparse.Namespace) -> None:
     acc = " ".join(f"{a:.3f}" for a in meta["val_expected_acceptance"])
     print(f"saved {out}; {meta['epochs']:.2f} epochs, {meta['seconds'] / 60:.1f} min, "
           f"{meta['anchors_per_s']:.0f} anchors/s; validation expected acceptance per position: {acc}")  # fmt: skip
+    if args.ship:
+        shipped = default_path(args.kind, args.target_name)
+        shipped.parent.mkdir(parents=True, exist_ok=True)
+        for suffix in (".safetensors", ".json"):
+            if out.with_suffix(suffix).resolve() != shipped.with_suffix(suffix).resolve():
+                shutil.copy(out.with_suffix(suffix), shipped.with_suffix(suffix))
+        print(f"shipped it to {shipped}")
+    else:
+        print(
+            f"use it with --drafter {args.kind} --drafter-checkpoint {out} (--ship copies it into the package)"
+        )
+
+
+def trained_drafter_path(kind: str, target_name: str) -> Path:
+    """Where `train drafter` writes without --out: DSPARK_HOME[/<target>]/drafters/drafter_<kind>.safetensors
+    (the shipped one in the package is replaced only by --ship)."""
+    return paths.target_home(target_name) / "drafters" / f"drafter_{kind}.safetensors"
+
+
+def calibration_output(args: argparse.Namespace, checkpoint: Path, target_name: str) -> Path:
+    """Where `train calibrate` stores what it fitted: --out; with --ship the shipped drafter's own JSON twin in
+    the package; else `calibration_path` (under DSPARK_HOME for a shipped drafter, else beside the drafter)."""
+    if args.out:
+        if args.ship:
+            raise UsageError("--out and --ship both say where the calibration goes: give one")
+        return Path(args.out)
+    if args.ship:
+        if not paths.inside_package(checkpoint):
+            raise UsageError(f"--ship stores the calibration of a shipped drafter, and {checkpoint} is not one "
+                             "(without --ship it goes beside that checkpoint)")  # fmt: skip
+        return config_path(checkpoint)
+    return calibration_path(checkpoint, target_name)
+
+
+def padded_sts(temps: torch.Tensor, reasons: list[str], positions: int) -> tuple[torch.Tensor, list[str]]:
+    """STS fitted over the first --gamma positions extended to all the drafter's `positions`: T = 1 (and
+    b = 0) where nothing was fitted, so that a stored calibration always covers every position."""
+    missing = positions - temps.shape[-1]
+    if missing <= 0:
+        return temps, reasons
+    identity = torch.ones(missing, dtype=temps.dtype, device=temps.device)
+    if temps.dim() == 2:
+        identity = torch.stack([identity, torch.zeros_like(identity)])
+    note = [f"T = 1: not fitted (calibrated with --gamma {temps.shape[-1]})"] * missing
+    return torch.cat([temps, identity], dim=-1), reasons + note
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
     """Decode eval prompts 40..79 of every domain with full verification, record each round's confidences and
     accepted length, fit one temperature per position left to right on half of the rounds (each minimising the
     ECE of the prefix survival with the earlier ones fixed), keep it only where the other half's ECE improves
-    and enough rounds reach the position (else T = 1), and store them in the drafter checkpoint's JSON. `python -m
-    dspark.bench calibration` then reports on prompts 0..39.
+    and enough rounds reach the position (else T = 1), and store them: for a shipped drafter under DSPARK_HOME
+    (where `generate` and `bench` look first; --ship: into the package), for any other in its checkpoint's JSON,
+    or in --out. `python -m dspark.bench calibration` then reports on prompts 0..39.
     """
 
     from dspark.drafters.registry import get_drafter
@@ -305,6 +369,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     path = (
         Path(args.drafter_checkpoint) if args.drafter_checkpoint else default_path(args.drafter, target_name)
     )
+    out = calibration_output(args, path, target_name)  # before the long recording
     drafter = get_drafter(args.drafter, target, path, target_name)
     if not drafter.has_confidence:
         with_head = ", ".join(kind for kind, head in PARALLEL_KINDS.items() if head != "none")
@@ -320,10 +385,12 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     conf, events, mask = rounds.calibration_arrays()
     temps, reasons = calibration.select_sts(conf, events, mask, shifts=args.shifts)
     rows = calibration.position_metrics(conf, events, mask, temps)
+    temps, reasons = padded_sts(temps, reasons, drafter.max_gamma)
     info = {"rounds": int(conf.shape[0]), "gamma": gamma, "temperature": args.temperature,
             "prompts": f"eval prompts {first}..{last - 1} of each domain, {args.samples} sample(s) each",
-            "selection": "fitted on even rounds, kept where odd rounds' ECE improves", "reasons": reasons}  # fmt: skip
-    calibration.save_temperatures(path, temps, info)
+            "selection": "fitted on even rounds, kept where odd rounds' ECE improves", "reasons": reasons,
+            "checkpoint": str(path), "checkpoint_sha256": checkpoint_digest(path)}  # fmt: skip
+    written = calibration.save_temperatures(out, temps, info)
     print(
         "\n| k | T_k | b_k | why | ECE before | ECE after (in-sample) | AUROC |\n|---:|---:|---:|---|---:|---:|---:|"
     )
@@ -331,9 +398,11 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         auc = "-" if r["auroc"] is None else f"{r['auroc']:.3f}"
         print(f"| {r['k']} | {t:.3f} | {b:+.3f} | {why} | {100 * r['ece_before']:.1f}% | "
               f"{100 * r['ece_after']:.1f}% | {auc} |")  # fmt: skip
-    print(
-        f"\nstored the STS temperatures{' and logit offsets' * args.shifts} in {calibration.config_path(path)}"
-    )
+    print(f"\nstored the STS temperatures{' and logit offsets' * args.shifts} in {written}")
+    home = calibration_path(path, target_name)
+    if args.ship and home.is_file():
+        print(f"note: {home} (an earlier calibration under DSPARK_HOME) is still read first; delete it to use the "
+              "shipped one")  # fmt: skip
 
 
 def add_optimizer(
@@ -368,8 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
         option(
             p, f"--{domain}", count, f"kept {domain} requests wanted (train, val and eval together)", low=0
         )
-    option(
-        p, "--max-new-tokens", 112, "cap on a request's length (a request cut off there is dropped)", low=1
+    cli.add_sampling(
+        p, max_new_tokens=112, tokens_help="cap on a request's length (one cut off there is dropped)"
     )
     option(p, "--batch-size", 128, "requests sampled together", low=1)
     cli.add_seed(p)
@@ -433,6 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="target layers the drafters read (default: the target's own tap_layers)")  # fmt: skip
         cli.add_target(p, pretrained=True)
         cli.add_threads(p)
+        cli.add_device(p)
 
     p = command("features", cmd_features, "cache the target's features of the responses (drafter input)")
     add_features(p)
@@ -444,8 +514,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--live", action="store_true", help="recompute the target's features every step (no cache)"
     )
-    cli.add_outputs(p, "drafter checkpoint (default: dspark/assets/drafter_<kind>.safetensors)", None, "PATH",
-                    json=None)  # fmt: skip
+    cli.add_outputs(p, "drafter checkpoint (default: DSPARK_HOME/drafters/drafter_<kind>.safetensors; with "
+                    "--model NAME: DSPARK_HOME/NAME/drafters/...)", None, "PATH", json=None)  # fmt: skip
+    p.add_argument("--ship", action="store_true", help="when done, also copy the checkpoint into dspark/assets/ "
+                   "as the shipped drafter of its kind (what gets committed)")  # fmt: skip
     cli.add_gamma(p, "draft block length (EAGLE: unrolled steps; mtp: always 1)", default=PARALLEL.gamma)
     p.add_argument("--layers", type=cli.number(int, 0), default=0, help=f"drafter layers (default: {AUTOREGRESSIVE.n_layers} "
                    f"for mtp/eagle, {PARALLEL.n_layers} for the parallel ones)")  # fmt: skip
@@ -458,6 +530,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--final-hidden", action="store_true",
                    help="eagle and the parallel kinds also read the target's final-normed hidden state (what "
                    "mtp reads) next to the tap layers")  # fmt: skip
+    p.add_argument("--qk-norm", action=argparse.BooleanOptionalAction, default=PARALLEL.qk_norm,
+                   help="parallel kinds: RMSNorm q and k per head before RoPE in every drafter layer (Qwen3's "
+                   "q_norm/k_norm, as DeepSpec's drafter; the deepspec and speculators export formats need it)")  # fmt: skip
+    p.add_argument("--eagle3-layer", action="store_true",
+                   help="eagle: EAGLE-3's own decoder layer (the attention reads the normed token embedding and "
+                   "feature side by side, 2 x dim; no W_in), the one the eagle3 export format holds")  # fmt: skip
     dc = DrafterTrainConfig()
     option(
         p, "--epochs", dc.epochs, "epochs over the supervised positions (the budget of every drafter)", low=0
@@ -496,6 +574,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cli.add_drafter(p, tuple(PARALLEL_KINDS))
     cli.add_target(p, pretrained=True)
+    cli.add_outputs(p, "JSON file to store the calibration in (default: for a shipped drafter DSPARK_HOME/"
+                    "calibration/drafter_<kind>.json, with --model NAME DSPARK_HOME/NAME/calibration/...; for "
+                    "any other, the drafter checkpoint's own JSON)", None, "PATH", json=None)  # fmt: skip
+    p.add_argument("--ship", action="store_true",
+                   help="store it in the shipped drafter's JSON in dspark/assets/ (what gets committed)")  # fmt: skip
     cli.add_sampling(p, temperature=1.0, max_new_tokens=96, tokens_help="tokens per prompt")
     option(p, "--samples", 2, "decodes of every fitting prompt (other random draws): more rounds to fit on",
            low=1)  # fmt: skip

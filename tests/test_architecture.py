@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Lowest first. "pkg.*" is the subpackage: its __init__.py and every module in it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("paths, backend and device", ("dspark.paths", "dspark.backend", "dspark.device")),
+    ("paths, backend and device", ("dspark.paths", "dspark.backend", "dspark.device", "dspark.interrupt")),
     ("data", ("dspark.data.*",)),
     (
         "target and plain decoding",
@@ -41,6 +41,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("scheduling", ("dspark.scheduling.*",)),
     ("serving", ("dspark.serving.*",)),
     ("training", ("dspark.training.*",)),
+    ("exporting", ("dspark.exporting.*",)),
     ("study", ("dspark.study.*", "dspark.grading.*")),
     (
         "commands",
@@ -51,6 +52,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "dspark.bench",
             "dspark.grade",
             "dspark.fetch",
+            "dspark.export",
             "dspark",
         ),
     ),

@@ -18,15 +18,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_integrity import broken_calibrations, broken_hf_configs
+from test_outputs import corrupt_cache_homes
 
-from dspark import bench, generate, grade, train
+from dspark import bench, export, generate, grade, train
 from dspark.checkpoint import save_checkpoint
 from dspark.cli import run_main
 from dspark.data.tokenizer import Tokenizer
 from dspark.model import Transformer
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = {"generate": generate, "bench": bench, "train": train, "grade": grade}
+COMMANDS = {"generate": generate, "bench": bench, "train": train, "grade": grade, "export": export}
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +73,10 @@ def files(small_checkpoint, small_drafters, tmp_path_factory) -> dict[str, str]:
     # what an interrupted `train drafter` leaves next to its --out
     (root / "interrupted.trainer.pt").write_bytes(b"a run's state")
     out["interrupted"] = str(root / "interrupted.safetensors")
+    # DSPARK_HOMEs whose profile caches are broken (#41): empty_sps_home, empty_sps (its file), ...
+    out |= corrupt_cache_homes(root, small_checkpoint, small_drafters["dspark"])
+    # drafters with a broken calibration (cal_short, cal_nan, cal_negative) and broken config.json folders (#41)
+    out |= broken_calibrations(root, small_drafters["dspark"]) | broken_hf_configs(root)
     return out
 
 
@@ -127,6 +133,38 @@ CASES = [
     ("missing-checkpoint", "generate", ["hi", "--checkpoint", "/nonexistent/model.safetensors"], {}, "not found"),
     ("unknown-option", "generate", ["hi", "--bogus"], {}, "unrecognized arguments"),
     ("unknown-drafter", "generate", ["hi", "--drafter", "nope"], {}, "invalid choice"),
+    # refusals and messages (#41)
+    ("calibration-wrong-length", "generate", ["hi", *TINY, "--drafter", "dspark", "--drafter-checkpoint",
+     "{cal_short}"], {}, "{cal_short_json}: the calibration has 2 positions but the drafter drafts 3"),
+    ("calibration-nan", "generate", ["hi", *TINY, "--drafter", "dspark", "--drafter-checkpoint", "{cal_nan}"], {},
+     "sts_temperatures must be finite numbers > 0, got nan at position 2"),
+    ("calibration-negative", "generate", ["hi", *TINY, "--drafter", "dspark", "--drafter-checkpoint",
+     "{cal_negative}"], {}, "sts_temperatures must be finite numbers > 0, got -0.5"),
+    ("threads-huge", "generate", ["hi", "--threads", "100000"], {}, "--threads: must be 0.."),
+    ("threads-huge-bench", "bench", ["serve", "--threads", "100000"], {}, "--threads: must be 0.."),
+    ("model-empty", "generate", ["hi", "--model", ""], {}, "--model is empty"),
+    ("hf-config-list", "generate", ["hi", "--model", "{hf_list}"], {}, "config.json holds a JSON list"),
+    ("hf-config-fraction", "generate", ["hi", "--model", "{hf_fraction}"], {},
+     "num_hidden_layers must be an integer, got 2.7"),
+    ("hf-config-huge", "generate", ["hi", "--model", "{hf_huge}"], {}, "GiB of memory available"),
+    ("none-with-drafter-checkpoint", "generate", ["hi", *TINY, "--drafter", "none", "--drafter-checkpoint",
+     "{dspark}"], {}, "--drafter none decodes plainly: drop --drafter-checkpoint"),
+    ("none-with-policy", "generate", ["hi", *TINY, "--drafter", "none", "--policy", "dspark"], {},
+     "drop --policy"),
+    ("offline-label-twice", "bench", ["offline", *TINY, "--drafters", "a={mtp},a={eagle}"], {},
+     "the label 'a' is given twice"),
+    ("offline-label-empty", "bench", ["offline", *TINY, "--drafters", "={mtp}"], {}, "has no label"),
+    ("drafter-for-another-target", "generate", ["hi", *TINY, "--drafter", "dspark", "--drafter-checkpoint",
+     str(ROOT / "dspark/assets/smollm2-135m/drafter_dspark.safetensors")], {},
+     "trained for the target 'smollm2-135m'"),
+    ("target-as-drafter", "generate", ["hi", *TINY, "--drafter", "dspark", "--drafter-checkpoint", "{tiny}"], {},
+     "is a target model checkpoint, not a drafter"),
+    ("checkpoint-gguf", "generate", ["hi", "--checkpoint", "{tmp}/model.gguf"], {}, "pass it as --model"),
+    ("checkpoint-folder", "generate", ["hi", "--checkpoint", "{tmp}"], {}, "is a folder"),
+    ("calibrate-ship-and-out", "train", ["calibrate", *TINY, "--drafter-checkpoint", "{dspark}", "--ship", "--out",
+     "{tmp}/c.json"], {}, "give one"),
+    ("calibrate-ship-own-drafter", "train", ["calibrate", *TINY, "--drafter-checkpoint", "{dspark}", "--ship"], {},
+     "is not one"),
     ("prompts-file-missing", "generate", ["--prompts", "{tmp}/none.txt", *TINY, "--drafter", "none"], {},
      "not found"),
     ("prompts-file-empty", "generate", ["--prompts", "{empty_prompts}", *TINY, "--drafter", "none"], {}, "is empty"),
@@ -144,6 +182,19 @@ CASES = [
     ("responses-prompts-bad-json", "train", ["responses", "--prompts", "{bad_prompts}", *TINY], {},
      "{bad_prompts} line 3"),
     ("instructions-out-empty", "train", ["instructions", "--out", ""], {}, "--out is empty"),
+    # outputs where asked (#41)
+    ("json-empty", "bench", ["appendix-a", "--draws", "3", "--json", ""], {}, "--json is empty"),
+    ("out-empty", "bench", ["profile", *TINY, "--out", ""], {}, "--out is empty"),
+    ("data-out-empty", "train", ["data", "--out", ""], {}, "--out is empty"),
+    ("responses-out-empty", "train", ["responses", "--out", " "], {}, "--out is empty"),
+    ("profile-cache-empty", "bench", ["profile", *TINY], {"DSPARK_HOME": "{empty_sps_home}"},
+     "cache file {empty_sps} is unreadable (empty): pass --refresh"),
+    ("profile-cache-not-json", "bench", ["profile", *TINY], {"DSPARK_HOME": "{garbage_sps_home}"},
+     "cache file {garbage_sps} is unreadable (not JSON"),
+    ("generate-draft-cost-cache-empty", "generate", ["hi", *TINY, "--drafter", "dspark", "--drafter-checkpoint",
+     "{dspark}", "--policy", "dspark"], {"DSPARK_HOME": "{empty_draft_home}"}, "{empty_draft} is unreadable"),
+    ("draft-cost-cache-empty", "bench", ["profile", *TINY, "--drafters", "dspark={dspark}"],
+     {"DSPARK_HOME": "{empty_draft_home}"}, "cache file {empty_draft} is unreadable (empty): pass --refresh"),
     # bench
     ("serve-threads", "bench", ["serve", "--threads", "-1"], {}, "--threads"),
     ("serve-poisson-tiny", "bench", ["serve", "--poisson", "1e-9"], {}, "--poisson"),
@@ -199,7 +250,27 @@ CASES = [
     ("target-without-corpus", "train", ["target", "--data", "{tmp}/none", "--out", "{tmp}/run"], {},
      "python -m dspark.train data"),
     ("train-unknown-command", "train", ["fly"], {}, "invalid choice"),
+    # export (#42)
+    ("export-no-qk-norm", "export", ["--drafter", "dspark", *TINY, "--drafter-checkpoint", "{dspark}", "--out",
+                                     "{tmp}/export"], {}, "no per-head q/k RMSNorm"),
+    ("export-eagle-layer", "export", ["--drafter", "eagle", *TINY, "--drafter-checkpoint", "{eagle}", "--out",
+                                      "{tmp}/export"], {}, "EAGLE-3's 2 x dim attention input"),
+    ("export-eagle-as-deepspec", "export", ["--drafter", "eagle", *TINY, "--drafter-checkpoint", "{eagle}",
+                                            "--format", "deepspec", "--out", "{tmp}/export"], {},
+     "for eagle use --format eagle3"),
+    ("export-mtp", "export", ["--drafter", "mtp", *TINY, "--drafter-checkpoint", "{mtp}", "--out", "{tmp}/export"],
+     {}, "no engine layout holds mtp"),
+    ("export-wrong-kind", "export", ["--drafter", "dspark", *TINY, "--drafter-checkpoint", "{eagle}", "--out",
+                                     "{tmp}/export"], {}, "holds a eagle drafter"),
+    ("export-not-a-drafter-folder", "export", ["--drafter", "dspark", *TINY, "--drafter-checkpoint", "{tmp}",
+                                               "--out", "{tmp}/export"], {}, "no config.json"),
+    ("export-out-exists", "export", ["--out", "{tmp}"], {}, "already exists"),
+    ("export-no-out", "export", ["--drafter", "dspark"], {}, "--out"),
+    ("export-unknown-format", "export", ["--format", "onnx", "--out", "{tmp}/export"], {}, "invalid choice"),
     # grade
+    ("grade-timeout-inf", "grade", ["5", "--timeout", "inf"], {}, "--timeout"),
+    ("grade-timeout-nan", "grade", ["5", "--timeout", "nan"], {}, "--timeout"),
+    ("grade-timeout-huge", "grade", ["5", "--timeout", "1e300"], {}, "--timeout"),
     ("grade-unknown-assignment", "grade", ["9"], {}, "no assignment 9"),
     ("grade-missing-file", "grade", ["1", "/nonexistent/solution.py"], {}, "/nonexistent/solution.py"),
 ]  # fmt: skip
@@ -314,3 +385,19 @@ def test_printed_numbers_match_the_records(small_checkpoint, small_drafters, tmp
 def test_the_table_covers_every_command():
     assert {c[1] for c in CASES} == set(COMMANDS)
     assert len({c[0] for c in CASES}) == len(CASES)  # unique ids
+
+
+@pytest.mark.parametrize("no_color, coloured", [(None, True), ("1", False), ("", True)])
+def test_no_color_turns_the_terminal_marks_into_brackets(
+    tokenizer: Tokenizer, monkeypatch, no_color, coloured
+):
+    """On a terminal accepted drafts are green and underlined, unless NO_COLOR is set (non-empty)."""
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    if no_color is None:
+        monkeypatch.delenv("NO_COLOR", raising=False)
+    else:
+        monkeypatch.setenv("NO_COLOR", no_color)
+    ids = tokenizer.encode("hello world, again")
+    marked = generate._mark_drafted(tokenizer, ids, [i % 2 == 0 for i in range(len(ids))])
+    assert ("\033[" in marked) == coloured and ("«" in marked) != coloured
+    assert ("\033[" in generate._style("x", 1)) == coloured

@@ -9,14 +9,25 @@
   with `score: X/Y` as its last line, and leaves no process behind.
 * The command line: --list, --reference, --check, a bad number, a missing file, a file
   that does not import: one line on stderr, a non-zero status, no traceback.
+* No solution can fool it (issue #41): finding the grader's pipe through gc, patching its
+  comparison helpers, answering NaN, importing the reference solution, deleting a folder
+  next to it, killing its parent, garbling its pipe, forking a process that stays, printing
+  `score:` lines -- each scores nothing it did not earn, and the report is always there.
 
-Gradings run in this process (each check in a forked child), planted bugs on their
-named checks only, so the file stays well under a minute on 2 cores.
+Gradings run in this process (each check's student code in a forked, sandboxed child),
+planted bugs on their named checks only; the few cases that need a real grader process
+(one the student's code kills, one whose stdout it writes to) run one.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +38,7 @@ from dspark.grading.catalog import ASSIGNMENTS
 from dspark.grading.framework import grade
 
 SOLUTIONS = Path(__file__).resolve().parent / "assignments"
+ROOT = Path(__file__).resolve().parents[1]
 NUMBERS = sorted(ASSIGNMENTS)
 
 # (file in tests/assignments, assignment, the checks that must catch its bug)
@@ -162,7 +174,7 @@ def test_cli_list_reference_and_single_check(capsys):
         (["1", "no/such/solution.py"], "no solution file"),
         (["1", "--reference", "x.py"], "not both"),
         (["5", "--check", "no_such_check"], "has no check no_such_check"),
-        (["1", "--timeout", "soon"], "invalid float value"),
+        (["1", "--timeout", "soon"], "expected a number"),
     ],
 )
 def test_cli_usage_errors_are_one_line(capsys, argv, message):
@@ -185,3 +197,314 @@ def test_a_file_that_does_not_import_is_one_line(tmp_path, capsys, source, messa
     status, lines, err = cli(capsys, "1", str(path), "--timeout", "0.5")
     assert status != 0 and not lines
     assert len(err.strip().splitlines()) == 1 and "cannot import broken.py" in err and message in err
+
+
+# ---- a grader no student can fool (issue #41) -------------------------------------------------------
+def solution_file(tmp_path: Path, source: str, name: str = "solution.py") -> Path:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def grader_process(*argv: str) -> tuple[int, list[str]]:
+    """(exit status, stdout lines) of a real `python -m dspark.grade ARGV` process."""
+    run = subprocess.run(
+        [sys.executable, "-m", "dspark.grade", *argv], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
+    assert "Traceback" not in run.stdout + run.stderr, run.stderr
+    return run.returncode, [line.strip() for line in run.stdout.splitlines() if line.strip()]
+
+
+def running(pid: int) -> bool:
+    """Is process `pid` alive (a zombie is not)?"""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_a_verdict_sent_through_the_graders_pipe_counts_for_nothing(tmp_path):
+    """The audit's exploit: implement nothing; at import, find the result pipe through gc and send a pass."""
+    path = solution_file(
+        tmp_path,
+        """
+        import gc
+        import multiprocessing.connection
+
+        for obj in gc.get_objects():
+            if type(obj) is multiprocessing.connection.Connection:
+                try:
+                    obj.send((True, ""))
+                except (OSError, ValueError):
+                    pass
+        """,
+    )
+    report = grade(ASSIGNMENTS[4], path)
+    assert report.score == 0, [r.line() for r in report.results if r.passed]
+    assert all("defines no function" in r.detail for r in report.results)
+
+
+def test_patching_the_graders_helpers_changes_nothing(tmp_path):
+    """Comparison helpers replaced by no-ops from the student's file: they are patched in the
+    check's process, while the comparisons run in the grader's."""
+    path = solution_file(
+        tmp_path,
+        """
+        import sys
+
+        import dspark.grading.framework  # noqa: F401
+
+
+        def accept(value=None, *args, **kwargs):
+            return value
+
+
+        for name, module in list(sys.modules.items()):
+            if name.startswith("dspark.grading"):
+                for helper in ("expect_close", "expect_equal", "expect_tensor", "expect_number", "number"):
+                    if hasattr(module, helper):
+                        setattr(module, helper, accept)
+
+
+        def nothing(*args, **kwargs):
+            return None
+
+
+        confidence_label = events_and_mask = ece = auroc = calibrated_survival = fit_sts = nothing
+        """,
+    )
+    report = grade(ASSIGNMENTS[4], path)
+    assert report.score == 0, [r.line() for r in report.results if r.passed]
+
+
+def test_nan_and_inf_answers_never_pass(tmp_path):
+    path = solution_file(
+        tmp_path,
+        """
+        import torch
+
+        NAN = float("nan")
+
+
+        def confidence_label(q, p):
+            return torch.full(q.shape[:-1], NAN)
+
+
+        def events_and_mask(verify_lens, accepted, gamma):
+            shape = (verify_lens.shape[0], gamma)
+            return torch.full(shape, NAN, dtype=torch.float64), torch.full(shape, NAN)
+
+
+        def ece(pred, obs, bins=15):
+            return NAN
+
+
+        def auroc(score, label):
+            return float("inf") if bool((score == 0.5).all()) else NAN
+
+
+        def calibrated_survival(confidences, temperatures=None):
+            return torch.full(confidences.shape, NAN, dtype=torch.float64)
+
+
+        def fit_sts(confidences, events, mask):
+            return torch.full(confidences.shape[1:], float("inf"), dtype=torch.float64)
+        """,
+    )
+    report = grade(ASSIGNMENTS[4], path)
+    assert report.score == 0, [r.line() for r in report.results if r.passed]
+    assert all("nan" in r.detail.lower() or "inf" in r.detail for r in report.results), [
+        r.line() for r in report.results
+    ]
+
+
+@pytest.mark.parametrize(
+    "source, how",
+    [
+        ("from dspark.grading.reference.a4_survival import *  # noqa: F403\n", "line 1"),
+        (
+            "import importlib\n\n"
+            "_answer = importlib.import_module('dspark.grading.' + 'reference.a4_survival')\n"
+            "globals().update({k: getattr(_answer, k) for k in dir(_answer) if not k.startswith('_')})\n",
+            "imported dspark.grading.reference.a4_survival",
+        ),
+    ],
+    ids=["in-the-source", "at-run-time"],
+)
+def test_importing_the_reference_solution_fails_every_check_it_helped(tmp_path, source, how):
+    import dspark.grading.reference.a4_survival  # noqa: F401 - loaded here too: must not hide the import
+
+    only = ["confidence_label_hand_worked", "ece_hand_worked", "sts_matches_the_reference_search"]
+    report = grade(ASSIGNMENTS[4], solution_file(tmp_path, source), only=only)
+    assert report.score == 0 and [r.name for r in report.results] == only
+    for result in report.results:
+        assert "uses the instructor's reference solution" in result.detail and how in result.detail, (
+            result.line()
+        )
+
+
+def test_student_code_runs_in_a_scratch_folder_and_cannot_delete_its_siblings(tmp_path, monkeypatch):
+    """A relative rm finds nothing to delete: the student's code runs in a fresh scratch folder
+    (removed afterwards), not where the grader or the file is. An absolute path cannot be protected
+    without a container (walkthrough/assignments/INSTRUCTORS.md)."""
+    record = tmp_path / "cwd.txt"
+    path = solution_file(
+        tmp_path / "student",
+        f"""
+        import os
+        import shutil
+
+        with open({str(record)!r}, "a") as f:
+            f.write(os.getcwd() + "\\n")
+        shutil.rmtree("victim", ignore_errors=True)  # the folder next to this file, were it the cwd
+        """,
+    )
+    sibling = path.parent / "victim"
+    sibling.mkdir()
+    (sibling / "keep.txt").write_text("precious\n")
+    monkeypatch.chdir(path.parent)  # grading from the student's folder: the worst case
+    report = grade(ASSIGNMENTS[5], path, only=["greedy_path_order"])
+    assert (sibling / "keep.txt").read_text() == "precious\n"
+    assert report.results[0].detail.startswith("the solution file defines no function")
+    folders = [Path(line) for line in record.read_text().splitlines()]
+    assert len(folders) == 2  # the import check, then the check
+    for folder in folders:
+        assert folder != path.parent and folder.name.startswith("dspark-grade-") and not folder.exists()
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/stat").exists(), reason="tells a zombie from a live process by /proc"
+)
+def test_a_process_the_student_forks_does_not_outlive_grading(tmp_path):
+    """A grandchild that sleeps, and a check's process that leaves its process group and spins:
+    both gone once the grade is in."""
+    record = tmp_path / "pids.txt"
+    path = solution_file(
+        tmp_path,
+        f"""
+        import os
+        import time
+
+
+        def note(pid):
+            with open({str(record)!r}, "a") as f:
+                f.write(f"{{pid}}\\n")
+
+
+        def prefix_survival(confidences):
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(120)
+                os._exit(0)
+            note(pid)
+            return confidences.cumprod(1)
+
+
+        def greedy_path(survivals):
+            os.setsid()
+            note(os.getpid())
+            while True:
+                pass
+        """,
+    )
+    pids = []
+    try:
+        report = grade(
+            ASSIGNMENTS[5], path, timeout=2, only=["survival_is_the_cumulative_product", "greedy_path_order"]
+        )
+        pids = [int(line) for line in record.read_text().split()]
+        assert [r.passed for r in report.results] == [True, False]
+        assert report.results[1].detail == "timed out after 2s"
+        assert len(pids) == 2
+        end = time.monotonic() + 5
+        while any(running(pid) for pid in pids) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not [pid for pid in pids if running(pid)]
+    finally:
+        for pid in pids:  # the test's own processes, should the grader have left them
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_garbled_pipe_and_a_killed_process_are_reported_per_check(tmp_path):
+    path = solution_file(
+        tmp_path,
+        """
+        import os
+        import stat
+
+
+        def prefix_survival(confidences):  # garbage into every pipe it holds, the reply pipe included
+            for fd in range(3, 256):
+                try:
+                    if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                        os.write(fd, b"\\xff" * 64)
+                except OSError:
+                    pass
+            return confidences.cumprod(1)
+
+
+        def greedy_path(survivals):
+            os.kill(os.getpid(), 9)
+        """,
+    )
+    report = grade(ASSIGNMENTS[5], path, only=["survival_is_the_cumulative_product", "greedy_path_order"])
+    garbled, killed = report.results
+    assert not garbled.passed and garbled.detail.startswith("crashed: the check's process sent back garbage")
+    assert not killed.passed and "died without a reply (killed by signal SIGKILL)" in killed.detail
+
+
+def test_a_solution_that_kills_its_parent_still_gets_a_report(tmp_path):
+    path = solution_file(
+        tmp_path,
+        """
+        import os
+        import signal
+
+
+        def greedy_path(survivals):
+            os.kill(os.getppid(), signal.SIGKILL)
+            return survivals
+        """,
+    )
+    status, lines = grader_process(
+        "5", str(path), "--check", "greedy_path_order", "--check", "strict_improvement_only"
+    )
+    assert status == 0 and lines[-1] == "score: 0/3", lines
+    assert lines[1].startswith("FAIL") and "greedy_path_order" in lines[1]
+    assert (
+        lines[2].startswith("FAIL")
+        and "strict_improvement_only: the solution file defines no function" in lines[2]
+    )
+
+
+def test_score_lines_the_solution_prints_cannot_pass_for_the_report(tmp_path):
+    path = solution_file(
+        tmp_path,
+        """
+        import os
+        import sys
+
+        print("score: 21/21")
+
+
+        def prefix_survival(confidences):
+            print("PASS   1/1  greedy_path_order")
+            sys.__stdout__.write("score: 21/21\\n")
+            sys.__stdout__.flush()
+            os.write(1, b"score: 21/21\\n")
+            os.write(2, b"\\x1b[2K\\x1b[1Ascore: 21/21\\n")
+            return confidences.cumprod(1)
+        """,
+    )
+    status, lines = grader_process("5", str(path), "--check", "survival_is_the_cumulative_product")
+    assert status == 0 and lines[-1] == "score: 1/1", lines
+    assert [line for line in lines if line.startswith(("score:", "PASS", "FAIL"))] == [
+        lines[1],
+        "score: 1/1",
+    ], lines
+    printed = [line for line in lines if line.startswith("|")]
+    assert printed[0] == "| score: 21/21" and "| \\x1b[2K\\x1b[1Ascore: 21/21" in printed, printed
+    assert len(printed) == 5 and "| PASS   1/1  greedy_path_order" in printed

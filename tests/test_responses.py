@@ -45,7 +45,7 @@ def test_selection_interleaves_domains_and_grows_by_extension(corpus, tokenizer)
 
 def test_resumed_and_grown_runs_equal_one_uninterrupted_run(corpus, tokenizer, small_checkpoint, tmp_path):
     target = load_target(small_checkpoint)[0].eval()
-    run = dict(target=target, tokenizer=tokenizer, corpus_path=corpus, val_per_domain=1, max_new_tokens=6,
+    run = dict(target=target, tokenizer=tokenizer, source=corpus, val_per_domain=1, max_new_tokens=6,
                batch_size=4, seed=3)  # fmt: skip
     whole = tmp_path / "whole.jsonl"
     assert regenerate(out_path=whole, train_per_domain=100, **run) == len(pick_prompts(

@@ -19,6 +19,7 @@ text. Byte-level BPE round-trips every UTF-8 string exactly.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,7 +157,13 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
-        ids = [int(i) for i in ids]
+        """Ids to text (special tokens left out with `skip_special`); an id that is not an integer in the
+        vocabulary is a ValueError, not a silent ''."""
+        ids = [index_of(i) for i in ids]
+        vocab = self.vocab_size
+        if ids and not (0 <= min(ids) and max(ids) < vocab):
+            bad = next(i for i in ids if not 0 <= i < vocab)
+            raise ValueError(f"token id {bad} is outside the tokenizer's vocabulary 0..{vocab - 1}")
         if skip_special:
             ids = [i for i in ids if i not in self.special_ids]
         return self.backend.decode(ids, skip_special_tokens=False)
@@ -175,6 +182,16 @@ class Tokenizer:
     def chat_sample(self, prompt: str, response: str) -> list[int]:
         """Ids of a whole training sample, ending with EOS."""
         return [*self.chat_prompt(prompt), *self.encode(response), self.eos_id]
+
+
+def index_of(token: object) -> int:
+    """A token id as a Python int: an integer (or an integer 0-d tensor), never a float or a bool."""
+    try:
+        if not isinstance(token, bool):
+            return operator.index(token)
+    except TypeError:
+        pass
+    raise ValueError(f"token ids must be integers, got {token!r}")
 
 
 def _split_keeping_specials(text: str, specials: Iterable[str]) -> Iterator[str]:

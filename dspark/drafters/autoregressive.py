@@ -14,6 +14,9 @@ that has its own KV cache, and the target's frozen embedding and LM head:
   (`tap_layers`); drafts γ tokens one after another, feeding back its own
   output g as the feature of the position it just drafted. Trained with
   "training-time test" (unrolled on its own outputs; see the drafter trainer).
+  With `eagle3_layer` its one layer is EAGLE-3's own (eagle3_layer.py: no W_in,
+  the attention reads both normed halves, the feature is the residual), the
+  layer vLLM and SGLang load (`python -m dspark.export --format eagle3`).
 
 Per request the drafter caches one entry per committed position. Entries built
 from its own drafts are rolled back at the next call, so only entries made
@@ -33,6 +36,7 @@ import torch
 from torch import nn
 
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
+from dspark.drafters.eagle3_layer import Eagle3Layer, pack_inputs
 from dspark.drafters.vocab import DraftVocabulary
 from dspark.kv_cache import KVCache
 from dspark.model import Block, RaggedIndex, RMSNorm, Transformer, rope_table, run_blocks_cached
@@ -48,12 +52,15 @@ class AutoregressiveDrafterConfig:
     ffn_hidden: int = 688  # SwiGLU width of its decoder layer
     draft_vocab: int = 0  # K: score only the K most frequent target ids (drafters/vocab.py); 0 = all of them
     final_hidden: bool = False  # eagle: also fuse the target's final-normed hidden state with its tap layers
+    eagle3_layer: bool = False  # eagle: EAGLE-3's own layer (eagle3_layer.py: no W_in, 2·dim attention input)
 
     def __post_init__(self) -> None:
         if self.kind not in ("mtp", "eagle"):
             raise ValueError(f"kind must be 'mtp' or 'eagle', got {self.kind!r}")
         if self.kind == "mtp" and self.max_gamma != 1:
             raise ValueError("MTP-1 drafts exactly one token (max_gamma = 1)")
+        if self.eagle3_layer and (self.kind != "eagle" or self.n_layers != 1):
+            raise ValueError("the EAGLE-3 layer is one layer of the eagle kind (n_layers = 1)")
         for name in ("max_gamma", "n_layers", "ffn_hidden"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -72,8 +79,11 @@ class AutoregressiveDrafter(Drafter):
         self.fuse = LayerLinear(n_feat * tc.dim, tc.dim, bias=False) if n_feat > 1 else nn.Identity()
         self.token_norm = RMSNorm(tc.dim, tc.norm_eps)
         self.feature_norm = RMSNorm(tc.dim, tc.norm_eps)
-        self.w_in = LayerLinear(2 * tc.dim, tc.dim, bias=False)
-        self.layers = nn.ModuleList(Block(self.layer_config) for _ in range(config.n_layers))
+        if config.eagle3_layer:  # [norm(emb); norm(g)] feeds the attention directly, g is the residual
+            self.layers = nn.ModuleList([Eagle3Layer(self.layer_config)])
+        else:
+            self.w_in = LayerLinear(2 * tc.dim, tc.dim, bias=False)
+            self.layers = nn.ModuleList(Block(self.layer_config) for _ in range(config.n_layers))
         self.out_norm = RMSNorm(tc.dim, tc.norm_eps)
         self.vocab = DraftVocabulary(target, config.draft_vocab)  # what the drafter scores: V or K ids
         cos, sin = rope_table(self.layer_config)
@@ -99,8 +109,11 @@ class AutoregressiveDrafter(Drafter):
         return self.fuse(features.flat(self.config.final_hidden))  # (N, n_feat * dim) -> (N, dim)
 
     def entries(self, next_tokens: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
-        """entry_i from the token at i+1 (N,) and the feature at i (N, dim)."""
+        """entry_i (N, dim) from the token at i+1 (N,) and the feature at i (N, dim); with the EAGLE-3 layer
+        its packed input (N, 3·dim) instead (eagle3_layer.py)."""
         emb = self.target.embed(next_tokens)
+        if self.config.eagle3_layer:
+            return pack_inputs(self.token_norm(emb), self.feature_norm(feature), feature)
         return self.w_in(torch.cat([self.token_norm(emb), self.feature_norm(feature)], dim=-1))
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
@@ -109,10 +122,9 @@ class AutoregressiveDrafter(Drafter):
 
     # ---- per-slot state -----------------------------------------------------------
     def reset(self, n_slots: int) -> None:
-        self.cache = KVCache.for_model(
-            self.layer_config, n_slots, self.w_in.weight.dtype, self.w_in.weight.device
-        )
-        self.committed = torch.zeros(n_slots, dtype=torch.long, device=self.w_in.weight.device)
+        w = self.token_norm.weight  # the drafter's dtype and device
+        self.cache = KVCache.for_model(self.layer_config, n_slots, w.dtype, w.device)
+        self.committed = torch.zeros(n_slots, dtype=torch.long, device=w.device)
 
     def release(self, slot: int) -> None:
         self.cache.lengths[slot] = 0
@@ -141,7 +153,7 @@ class AutoregressiveDrafter(Drafter):
         tokens, probs = [], []
         for k in range(gamma):
             q = probabilities(self.logits(g_last), params)  # (R, V) fp32 (or (R, K): draft indices)
-            x = self.vocab.to_target(sample(q, generator))
+            x = self.vocab.to_target(sample(q, generator, check=False))
             tokens.append(x)
             probs.append(q)  # over the draft ids; the full vocabulary when `probs` is read
             if k + 1 < gamma:  # feed back: own output as the feature of the drafted position

@@ -8,7 +8,9 @@ attends bidirectionally inside the block and to the *context features*
     H_ctx = RMSNorm(W_c [H(l1); ...; H(lm)])       (tap layers of the target)
 
 injected as extra keys/values through the layer's own projections:
-K = [W_K H_ctx ; W_K H_blk], V = [W_V H_ctx ; W_V H_blk]. A block sees the
+K = [W_K H_ctx ; W_K H_blk], V = [W_V H_ctx ; W_V H_blk]. With `qk_norm` each
+head of q and K is RMSNormed before RoPE, as in Qwen3 and DeepSpec's reference
+drafter (the layout vLLM / SGLang load, dspark/exporting/). A block sees the
 context strictly before its anchor. Per request the drafter caches the
 context keys/values of every committed position, per layer, in its own KV
 cache, rolled back with the target's (committed positions only ever grow).
@@ -66,7 +68,6 @@ from dspark.model import (
     RaggedIndex,
     RMSNorm,
     Transformer,
-    apply_rope,
     grouped_attention,
     rope_table,
 )
@@ -164,6 +165,7 @@ class ParallelDrafterConfig:
     draft_vocab: int = 0  # K: score only the K most frequent target ids (drafters/vocab.py); 0 = all of them
     final_hidden: bool = False  # also read the target's final-normed hidden state next to its tap layers
     tied_rank: int = 0  # r_t: Markov-head rank factored through the target's embeddings (2·dim·r_t weights)
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3's q_norm/k_norm); old JSONs: off
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -195,7 +197,7 @@ class ParallelDrafter(Drafter):
         n_feat = len(tc.tap_layers) + config.final_hidden
         self.ctx_proj = LayerLinear(n_feat * tc.dim, tc.dim, bias=False)  # W_c
         self.ctx_norm = RMSNorm(tc.dim, tc.norm_eps)
-        self.layers = nn.ModuleList(Block(self.layer_config) for _ in range(config.n_layers))
+        self.layers = nn.ModuleList(Block(self.layer_config, config.qk_norm) for _ in range(config.n_layers))
         self.out_norm = RMSNorm(tc.dim, tc.norm_eps)
         self.vocab = DraftVocabulary(target, config.draft_vocab)  # what the drafter scores: V or K ids
         r = config.rank
@@ -238,12 +240,12 @@ class ParallelDrafter(Drafter):
         return self.ctx_norm(self.ctx_proj(features.flat(self.config.final_hidden)))
 
     def context_kv(self, layer: Block, h_ctx: torch.Tensor, positions: torch.Tensor):
-        """Keys/values of context features through `layer`'s own projections (..., Hkv, hd)."""
+        """Keys/values of context features through `layer`'s own projections (..., Hkv, hd): the keys
+        normed per head (with `qk_norm`) and rotated as the block's own keys are (`Attention.rotated_keys`)."""
         attn = layer.attn
         cos, sin = self.rope_cos[positions, None], self.rope_sin[positions, None]
-        k = attn.wk(h_ctx).unflatten(-1, (attn.n_kv_heads, attn.head_dim))
         v = attn.wv(h_ctx).unflatten(-1, (attn.n_kv_heads, attn.head_dim))
-        return apply_rope(k, cos, sin), v
+        return attn.rotated_keys(h_ctx, cos, sin), v
 
     def backbone(self, block_tokens, block_pos, ctx_k, ctx_v, visible) -> torch.Tensor:
         """Run the draft layers over blocks.

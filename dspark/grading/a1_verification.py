@@ -10,18 +10,18 @@ What this file does not do: run anything itself (dspark/grading/framework.py doe
 
 from __future__ import annotations
 
-from types import ModuleType
-
 import torch
 
 from dspark.grading.framework import (
     Assignment,
     CheckFailed,
     CheckList,
+    Solution,
     expect_close,
     expect_equal,
     expect_tensor,
     function,
+    kind,
 )
 from dspark.sampling import sample_from_probs
 from dspark.study.stats import chi_square, chi_square_critical
@@ -39,11 +39,11 @@ def random_probs(*shape: int, generator: torch.Generator, sharp: float = 2.0) ->
     return torch.softmax(sharp * torch.randn(*shape, generator=generator), -1)
 
 
-def run_verify(solution: ModuleType, *args) -> tuple[torch.Tensor, torch.Tensor]:
+def run_verify(solution: Solution, *args) -> tuple[torch.Tensor, torch.Tensor]:
     """The student's verify, its outputs checked for type and shape."""
-    out = function(solution, "verify")(*[a.clone() for a in args])  # the student's code may write into them
+    out = function(solution, "verify")(*args)  # on copies, in the check's process
     if not (isinstance(out, tuple) and len(out) == 2):
-        raise CheckFailed(f"verify should return a tuple (accepted, next_token), got {type(out).__name__}")
+        raise CheckFailed(f"verify should return a tuple (accepted, next_token), got {kind(out)}")
     R = args[0].shape[0]
     accepted = expect_tensor(out[0], "accepted", (R,))
     next_token = expect_tensor(out[1], "next_token", (R,))
@@ -51,7 +51,7 @@ def run_verify(solution: ModuleType, *args) -> tuple[torch.Tensor, torch.Tensor]
 
 
 @checks.add(points=2)
-def residual_hand_worked(solution: ModuleType) -> None:
+def residual_hand_worked(solution: Solution) -> None:
     residual = function(solution, "residual")
     p, q = torch.tensor([0.5, 0.5, 0.0, 0.0, 0.0]), torch.tensor([0.2, 0.8, 0.0, 0.0, 0.0])
     got = expect_tensor(residual(p, q), "residual(p, q)", (V,))
@@ -72,7 +72,7 @@ def residual_hand_worked(solution: ModuleType) -> None:
 
 
 @checks.add(points=1)
-def residual_is_normalised(solution: ModuleType) -> None:
+def residual_is_normalised(solution: Solution) -> None:
     g = torch.Generator().manual_seed(0)
     p, q = random_probs(4, 3, 7, generator=g), random_probs(4, 3, 7, generator=g)
     got = expect_tensor(function(solution, "residual")(p, q), "residual(p, q)", (4, 3, 7))
@@ -93,7 +93,7 @@ def residual_is_normalised(solution: ModuleType) -> None:
 
 
 @checks.add(points=1)
-def residual_when_p_equals_q(solution: ModuleType) -> None:
+def residual_when_p_equals_q(solution: Solution) -> None:
     p = random_probs(2, V, generator=torch.Generator().manual_seed(1))
     got = expect_tensor(function(solution, "residual")(p, p.clone()), "residual(p, p)", (2, V))
     expect_close(
@@ -102,7 +102,7 @@ def residual_when_p_equals_q(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def hand_worked_accept_then_reject(solution: ModuleType) -> None:
+def hand_worked_accept_then_reject(solution: Solution) -> None:
     """Target for position 1 p = [.5, .5, 0, 0, 0]; draft x1 = 1 from q1 = [.2, .8, 0, 0, 0]."""
     p1, q1 = torch.tensor([0.5, 0.5, 0.0, 0.0, 0.0]), torch.tensor([0.2, 0.8, 0.0, 0.0, 0.0])
     p2, q2, bonus = one_hot(2), one_hot(3), one_hot(4)
@@ -129,7 +129,7 @@ def hand_worked_accept_then_reject(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def p_equals_q_accepts_every_draft(solution: ModuleType) -> None:
+def p_equals_q_accepts_every_draft(solution: Solution) -> None:
     g = torch.Generator().manual_seed(2)
     R, gamma = 3, 3
     tp = random_probs(R, gamma + 1, V, generator=g)
@@ -147,7 +147,7 @@ def p_equals_q_accepts_every_draft(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def disjoint_supports_reject_at_once(solution: ModuleType) -> None:
+def disjoint_supports_reject_at_once(solution: Solution) -> None:
     p, q = torch.tensor([0.6, 0.4, 0.0, 0.0, 0.0]), torch.tensor([0.0, 0.0, 0.3, 0.3, 0.4])
     R, gamma = 4, 2
     drafts = torch.tensor([[2, 3], [4, 4], [3, 2], [2, 2]])
@@ -171,7 +171,7 @@ def disjoint_supports_reject_at_once(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def greedy_one_hot_is_argmax_agreement(solution: ModuleType) -> None:
+def greedy_one_hot_is_argmax_agreement(solution: Solution) -> None:
     g = torch.Generator().manual_seed(0)
     R, gamma = 200, 4
     choice = torch.randint(0, V, (R, gamma + 1), generator=g)  # the target's argmax at every position
@@ -194,7 +194,7 @@ def greedy_one_hot_is_argmax_agreement(solution: ModuleType) -> None:
 
 
 @checks.add(points=3)
-def verify_lengths_0_1_gamma_minus_1_gamma(solution: ModuleType) -> None:
+def verify_lengths_0_1_gamma_minus_1_gamma(solution: Solution) -> None:
     """One batch, one request per verify length; every draft is the target's one-hot choice."""
     gamma = 4
     lens = [0, 1, gamma - 1, gamma]
@@ -224,7 +224,7 @@ def verify_lengths_0_1_gamma_minus_1_gamma(solution: ModuleType) -> None:
 
 
 @checks.add(points=1)
-def zero_drafts_is_plain_sampling(solution: ModuleType) -> None:
+def zero_drafts_is_plain_sampling(solution: Solution) -> None:
     g = torch.Generator().manual_seed(4)
     tp = random_probs(3, 1, V, generator=g)
     u = torch.tensor([0.1, 0.5, 0.9])
@@ -247,7 +247,7 @@ def zero_drafts_is_plain_sampling(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def same_as_reference_for_the_same_uniforms(solution: ModuleType) -> None:
+def same_as_reference_for_the_same_uniforms(solution: Solution) -> None:
     g = torch.Generator().manual_seed(5)
     R, gamma, vocab = 64, 5, 7
     dq, tp = random_probs(R, gamma, vocab, generator=g), random_probs(R, gamma + 1, vocab, generator=g)
@@ -268,7 +268,7 @@ def same_as_reference_for_the_same_uniforms(solution: ModuleType) -> None:
 
 
 @checks.add(points=3)
-def first_token_follows_the_target(solution: ModuleType) -> None:
+def first_token_follows_the_target(solution: Solution) -> None:
     """Chi-square: draw x1 ~ q, verify it (ℓ = 1); the first output token must follow p."""
     g = torch.Generator().manual_seed(1)
     rand = lambda: random_probs(V, generator=g)  # noqa: E731

@@ -9,22 +9,27 @@ audits its calls, and a recorder of the target's cached passes.
   blocks. It also checks what the loop hands it: on its first call for a slot the whole
   prompt, then exactly the tokens committed since (anchor + accepted drafts), the anchor
   that follows them, and the target's own features at those positions.
-* `record_passes(target)`: wraps `target.forward_cached` (an instance attribute, in the
-  check's own process) to log every pass: slots, block lengths, cache lengths before, tokens.
+* `record_passes(target)`: replaces `target.forward_cached` (an instance attribute) by a
+  `PassRecorder` that logs every pass: slots, block lengths, cache lengths before, tokens.
+
+Both are probes (dspark/grading/framework.py): they run with the student's code in the check's
+process and record only; their records come back as plain data and are judged here, in the
+grader -- the drafter's audit is replayed on the grader's own copy.
 
 What this file does not do: grade (dspark/grading/a2_round.py does).
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from dspark.config import ModelConfig
 from dspark.decoding import generate
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
+from dspark.grading.framework import Probe
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 
@@ -41,11 +46,11 @@ TINY = ModelConfig(
 GREEDY = SamplingParams(temperature=0.0)
 
 
-@functools.cache
 def tiny_target() -> Transformer:
     """Weights of std 0.2 (not the usual 0.02, under which a random model just repeats its
     last token): greedy outputs vary from token to token and depend on the whole context,
-    so a cache that lost or kept a wrong position changes them."""
+    so a cache that lost or kept a wrong position changes them. A new model every time (the
+    same weights): a check may record its passes, and the next check must not see that."""
     torch.manual_seed(0)
     target = Transformer(TINY).eval()
     with torch.no_grad():
@@ -66,7 +71,7 @@ def truths(target: Transformer, prompts: list[list[int]], max_new: int, eos_id: 
     return outputs, {tuple(p): p + out for p, out in zip(prompts, outputs)}
 
 
-class TruthDrafter(Drafter):
+class TruthDrafter(Drafter, Probe):
     name = "truth"
 
     def __init__(
@@ -85,13 +90,40 @@ class TruthDrafter(Drafter):
         self.check_features = check_features
         self.problems: list[str] = []
         self.calls = 0
+        self.events: list[tuple] = []  # every reset / release / propose, with its arguments
 
     def reset(self, n_slots: int) -> None:
+        self.events.append(("reset", int(n_slots)))
+        self._reset(int(n_slots))
+
+    def release(self, slot: int) -> None:
+        self.events.append(("release", int(slot)))
+        self._release(int(slot))
+
+    def _reset(self, n_slots: int) -> None:
         self.history: dict[int, list[int]] = {s: [] for s in range(n_slots)}
         self.sequence: dict[int, list[int]] = {}
 
-    def release(self, slot: int) -> None:
+    def _release(self, slot: int) -> None:
         self.history[slot] = []
+
+    def grading_log(self) -> list[tuple]:
+        return self.events
+
+    def absorb_grading_log(self, log: Any) -> None:
+        """Replay here the calls the student's code made in the check's process (the ones not seen
+        yet), so that `calls` and `problems` are the grader's own findings."""
+        for event in log[len(self.events) :]:
+            self.events.append(event)
+            name, *args = event
+            if name == "reset":
+                self._reset(int(args[0]))
+            elif name == "release":
+                self._release(int(args[0]))
+            elif name == "propose":
+                self._propose(*args)
+            else:
+                raise ValueError(f"unknown drafter event {name!r}")
 
     def problem(self, text: str) -> None:
         if len(self.problems) < 3:
@@ -140,6 +172,22 @@ class TruthDrafter(Drafter):
 
     @torch.no_grad()
     def propose(self, slots, committed_tokens, features, committed_lens, anchors, gamma, params, generator):
+        event = (
+            slots.tolist(),
+            committed_tokens,
+            features.taps,
+            features.last_hidden,
+            committed_lens,
+            anchors,
+        )
+        self.events.append(("propose", *[x.clone() if torch.is_tensor(x) else x for x in event], int(gamma)))
+        return self._propose(*self.events[-1][1:])
+
+    @torch.no_grad()
+    def _propose(
+        self, slots, committed_tokens, taps, last_hidden, committed_lens, anchors, gamma
+    ) -> Proposal:
+        features = TargetFeatures(taps, last_hidden)
         self.calls += 1
         n_total = int(committed_lens.sum())
         if committed_tokens.shape[0] != n_total or features.taps.shape[0] != n_total:
@@ -150,7 +198,7 @@ class TruthDrafter(Drafter):
         chunks = committed_tokens.split(committed_lens.tolist())
         feats = TargetFeatures(features.taps, features.last_hidden).split(committed_lens.tolist())
         drafts = []
-        for slot, chunk, feat, anchor in zip(slots.tolist(), chunks, feats, anchors.tolist()):
+        for slot, chunk, feat, anchor in zip(slots, chunks, feats, anchors.tolist()):
             seq = self.audit(slot, chunk.tolist(), feat, int(anchor)) or []
             n = len(self.history[slot])
             block = (seq[n + 1 : n + 1 + gamma] + [0] * gamma)[:gamma]
@@ -170,13 +218,15 @@ class Pass:
     blocks: list[list[int]]  # the tokens appended to every slot
 
 
-def record_passes(target: Transformer) -> list[Pass]:
-    """Log every `target.forward_cached` call from now on (this process only)."""
-    passes: list[Pass] = []
-    original = target.forward_cached
+class PassRecorder(Probe):
+    """Stands in for `target.forward_cached`: logs every pass, then runs it."""
 
-    def recording(tokens, slots, block_lens, cache, *args, **kwargs):
-        passes.append(
+    def __init__(self, target: Transformer) -> None:
+        self.target = target
+        self.passes: list[Pass] = []
+
+    def __call__(self, tokens, slots, block_lens, cache, *args, **kwargs):
+        self.passes.append(
             Pass(
                 slots.tolist(),
                 block_lens.tolist(),
@@ -184,7 +234,28 @@ def record_passes(target: Transformer) -> list[Pass]:
                 [b.tolist() for b in tokens.split(block_lens.tolist())],
             )
         )
-        return original(tokens, slots, block_lens, cache, *args, **kwargs)
+        return type(self.target).forward_cached(
+            self.target, tokens, slots, block_lens, cache, *args, **kwargs
+        )
 
-    target.forward_cached = recording
-    return passes
+    def grading_log(self) -> list[tuple]:
+        return [(p.slots, p.block_lens, p.lengths_before, p.blocks) for p in self.passes]
+
+    def absorb_grading_log(self, log: Any) -> None:
+        for slots, block_lens, before, blocks in log[len(self.passes) :]:
+            self.passes.append(
+                Pass(_ints(slots), _ints(block_lens), _ints(before), [_ints(b) for b in blocks])
+            )
+
+
+def _ints(values) -> list[int]:
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ValueError("a recorded pass holds something other than integers")
+    return list(values)
+
+
+def record_passes(target: Transformer) -> list[Pass]:
+    """Log every `target.forward_cached` call from now on; the list fills in as the calls come back."""
+    recorder = PassRecorder(target)
+    target.forward_cached = recorder
+    return recorder.passes

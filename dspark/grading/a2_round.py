@@ -15,7 +15,6 @@ What this file does not do: run anything itself (dspark/grading/framework.py doe
 from __future__ import annotations
 
 import math
-from types import ModuleType
 
 import torch
 
@@ -28,14 +27,23 @@ from dspark.grading.a2_fixtures import (
     tiny_target,
     truths,
 )
-from dspark.grading.framework import Assignment, CheckFailed, CheckList, expect_equal, function
+from dspark.grading.framework import (
+    Assignment,
+    CheckFailed,
+    CheckList,
+    Probe,
+    Solution,
+    expect_equal,
+    function,
+    kind,
+)
 from dspark.model import Transformer
 
 checks = CheckList()
 
 
 def run(
-    solution: ModuleType,
+    solution: Solution,
     target: Transformer,
     drafter,
     prompts,
@@ -44,12 +52,15 @@ def run(
     eos_id: int | None = None,
     verify_len: int | None = None,
 ) -> list[list[int]]:
-    out = function(solution, "speculative_generate")(
+    """The student's speculative_generate at T = 0; the test doubles (a TruthDrafter, a target whose
+    passes are recorded) bring back what they saw, and judge it here."""
+    probes = [p for p in (drafter, vars(target).get("forward_cached")) if isinstance(p, Probe)]
+    out = function(solution, "speculative_generate").observing(*probes)(
         target, drafter, prompts, max_new, gamma, GREEDY, torch.Generator().manual_seed(0), eos_id, verify_len
     )
     if not (isinstance(out, list) and len(out) == len(prompts) and all(isinstance(t, list) for t in out)):
         raise CheckFailed(
-            f"speculative_generate should return one list of token ids per prompt, got {type(out).__name__}"
+            f"speculative_generate should return one list of token ids per prompt, got {kind(out)}"
         )
     return out
 
@@ -66,7 +77,7 @@ def expect_identical(got: list[list[int]], want: list[list[int]], what: str) -> 
 
 
 @checks.add(points=2)
-def emit_stops_at_eos_and_the_limit(solution: ModuleType) -> None:
+def emit_stops_at_eos_and_the_limit(solution: Solution) -> None:
     emit = function(solution, "emit")
     cases = [
         ([4], [5, 9, 2, 7], 10, 2, [4, 5, 9, 2], True, "EOS = 2 inside the block"),
@@ -76,8 +87,8 @@ def emit_stops_at_eos_and_the_limit(solution: ModuleType) -> None:
         ([], [7, 8], 5, 7, [7], True, "EOS as the first token"),
     ]
     for before, new, limit, eos, after, finished, what in cases:
-        emitted = list(before)
-        result = emit(emitted, list(new), limit, eos)
+        # emit appends to `emitted`: with_arguments brings the list back as the call left it
+        result, (emitted, *_) = emit.with_arguments(list(before), list(new), limit, eos)
         expect_equal(
             (emitted, bool(result)),
             (after, finished),
@@ -87,7 +98,7 @@ def emit_stops_at_eos_and_the_limit(solution: ModuleType) -> None:
 
 
 @checks.add(points=3)
-def greedy_identity_tiny_target(solution: ModuleType) -> None:
+def greedy_identity_tiny_target(solution: Solution) -> None:
     target, prompts = tiny_target(), ragged_prompts([3, 17, 1, 9, 12])
     want, truth = truths(target, prompts, 20)
     got = run(solution, target, TruthDrafter(target, truth, noise=0.3), prompts, 20, 4)
@@ -95,7 +106,7 @@ def greedy_identity_tiny_target(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def greedy_identity_dspark_drafter(solution: ModuleType) -> None:
+def greedy_identity_dspark_drafter(solution: Solution) -> None:
     target, prompts = tiny_target(), ragged_prompts([4, 11, 2, 7], seed=1)
     torch.manual_seed(0)
     drafter = ParallelDrafter(
@@ -107,7 +118,7 @@ def greedy_identity_dspark_drafter(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def drafter_gets_exactly_the_committed_tokens(solution: ModuleType) -> None:
+def drafter_gets_exactly_the_committed_tokens(solution: Solution) -> None:
     target, prompts = tiny_target(), ragged_prompts([5, 13, 8], seed=2)
     _, truth = truths(target, prompts, 18)
     drafter = TruthDrafter(target, truth, noise=0.4, seed=1, check_features=True)
@@ -119,7 +130,7 @@ def drafter_gets_exactly_the_committed_tokens(solution: ModuleType) -> None:
 
 
 @checks.add(points=3)
-def cache_holds_exactly_the_committed_tokens(solution: ModuleType) -> None:
+def cache_holds_exactly_the_committed_tokens(solution: Solution) -> None:
     target, prompts = tiny_target(), ragged_prompts([6, 2, 15, 9], seed=3)
     _, truth = truths(target, prompts, 22)
     passes = record_passes(target)
@@ -158,7 +169,7 @@ def cache_holds_exactly_the_committed_tokens(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def one_target_pass_per_round(solution: ModuleType) -> None:
+def one_target_pass_per_round(solution: Solution) -> None:
     target, prompts = tiny_target(), ragged_prompts([7, 3, 12, 5, 9], seed=4)
     gamma, max_new = 4, 17
     _, truth = truths(target, prompts, max_new)
@@ -173,7 +184,7 @@ def one_target_pass_per_round(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def eos_inside_a_block(solution: ModuleType) -> None:
+def eos_inside_a_block(solution: Solution) -> None:
     target, prompts, gamma = tiny_target(), ragged_prompts([5, 11, 2], seed=5), 6
     free = truths(target, prompts, 30)[0][1]
     eos = next(t for i, t in enumerate(free) if 2 <= i and i % (gamma + 1) != 0 and free.index(t) == i)
@@ -183,7 +194,7 @@ def eos_inside_a_block(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def max_new_tokens_inside_a_block(solution: ModuleType) -> None:
+def max_new_tokens_inside_a_block(solution: Solution) -> None:
     target, prompts = tiny_target(), ragged_prompts([6, 3], seed=6)
     for max_new in (1, 2, 9, 13):
         want, truth = truths(target, prompts, max_new)
@@ -192,7 +203,7 @@ def max_new_tokens_inside_a_block(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def verify_lengths_0_1_gamma_minus_1(solution: ModuleType) -> None:
+def verify_lengths_0_1_gamma_minus_1(solution: Solution) -> None:
     target, prompts, gamma = tiny_target(), ragged_prompts([4, 14, 8], seed=7), 4
     want, truth = truths(target, prompts, 15)
     for ell in (0, 1, gamma - 1):
@@ -209,7 +220,7 @@ def verify_lengths_0_1_gamma_minus_1(solution: ModuleType) -> None:
 
 
 @checks.add(points=3)
-def shipped_model_greedy_identity(solution: ModuleType) -> None:
+def shipped_model_greedy_identity(solution: Solution) -> None:
     from dspark import paths
     from dspark.checkpoint import load_target
     from dspark.data.corpus import load_eval_prompts

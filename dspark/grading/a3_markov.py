@@ -11,8 +11,6 @@ What this file does not do: run anything itself (dspark/grading/framework.py doe
 
 from __future__ import annotations
 
-from types import ModuleType
-
 import torch
 
 from dspark.drafters.parallel import markov_block_reference, markov_step
@@ -20,6 +18,7 @@ from dspark.grading.framework import (
     Assignment,
     CheckFailed,
     CheckList,
+    Solution,
     expect_close,
     expect_equal,
     expect_tensor,
@@ -44,7 +43,7 @@ def random_head(R: int = 4, gamma: int = 5, V: int = 11, D: int = 6, r: int = 4,
     }
 
 
-def run_block(solution: ModuleType, head: dict, temperature: float, uniforms: torch.Tensor):
+def run_block(solution: Solution, head: dict, temperature: float, uniforms: torch.Tensor):
     """(student's (tokens, q, conf), reference's) for one block."""
     R, gamma, V = head["base_logits"].shape
     out = function(solution, "markov_block")(
@@ -70,7 +69,7 @@ def compare_tokens(got: torch.Tensor, want: torch.Tensor, what: str, hint: str) 
 
 
 @checks.add(points=2)
-def anchor_first_block(solution: ModuleType) -> None:
+def anchor_first_block(solution: Solution) -> None:
     block = function(solution, "anchor_block")
     for gamma, tokens, positions in (
         (3, [[7, 5, 5], [3, 5, 5]], [[4, 5, 6], [0, 1, 2]]),
@@ -94,7 +93,7 @@ def anchor_first_block(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def visibility_hand_worked(solution: ModuleType) -> None:
+def visibility_hand_worked(solution: Solution) -> None:
     got = function(solution, "block_visibility")(torch.tensor([2, 4, 0]), 2)
     got = expect_tensor(got, "block_visibility(context_lens = [2, 4, 0], γ = 2)", (3, 2, 6))
     rows = [[1, 1, 0, 0, 1, 1], [1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1]]  # context 0..3 | block slots 0..1
@@ -111,7 +110,7 @@ def visibility_hand_worked(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def draft_probs_at_a_temperature(solution: ModuleType) -> None:
+def draft_probs_at_a_temperature(solution: Solution) -> None:
     logits = 2 * torch.randn(3, 7, generator=torch.Generator().manual_seed(1))
     q = function(solution, "draft_probs")
     for t in (1.0, 0.5, 2.0):
@@ -126,7 +125,7 @@ def draft_probs_at_a_temperature(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def greedy_ties_go_to_the_lowest_id(solution: ModuleType) -> None:
+def greedy_ties_go_to_the_lowest_id(solution: Solution) -> None:
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [5.0, 5.0, 5.0, 5.0]])
     got = expect_tensor(function(solution, "draft_probs")(logits, 0.0), "draft_probs(logits, 0)", (2, 4))
     expect_equal(
@@ -148,7 +147,7 @@ def greedy_ties_go_to_the_lowest_id(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def markov_step_matches_reference(solution: ModuleType) -> None:
+def markov_step_matches_reference(solution: Solution) -> None:
     head = random_head(R=3)
     args = (
         head["base_logits"][:, 0],
@@ -180,7 +179,7 @@ def markov_step_matches_reference(solution: ModuleType) -> None:
 
 
 @checks.add(points=3)
-def block_tokens_and_q_match_reference(solution: ModuleType) -> None:
+def block_tokens_and_q_match_reference(solution: Solution) -> None:
     head = random_head()
     uniforms = torch.rand(4, 5, generator=torch.Generator().manual_seed(2))
     (tokens, q, _), (want_tokens, want_q, _) = run_block(solution, head, 0.8, uniforms)
@@ -196,7 +195,7 @@ def block_tokens_and_q_match_reference(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def confidence_matches_reference(solution: ModuleType) -> None:
+def confidence_matches_reference(solution: Solution) -> None:
     head = random_head(seed=3)
     (_, _, conf), (_, _, want_conf) = run_block(solution, head, 1.0, torch.rand(4, 5))
     expect_close(
@@ -209,7 +208,7 @@ def confidence_matches_reference(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def greedy_block_matches_reference(solution: ModuleType) -> None:
+def greedy_block_matches_reference(solution: Solution) -> None:
     head = random_head(seed=4)
     (tokens, q, _), (want_tokens, want_q, _) = run_block(solution, head, 0.0, torch.rand(4, 5))
     compare_tokens(tokens, want_tokens, "greedy block", "at T = 0 slot k is argmax(U_k + W2·W1[x_{k−1}])")
@@ -217,7 +216,7 @@ def greedy_block_matches_reference(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def gamma_one_conditions_on_the_anchor(solution: ModuleType) -> None:
+def gamma_one_conditions_on_the_anchor(solution: Solution) -> None:
     for seed in (5, 6):
         head = random_head(R=6, gamma=1, seed=seed)
         head["anchors"] = torch.arange(6)
@@ -230,7 +229,7 @@ def gamma_one_conditions_on_the_anchor(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def tokens_are_drawn_from_the_returned_q(solution: ModuleType) -> None:
+def tokens_are_drawn_from_the_returned_q(solution: Solution) -> None:
     head = random_head(R=8, gamma=6, seed=7)
     uniforms = torch.rand(8, 6, generator=torch.Generator().manual_seed(8))
     (tokens, q, _), _ = run_block(solution, head, 1.3, uniforms)

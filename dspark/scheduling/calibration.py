@@ -20,9 +20,10 @@ are all accepted. walkthrough/DESIGN.md section 4 / paper section 3.2.1:
 
 Metrics per position: ECE (equal-width bins, weighted |mean prediction -
 frequency|), AUROC (Mann-Whitney rank statistic) and Brier score; plus the
-reliability curve behind the diagrams. The temperatures are stored in the
-drafter checkpoint's JSON twin (`calibration.sts_temperatures`) and applied by
-`scheduler.prefix_survival`.
+reliability curve behind the diagrams. The temperatures are stored as the
+`calibration` record of a JSON file (the drafter checkpoint's twin, or for a
+shipped drafter a file under DSPARK_HOME: `train calibrate` never writes into
+the package) and applied by `scheduler.prefix_survival`.
 
 Tensors are made on the device of the recorded arrays (the engine's records are
 host lists, so usually the CPU); the metrics are Python numbers, read back as they
@@ -223,14 +224,23 @@ def describe_sts(temperatures: torch.Tensor) -> str:
     return text + ("; b " + " ".join(f"{float(b):+.2f}" for b in offsets) if temperatures.dim() == 2 else "")
 
 
-def save_temperatures(drafter_path: str | Path, temperatures: torch.Tensor, info: dict) -> None:
-    """Store the STS temperatures (γ,) -- or temperatures and logit offsets (2, γ) -- in the drafter
-    checkpoint's JSON twin (`sts_temperatures`, `sts_shifts`)."""
+def save_temperatures(drafter_path: str | Path, temperatures: torch.Tensor, info: dict) -> Path:
+    """Store the STS temperatures (γ,) -- or temperatures and logit offsets (2, γ) -- as the `calibration`
+    record (`sts_temperatures`, `sts_shifts`, then `info`) of a JSON file: the drafter checkpoint's twin, or a
+    calibration file of its own (created when missing; dspark/drafters/registry.py `calibration_path`).
+    Returns the file written."""
     path = config_path(drafter_path)
-    record = json.loads(path.read_text())
+    try:
+        record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}); store the calibration in a new file") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path} holds a JSON {type(record).__name__}, not an object; store the calibration "
+                         "in a new file")  # fmt: skip
     temps, offsets = temperatures_and_offsets(temperatures)
     stored = {"sts_temperatures": [round(float(t), 5) for t in temps]}
     if temperatures.dim() == 2:
         stored["sts_shifts"] = [round(float(b), 5) for b in offsets]
     record["calibration"] = {**stored, **info}
     paths.write_text_atomic(path, json.dumps(record, indent=2) + "\n")
+    return path

@@ -217,14 +217,24 @@ def draft_cost_key(target: Transformer, drafter: Drafter, gamma: int) -> dict:
     return key
 
 
+REFRESH_HINT = "python -m dspark.bench profile --refresh --drafters NAME"
+
+
+def draft_cost_of(record: dict) -> DraftCost | None:
+    """A cached record as a `DraftCost`; None for a file of before the catch-up cost (measured again)."""
+    if "seconds_per_token" not in record:
+        return None
+    return DraftCost(record["seconds_by_requests"], record["name"], record["seconds_per_token"],
+                     record.get("one_position"), record.get("block", 0))  # fmt: skip
+
+
 def cached_draft_cost(key: dict, measure: Callable[[], DraftCost], refresh: bool = False) -> DraftCost:
-    """The cost cached under `key` (DSPARK_HOME/profiles), else (or on `refresh`) `measure()`, stored."""
+    """The cost cached under `key` (DSPARK_HOME/profiles), else (or on `refresh`) `measure()`, stored. A corrupt
+    file is one line naming it and --refresh (`paths.read_cache`)."""
     path = draft_cost_path(key)
-    if path.is_file() and not refresh:
-        record = json.loads(path.read_text())
-        if record.get("key") == key and "seconds_per_token" in record:  # (older files lack the catch-up)
-            return DraftCost(record["seconds_by_requests"], record["name"], record["seconds_per_token"],
-                             record.get("one_position"), record.get("block", 0))  # fmt: skip
+    cached = None if refresh else paths.read_cache(path, key, draft_cost_of, REFRESH_HINT)
+    if cached is not None:
+        return cached
     cost = measure()
     record = {"key": key, "name": cost.name, "seconds_by_requests": cost.seconds_by_requests,
               "seconds_per_token": cost.seconds_per_token, "one_position": cost.one_position,
@@ -234,7 +244,8 @@ def cached_draft_cost(key: dict, measure: Callable[[], DraftCost], refresh: bool
 
 
 def cpu_draft_cost(target: Transformer, drafter: Drafter, gamma: int, refresh: bool = False) -> DraftCost:
-    """The measured drafting cost of `drafter` at γ on this machine, measured once and cached."""
+    """The measured drafting cost of `drafter` at γ on this machine, measured once and cached (again on
+    `refresh`)."""
     if drafter.max_gamma == 0 or gamma == 0:
         return DraftCost.free()
     context = min(64, target.config.max_seq_len // 4)  # each call then appends one token per request

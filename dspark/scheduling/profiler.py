@@ -86,10 +86,35 @@ def profile_path(key: dict) -> Path:
     return paths.dspark_home() / "profiles" / f"cpu-{digest}.json"
 
 
+REFRESH_HINT = "python -m dspark.bench profile --refresh"
+
+
+def read_profile(path: Path, key: dict, refresh: str = REFRESH_HINT) -> ThroughputProfile | None:
+    """The SPS profile cached in `path` for `key` (None: none yet, or of other settings); a corrupt file is
+    one line naming it and `refresh` (`paths.read_cache`)."""
+    return paths.read_cache(path, key, lambda r: ThroughputProfile(r["steps_per_second"], r["name"]), refresh)
+
+
 def cpu_profile(target: Transformer, refresh: bool = False, path: Path | None = None) -> ThroughputProfile:
-    """The measured CPU profile of this target, measured once and cached (keyed by the target's config,
-    this CPU's description and the thread count -- DSPARK_HOME may outlive a machine; --refresh measures
-    again)."""
+    """The measured CPU profile of this target, measured once and cached (keyed by `cpu_profile_key` --
+    DSPARK_HOME may outlive a machine; --refresh measures again)."""
+    key = cpu_profile_key(target)
+    path = path or profile_path(key)
+    cached = None if refresh else read_profile(path, key)
+    if cached is not None:
+        return cached
+    context = min(128, target.config.max_seq_len // 2)  # a small model gets a proportionally short context
+    room = target.config.max_seq_len - context
+    profile = measure_sps(target, [b for b in DEFAULT_POINTS if -(-b // 16) <= room], 16, context)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"key": key, "name": profile.name, "steps_per_second": profile.steps_per_second}
+    paths.write_text_atomic(path, json.dumps(record) + "\n")
+    return profile
+
+
+def cpu_profile_key(target: Transformer) -> dict:
+    """What a cached CPU profile depends on: the target's config, this CPU's description, the thread count,
+    how it was measured (and a non-fp32 dtype)."""
     key = {
         "config": asdict(target.config),
         "threads": torch.get_num_threads(),
@@ -100,18 +125,7 @@ def cpu_profile(target: Transformer, refresh: bool = False, path: Path | None = 
     key["config"]["tap_layers"] = list(key["config"]["tap_layers"])
     if target.embed.weight.dtype != torch.float32:  # (only a non-fp32 dtype joins the key)
         key["dtype"] = str(target.embed.weight.dtype)
-    path = path or profile_path(key)
-    if path.is_file() and not refresh:
-        record = json.loads(path.read_text())
-        if record.get("key") == key:
-            return ThroughputProfile(record["steps_per_second"], record["name"])
-    context = min(128, target.config.max_seq_len // 2)  # a small model gets a proportionally short context
-    room = target.config.max_seq_len - context
-    profile = measure_sps(target, [b for b in DEFAULT_POINTS if -(-b // 16) <= room], 16, context)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"key": key, "name": profile.name, "steps_per_second": profile.steps_per_second}
-    paths.write_text_atomic(path, json.dumps(record) + "\n")
-    return profile
+    return key
 
 
 @dataclass

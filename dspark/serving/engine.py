@@ -44,6 +44,8 @@ What this file does not do: choose verify lengths (policies) or simulate a GPU
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from collections import deque
 from collections.abc import Callable
@@ -52,6 +54,7 @@ from itertools import accumulate
 
 import torch
 
+from dspark.decoding import check_token_ids, is_integer
 from dspark.device import generator_uniforms, host_syncs, model_device, to_host, upload
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
 from dspark.model import ModelOutput, Transformer
@@ -158,6 +161,28 @@ class Engine:
         self.cache = target.new_cache(concurrency)
         self.drafter.reset(self.cache.n_slots)
 
+    def check_requests(self, requests: list[Request]) -> None:
+        """Raise ValueError for a request no engine could serve as asked: token ids that are not integers in
+        the vocabulary, a budget that is not an integer, an arrival time that is negative or not a finite
+        number of seconds. Requests are numbered from 1; checked once per `run`, on the host lists. (An
+        empty prompt, one too long for the context or a budget below 1 is rejected per request instead.)"""
+        vocab = self.target.config.vocab_size
+        for i, request in enumerate(requests, start=1):
+            if not isinstance(request.prompt, (list, tuple)):
+                raise ValueError(
+                    f"request {i}: the prompt is a {type(request.prompt).__name__}, not a list of ids"
+                )
+            check_token_ids(request.prompt, vocab, f"request {i}")
+            if not is_integer(request.max_new_tokens):
+                raise ValueError(
+                    f"request {i}: max_new_tokens must be an integer, got {request.max_new_tokens!r}"
+                )
+            arrival = request.arrival
+            seconds = isinstance(arrival, numbers.Real) and not isinstance(arrival, bool)
+            if not seconds or not 0 <= arrival < math.inf:
+                raise ValueError(f"request {i}: the arrival time must be a finite number of seconds >= 0, got "
+                                 f"{arrival!r}")  # fmt: skip
+
     def rejection(self, request: Request) -> str:
         context = self.target.config.max_seq_len
         if len(request.prompt) == 0:
@@ -176,6 +201,7 @@ class Engine:
         progress: Callable[[int], None] | None = None,
     ) -> EngineResult:
         """Serve `requests` to completion; `progress(n)` is called as n more requests finish."""
+        self.check_requests(requests)
         generator = generator or torch.Generator().manual_seed(0)
         target, drafter, cache, gamma = self.target, self.drafter, self.cache, self.gamma
         context = target.config.max_seq_len

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dspark.decoding import GenerationResult, check_prompts
+from dspark.decoding import GenerationResult, check_max_new_tokens, check_prompts
 from dspark.drafters.base import Drafter, Proposal
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
@@ -61,9 +61,8 @@ def speculative_generate(
     proposal and earlier rounds, or losslessness is lost.
     `observe_fn(verify_lens (R,), accepted (R,))` hears every round's outcome
     (policies that learn from history, dspark/scheduling/scheduler.py)."""
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    check_prompts(prompts, target.config.max_seq_len)
+    check_max_new_tokens(max_new_tokens)
+    check_prompts(prompts, target.config.max_seq_len, target.config.vocab_size)
     engine = Engine(
         target, drafter, params, gamma, len(prompts), eos_id, verify_len_fn, observe_fn, speculate_fn
     )

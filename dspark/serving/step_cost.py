@@ -92,10 +92,21 @@ def measure_engine_draft_cost(
 
 
 def engine_draft_cost(target: Transformer, drafter: Drafter, gamma: int, refresh: bool = False) -> DraftCost:
-    """The drafting cost as the engine pays it (`measure_engine_draft_cost`), measured once and cached."""
+    """The drafting cost as the engine pays it (`measure_engine_draft_cost`), measured once and cached;
+    `refresh` measures it again, and the `propose` table it draws on too."""
     if drafter.max_gamma == 0 or gamma == 0:
         return DraftCost.free()
-    key = draft_cost_key(target, drafter, gamma) | {
+
+    def measure() -> DraftCost:
+        if refresh:  # the `propose` table this cost reads inside: a refresh that kept it could not mend it
+            cpu_draft_cost(target, drafter, gamma, refresh=True)
+        return measure_engine_draft_cost(target, drafter, gamma)
+
+    return cached_draft_cost(engine_draft_cost_key(target, drafter, gamma), measure, refresh)
+
+
+def engine_draft_cost_key(target: Transformer, drafter: Drafter, gamma: int) -> dict:
+    """The cache key of `engine_draft_cost`: the `propose` table's, plus how the engine's cost was measured."""
+    return draft_cost_key(target, drafter, gamma) | {
         "method": "engine step, paired, interleaved, isotonic, widths 1 and γ"
     }
-    return cached_draft_cost(key, lambda: measure_engine_draft_cost(target, drafter, gamma), refresh)

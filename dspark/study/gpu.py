@@ -155,10 +155,10 @@ def device_profile(target: Transformer, refresh: bool = False) -> ThroughputProf
     key = {"config": config, "device": device_name(device), "points": list(points), "context": context}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     path = paths.dspark_home() / "profiles" / f"{device.type}-{digest}.json"
-    if path.is_file() and not refresh:
-        record = json.loads(path.read_text())
-        if record.get("key") == key:
-            return ThroughputProfile(record["steps_per_second"], record["name"])
+    hint = "python -m dspark.bench profile --device cuda --refresh"
+    cached = None if refresh else profiler.read_profile(path, key, hint)
+    if cached is not None:
+        return cached
     profile = measure_device_sps(target, points, plan.sps_requests, context, plan.sps_repeats)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"key": key, "name": profile.name, "steps_per_second": profile.steps_per_second}

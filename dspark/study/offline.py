@@ -147,7 +147,9 @@ def round_latency(
     lens = torch.tensor([len(p) for p in prompts], device=device)
     flat = torch.tensor([t for p in prompts for t in p], device=device)
     res = target.forward_cached(flat, slots, lens, cache, return_taps=True)
-    anchors = sample(probabilities(res.logits[torch.cumsum(lens, 0) - 1], params), torch.Generator())
+    anchors = sample(
+        probabilities(res.logits[torch.cumsum(lens, 0) - 1], params), torch.Generator(), check=False
+    )
     generator = torch.Generator().manual_seed(0)
     features, committed, committed_lens = TargetFeatures(res.taps, res.last_hidden), flat, lens
     draft_ms, verify_ms = [], []
@@ -335,12 +337,12 @@ def run_tau(
 def load_labelled_drafters(
     target: Transformer, specs: list[str], target_name: str = "tiny"
 ) -> dict[str, Drafter]:
-    """`label=PATH` pairs (or a bare name of a drafter shipped for `target_name`) -> {label: drafter}."""
-    from dspark.drafters.registry import get_drafter, load_drafter
+    """`label=PATH` pairs (or a bare name of a drafter shipped for `target_name`) -> {label: drafter}; labels
+    must be non-empty and distinct (`labelled_specs`)."""
+    from dspark.drafters.registry import get_drafter, labelled_specs, load_drafter
 
     out = {}
-    for spec in specs:
-        label, _, path = spec.partition("=")
+    for label, path in labelled_specs(specs):
         if path:
             if not Path(path).is_file():
                 raise FileNotFoundError(

@@ -191,6 +191,14 @@ def trace_path(drafter: str, temperature: float, target_name: str = "tiny") -> P
     return paths.target_home(target_name) / "traces" / f"{drafter}_T{temperature:g}.json"
 
 
+def trace_record(record: dict) -> dict:
+    """A cached trace record, checked to hold the rounds `traces_from_records` reads."""
+    for field in ("verify_lens", "accepted", "confidences"):
+        if not isinstance(record[field], list):
+            raise TypeError(f"{field} is not a list")
+    return record
+
+
 def record_traces(
     target: Transformer, tokenizer: Tokenizer, drafter_name: str, gamma: int, params: SamplingParams,
     per_domain: int = 16, max_new_tokens: int = 128, refresh: bool = False, target_name: str = "tiny",
@@ -203,8 +211,9 @@ def record_traces(
     path = trace_path(drafter_name, params.temperature, target_name)
     key = {"weights": weights_fingerprint(target, drafter), "gamma": gamma, "per_domain": per_domain,
            "max_new_tokens": max_new_tokens}  # fmt: skip
-    record = json.loads(path.read_text()) if path.is_file() and not refresh else {}
-    if record.get("key") != key:
+    hint = "python -m dspark.bench simulate --refresh"
+    record = None if refresh else paths.read_cache(path, key, trace_record, hint)
+    if record is None:
         rounds = RoundStats()
         for ps in offline.prompts_by_domain(tokenizer, per_domain, 0, target.config.max_seq_len).values():
             rounds.extend(

@@ -44,12 +44,12 @@ def sample_anchors(
     counts = candidate_counts(lengths, prompt_lens).tolist()
     picks = []
     for n, start in zip(counts, prompt_lens.tolist()):
-        order = torch.randperm(n, generator=generator)
+        order = torch.randperm(n, generator=generator, device=generator.device)
         take = order if density == 0 else order[:density]
-        picks.append(start + take.sort().values)
+        picks.append(start + take.sort().values.to(lengths.device))
     width = max([len(p) for p in picks] + [1])
-    anchors = torch.zeros(len(picks), width, dtype=torch.long)
-    valid = torch.zeros(len(picks), width, dtype=torch.bool)
+    anchors = torch.zeros(len(picks), width, dtype=torch.long, device=lengths.device)
+    valid = torch.zeros(len(picks), width, dtype=torch.bool, device=lengths.device)
     for b, p in enumerate(picks):
         anchors[b, : len(p)] = p
         anchors[b, len(p) :] = p[0] if len(p) else 0
@@ -61,7 +61,7 @@ def every_anchor(lengths: torch.Tensor, prompt_lens: torch.Tensor) -> tuple[torc
     """`sample_anchors` at density 0 without drawing anything: every candidate, in order."""
     counts = candidate_counts(lengths, prompt_lens)
     width = max(int(counts.max()) if len(counts) else 0, 1)
-    offset = torch.arange(width)[None, :]
+    offset = torch.arange(width, device=lengths.device)[None, :]
     valid = offset < counts[:, None]
     return torch.where(valid, prompt_lens[:, None] + offset, prompt_lens[:, None].clamp(max=0)), valid
 

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from dspark.checkpoint import save_checkpoint
+from dspark.device import model_device
 from dspark.drafters.autoregressive import AutoregressiveDrafter
 from dspark.drafters.parallel import ParallelDrafter
 from dspark.model import Transformer
@@ -87,18 +88,18 @@ class FeatureSource(Protocol):
 
 def _layer_step(layer, x, positions, cache, rope_cos, rope_sin):
     """One pre-norm decoder layer for one unrolled step. x: (B, T, dim) entries of
-    this step; `cache` holds the real (step 0) keys/values and this chain's
+    this step ((B, T, 3·dim) for the EAGLE-3 layer: its `attention_input` and `residual`); `cache` holds the real (step 0) keys/values and this chain's
     earlier steps for this layer; the new keys/values are appended to it."""
     attn = layer.attn
     cos, sin = rope_cos[positions, None], rope_sin[positions, None]
-    q, k, v = attn._qkv(layer.attn_norm(x), cos, sin)  # (B, T, H, hd), (B, T, Hkv, hd) x2
+    q, k, v = attn._qkv(layer.attention_input(x), cos, sin)  # (B, T, H, hd), (B, T, Hkv, hd) x2
     rep = attn.n_heads // attn.n_kv_heads
     q = q.transpose(1, 2)  # (B, H, T, hd)
     k = k.transpose(1, 2).repeat_interleave(rep, 1)
     v = v.transpose(1, 2).repeat_interleave(rep, 1)
     scale = 1.0 / math.sqrt(attn.head_dim)
     T = x.shape[1]
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
     if not cache:  # step 0: real entries, plain causal attention
         cache.append((k, v))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)
@@ -112,7 +113,7 @@ def _layer_step(layer, x, positions, cache, rope_cos, rope_sin):
         out = weights[..., :T] @ real_v
         out = out + sum(weights[..., T + j, None] * cv for j, (_, cv) in enumerate(chain))
         cache.append((k, v))
-    x = x + attn.wo(out.transpose(1, 2).flatten(2))
+    x = layer.residual(x) + attn.wo(out.transpose(1, 2).flatten(2))
     return x + layer.ffn(layer.ffn_norm(x))
 
 
@@ -130,10 +131,11 @@ def unrolled_log_probs(
     B, T = batch.tokens.shape
     ids = drafter.vocab.ids if drafter.vocab.size else None  # p_t at the draft vocabulary's ids only
     probs, row_of = target_probs if target_probs is not None else supervised_target_probs(target, batch, ids)
-    tokens, lengths = batch.tokens, batch.lengths
+    tokens = batch.tokens
+    lengths, prompt_lens = batch.lengths.to(tokens.device), batch.prompt_lens.to(tokens.device)
     g = drafter.features_of(batch.flat_features()).view(B, T, -1)[:, :-1]  # feature at i, i = 0..T-2
-    idx = torch.arange(T - 1)
-    is_anchor = (idx + 1)[None, :] >= batch.prompt_lens[:, None]  # (B, T-1) token_{i+1} is a response token
+    idx = torch.arange(T - 1, device=tokens.device)
+    is_anchor = (idx + 1)[None, :] >= prompt_lens[:, None]  # (B, T-1) token_{i+1} is a response token
     caches = [[] for _ in drafter.layers]
     steps = []
     for k in range(min(unroll, T - 1)):
@@ -171,10 +173,14 @@ def batch_loss(
     """(loss, expected acceptance per draft position, anchors, supervised (anchor, position) pairs)
     for any trainable drafter; the loss is None when the batch has nothing to supervise."""
     K = unroll_steps(drafter, tc)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=tc.bf16):
-        if isinstance(drafter, ParallelDrafter):
+    device = batch.tokens.device
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=tc.bf16):
+        if isinstance(
+            drafter, ParallelDrafter
+        ):  # anchors drawn on the host (lengths live there), used on device
             anchors, valid = sample_anchors(batch.lengths, batch.prompt_lens, tc.anchors_per_seq, generator)
-            loss, acc, _ = block_losses(drafter, target, batch, anchors, valid, tc.block_loss(drafter))
+            loss, acc, _ = block_losses(drafter, target, batch, anchors.to(device), valid.to(device),
+                                        tc.block_loss(drafter))  # fmt: skip
         else:
             losses, acc = unrolled_losses(drafter, target, batch, K)
             weights = [tc.step_decay**k for k in range(len(losses))]
@@ -211,13 +217,13 @@ def length_bucketed_batches(
     step is padding (packed blocks pad every row to the batch's longest response)."""
     n = len(lengths)
     while True:
-        perm = torch.randperm(n, generator=generator)
+        perm = torch.randperm(n, generator=generator, device=generator.device)
         batches = []
         for start in range(0, n, batch_size * pool):
             chunk = perm[start : start + batch_size * pool]
             chunk = chunk[lengths[chunk].argsort(stable=True)]
             batches += [chunk[i : i + batch_size].tolist() for i in range(0, len(chunk), batch_size)]
-        for i in torch.randperm(len(batches), generator=generator).tolist():
+        for i in torch.randperm(len(batches), generator=generator, device=generator.device).tolist():
             yield batches[i]
 
 
@@ -228,18 +234,29 @@ def evaluate(drafter, target: Transformer, val: FeatureSource, tc: DrafterTrainC
     eval_gen = torch.Generator().manual_seed(1234)
     n = len(val) if tc.eval_sequences == 0 else min(len(val), tc.eval_sequences)
     width = unroll_steps(drafter, tc)
-    sums, counts = torch.zeros(width, dtype=torch.float64), torch.zeros(width, dtype=torch.float64)
+    sums = torch.zeros(width, dtype=torch.float64, device="cpu")  # host-side bookkeeping
+    counts = torch.zeros(width, dtype=torch.float64, device="cpu")
     with torch.no_grad():
         for i in range(0, n, tc.batch_size):
-            batch = val.batch(list(range(i, min(n, i + tc.batch_size))))
+            batch = val.batch(list(range(i, min(n, i + tc.batch_size)))).to(model_device(drafter))
             _, acc, anchors, _ = batch_loss(drafter, target, batch, tc, eval_gen)
-            row = torch.tensor([float(a) for a in acc][:width], dtype=torch.float64)
-            seen = torch.zeros(width, dtype=torch.bool)
+            row = torch.tensor([float(a) for a in acc][:width], dtype=torch.float64, device="cpu")
+            seen = torch.zeros(width, dtype=torch.bool, device="cpu")
             seen[: len(row)] = ~row.isnan()
             sums[seen] += row[seen[: len(row)]] * anchors  # weighted by the batch's anchors
             counts[seen] += anchors
     drafter.train(was_training)
     return (sums / counts.clamp(min=1)).tolist()
+
+
+def learning_rate(step: int, steps: int, peak: float, warmup: float) -> float:
+    """The reference trainer's schedule at optimizer step `step` (0-based) of `steps`: a linear warm-up over the
+    first `warmup` fraction of the steps up to `peak`, then cosine decay towards 0 over the rest."""
+    warm = max(1, round(warmup * steps))
+    if step < warm:
+        return peak * (step + 1) / warm
+    progress = (step - warm + 1) / (steps - warm + 1)
+    return peak * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def trainer_state_path(out_path: Path) -> Path:
@@ -263,6 +280,7 @@ def train_drafter(
     the run had not stopped (the same batches, anchors and weights), when `tc` and the data are the same."""
     for p in target.parameters():
         p.requires_grad_(False)
+    device = model_device(drafter)  # the target's too: batches move there, the anchors are drawn on the host
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=tc.lr, betas=(0.9, 0.95), weight_decay=0.0)
     order_gen = torch.Generator().manual_seed(tc.seed)  # the sequence order ...
@@ -270,7 +288,6 @@ def train_drafter(
     lengths, prompt_lens = train.lengths()
     order = length_bucketed_batches(lengths - prompt_lens, tc.batch_size, order_gen)  # by response length
     steps = planned_steps(drafter, train, tc)
-    warmup = max(1, round(tc.warmup * steps))
     total_anchors = float(candidate_counts(lengths, prompt_lens).sum())
     identity = {"train_config": asdict(tc), "steps": steps, "sequences": len(train), "anchors": total_anchors,
                 "drafter": asdict(drafter.config)}  # what a resumed run must share  # fmt: skip
@@ -287,10 +304,10 @@ def train_drafter(
     record = {}
     for step in bar:
         t_step = time.perf_counter()
-        lr = tc.lr * min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / steps))
+        lr = learning_rate(step, steps, tc.lr, tc.warmup)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batch = train.batch(next(order))
+        batch = train.batch(next(order)).to(device)
         loss, acc, anchors, _ = batch_loss(drafter, target, batch, tc, g)
         state["seen"] += anchors
         epochs = state["seen"] / total_anchors

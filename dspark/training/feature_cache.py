@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from dspark import paths
+from dspark.device import model_device
 from dspark.drafters.base import TargetFeatures
 from dspark.model import Transformer
 
@@ -66,6 +67,13 @@ class FeatureBatch:
     last_hidden: torch.Tensor  # (B, T, dim) float32, final-normed hidden state (LM head input)
     lse: torch.Tensor | None = None  # (B, T) float32 log-sum-exp of the target's logits (None: not known)
 
+    def to(self, device: torch.device) -> FeatureBatch:
+        """The same batch with its tensors on `device`; lengths and prompt lengths stay on the host (the anchor
+        sampler reads them there)."""
+        move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+        return FeatureBatch(move(self.tokens), self.lengths, self.prompt_lens, move(self.taps),
+                            move(self.last_hidden), move(self.lse))  # fmt: skip
+
     def flat_features(self) -> TargetFeatures:
         """Every position of every row, flattened: taps (B·T, n_taps, dim), last_hidden (B·T, dim)."""
         return TargetFeatures(self.taps.flatten(0, 1), self.last_hidden.flatten(0, 1))
@@ -80,10 +88,10 @@ def sequence_of(record: dict, max_len: int) -> tuple[list[int], int]:
 def pad_sequences(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T) right-padded token ids and (B,) lengths."""
     T = max(len(s) for s in seqs)
-    tokens = torch.zeros(len(seqs), T, dtype=torch.long)
+    tokens = torch.zeros(len(seqs), T, dtype=torch.long, device="cpu")
     for b, s in enumerate(seqs):
-        tokens[b, : len(s)] = torch.tensor(s)
-    return tokens, torch.tensor([len(s) for s in seqs])
+        tokens[b, : len(s)] = torch.tensor(s, device="cpu")
+    return tokens, torch.tensor([len(s) for s in seqs], device="cpu")
 
 
 @torch.no_grad()
@@ -91,9 +99,12 @@ def features_of_tokens(
     target: Transformer, tokens: torch.Tensor, lengths: torch.Tensor, prompt_lens: torch.Tensor
 ) -> FeatureBatch:
     """A live target pass (fp32) over right-padded tokens (B, T) with (B,) lengths and prompt lengths."""
+    tokens = tokens.to(model_device(target))
     out = target(tokens, return_taps=True)
     lse = logsumexp_rows(out.logits)
-    return FeatureBatch(tokens, lengths, prompt_lens, out.taps.float(), out.last_hidden.float(), lse)
+    return FeatureBatch(
+        tokens, lengths.cpu(), prompt_lens.cpu(), out.taps.float(), out.last_hidden.float(), lse
+    )
 
 
 def logsumexp_rows(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
@@ -109,7 +120,7 @@ def live_features(target: Transformer, records: list[dict]) -> FeatureBatch:
     """The features of `records` from a live target pass (fp32): what the cache stores."""
     seqs, prompt_lens = zip(*(sequence_of(r, target.config.max_seq_len) for r in records))
     tokens, lengths = pad_sequences(list(seqs))
-    return features_of_tokens(target, tokens, lengths, torch.tensor(prompt_lens))
+    return features_of_tokens(target, tokens, lengths, torch.tensor(prompt_lens, device="cpu"))
 
 
 def supervised_target_probs(
@@ -122,8 +133,10 @@ def supervised_target_probs(
     normalised over the whole vocabulary. Computed `chunk` rows at a time: a (N, V) fp32 tensor is
     never held (SmolLM2: 49k ids, 200 MB for a batch)."""
     B, T = batch.tokens.shape
-    j = torch.arange(T)[None, :]
-    need = (j >= batch.prompt_lens[:, None]) & (j + 1 < batch.lengths[:, None])  # (B, T)
+    device = batch.tokens.device
+    j = torch.arange(T, device=device)[None, :]
+    prompt_lens, lengths = batch.prompt_lens.to(device), batch.lengths.to(device)
+    need = (j >= prompt_lens[:, None]) & (j + 1 < lengths[:, None])  # (B, T)
     hidden = batch.last_hidden[need]  # (N, dim)
     pieces = []
     with torch.no_grad():
@@ -141,8 +154,8 @@ def supervised_target_probs(
                 pieces.append((log_p if ids is None else log_p[:, ids]).exp())
     width = target.config.vocab_size if ids is None else ids.shape[0]
     probs = torch.cat([*pieces, hidden.new_zeros(1, width, dtype=torch.float32)])  # (N + 1, V or K)
-    row_of = torch.full((B, T), probs.shape[0] - 1, dtype=torch.long)
-    row_of[need] = torch.arange(probs.shape[0] - 1)
+    row_of = torch.full((B, T), probs.shape[0] - 1, dtype=torch.long, device=device)
+    row_of[need] = torch.arange(probs.shape[0] - 1, device=device)
     return probs, row_of
 
 
@@ -221,10 +234,10 @@ class FeatureCache:
         rows = self.index[indices]
         B, T = len(rows), int(rows[:, 1].max())
         n_taps, dim = self.taps.shape[1:]
-        tokens = torch.zeros(B, T, dtype=torch.long)
-        taps = torch.zeros(B, T, n_taps, dim)
-        hidden = torch.zeros(B, T, dim)
-        lse = torch.zeros(B, T)
+        tokens = torch.zeros(B, T, dtype=torch.long, device="cpu")  # read on the host, moved by the trainer
+        taps = torch.zeros(B, T, n_taps, dim, device="cpu")
+        hidden = torch.zeros(B, T, dim, device="cpu")
+        lse = torch.zeros(B, T, device="cpu")
         for b, (offset, length, _) in enumerate(rows.tolist()):
             span = slice(offset, offset + length)
             tokens[b, :length] = torch.from_numpy(self.tokens[span].astype(np.int64))
@@ -246,7 +259,9 @@ class LiveFeatures:
 
     def lengths(self) -> tuple[torch.Tensor, torch.Tensor]:
         seqs = [sequence_of(r, self.target.config.max_seq_len) for r in self.records]
-        return torch.tensor([len(s) for s, _ in seqs]), torch.tensor([p for _, p in seqs])
+        return torch.tensor([len(s) for s, _ in seqs], device="cpu"), torch.tensor(
+            [p for _, p in seqs], device="cpu"
+        )
 
     def batch(self, indices: list[int]) -> FeatureBatch:
         return live_features(self.target, [self.records[i] for i in indices])
@@ -268,7 +283,7 @@ def build_feature_cache(
     tmp = directory.with_name(directory.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    max_len, cfg = target.config.max_seq_len, target.config
+    max_len, cfg, device = target.config.max_seq_len, target.config, model_device(target)
     seqs = [sequence_of(r, max_len) for r in records]
     lengths = np.array([len(s) for s, _ in seqs], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
@@ -286,12 +301,12 @@ def build_feature_cache(
         rows = max(1, tokens_per_pass // int(lengths[order[start]]))
         chunk = order[start : start + rows].tolist()
         batch_tokens, batch_lengths = pad_sequences([seqs[i][0] for i in chunk])
-        out = target(batch_tokens, return_taps=True)
+        out = target(batch_tokens.to(device), return_taps=True)  # on the target's device, stored on the host
         stored_taps, stored_hidden = (
-            out.taps.float().numpy().astype(np_dtype),
-            out.last_hidden.float().numpy().astype(np_dtype),
+            out.taps.float().cpu().numpy().astype(np_dtype),
+            out.last_hidden.float().cpu().numpy().astype(np_dtype),
         )
-        stored_lse = logsumexp_rows(out.logits).numpy()
+        stored_lse = logsumexp_rows(out.logits).cpu().numpy()
         if not (np.isfinite(stored_taps).all() and np.isfinite(stored_hidden).all()):
             raise ValueError(f"target features overflow {dtype}; build the cache with dtype='float32'")
         for b, i in enumerate(chunk):

@@ -67,6 +67,7 @@ def sample_instructions(
         dupes.add(r["prompt"])
     bar = tqdm(total=sum(per_domain.values()), initial=sum(min(have[d], n) for d, n in per_domain.items()),
                desc="instructions", unit="prompt")  # fmt: skip
+    cache = target.new_cache(batch_size, max_seq_len=len(tokenizer.user_turn("x")) + 64 + max_tokens)
     with open(out_path, "a", encoding="utf-8") as f:
         while True:
             short = [d for d in INSTRUCTION_DOMAINS if have[d] < per_domain.get(d, 0)]
@@ -78,7 +79,7 @@ def sample_instructions(
             openings = [rng.choice(PREFIXES[domain]) for _ in range(batch_size)]
             gen = torch.Generator().manual_seed(rng.randrange(2**62))
             result = generate(target, [tokenizer.user_turn(o) for o in openings], max_tokens, SAMPLING, gen,
-                              tokenizer.eos_id)  # fmt: skip
+                              tokenizer.eos_id, cache)  # one cache of short rows for every batch  # fmt: skip
             for opening, ids, stop in zip(openings, result.tokens, result.stop_reasons):
                 text = tokenizer.decode([*tokenizer.encode(opening), *ids]).strip()
                 reason = drop_reason(text, domain, ended=stop == "eos")

@@ -51,8 +51,8 @@ def block_visibility(anchors: torch.Tensor, T: int, gamma: int) -> torch.Tensor:
     """(B, A·γ, T + A·γ) bool: slot s of block j sees context positions < anchor_j and
     the γ slots of block j only."""
     B, A = anchors.shape
-    block_of = torch.arange(A * gamma) // gamma  # (A·γ,) which block each slot belongs to
-    ctx = torch.arange(T)[None, None, :] < anchors[:, block_of, None]  # (B, A·γ, T)
+    block_of = torch.arange(A * gamma, device=anchors.device) // gamma  # (A·γ,) which block each slot is in
+    ctx = torch.arange(T, device=anchors.device)[None, None, :] < anchors[:, block_of, None]  # (B, A·γ, T)
     same = (block_of[:, None] == block_of[None, :]).expand(B, -1, -1)  # (B, A·γ, A·γ)
     return torch.cat([ctx, same], dim=-1)
 
@@ -66,16 +66,18 @@ def packed_backbone(
     Returns the backbone output (B, A, γ, dim). h_ctx (B, T, dim) context features; anchors (B, A)."""
     B, T = tokens.shape
     A, gamma = anchors.shape[1], drafter.config.gamma
-    block_pos = anchors[:, :, None] + torch.arange(gamma)  # (B, A, γ)
-    block = torch.full((B, A, gamma), drafter.mask_id, dtype=torch.long)
+    device = tokens.device
+    block_pos = anchors[:, :, None] + torch.arange(gamma, device=device)  # (B, A, γ)
+    block = torch.full((B, A, gamma), drafter.mask_id, dtype=torch.long, device=device)
     block[:, :, 0] = tokens.gather(1, anchors)
     x = drafter.target.embed(block)  # (B, A, γ, dim)
     cos, sin = drafter.rope_cos[block_pos, None], drafter.rope_sin[block_pos, None]
-    hidden_ctx = (torch.arange(T)[None, None, :] >= anchors[:, :, None])[:, None, None, :, None, :]
+    positions = torch.arange(T, device=device)
+    hidden_ctx = (positions[None, None, :] >= anchors[:, :, None])[:, None, None, :, None, :]
     for layer in drafter.layers:
         attn = layer.attn
         kv_heads, rep, hd = attn.n_kv_heads, attn.n_heads // attn.n_kv_heads, attn.head_dim
-        k_ctx, v_ctx = drafter.context_kv(layer, h_ctx, torch.arange(T))  # (B, T, Hkv, hd)
+        k_ctx, v_ctx = drafter.context_kv(layer, h_ctx, positions)  # (B, T, Hkv, hd)
         q, k, v = attn._qkv(layer.attn_norm(x), cos, sin)  # (B, A, γ, H | Hkv, hd)
         q = q.unflatten(3, (kv_heads, rep)) / math.sqrt(hd)  # (B, A, γ, Hkv, rep, hd)
         s_ctx = torch.einsum("bagkrd,btkd->bkragt", q, k_ctx).masked_fill(hidden_ctx, float("-inf"))
@@ -119,7 +121,9 @@ def block_losses(
     (B, A) where `valid_anchor` (B, A); `loss` defaults to DSpark's (DFlash: `DFLASH_LOSS`);
     `target_probs`: supervised_target_probs(target, batch, the draft ids) if the caller has it already."""
     B, T = batch.tokens.shape
-    gamma, tokens, lengths = drafter.config.gamma, batch.tokens, batch.lengths
+    gamma, tokens = drafter.config.gamma, batch.tokens
+    device = tokens.device
+    lengths = batch.lengths.to(device)
     loss = loss or (BlockLoss() if drafter.has_confidence else DFLASH_LOSS)
     vocab = drafter.vocab  # with a draft vocabulary: q over its K ids, p_t at those ids (the rest is dropped)
     if target_probs is None:
@@ -128,10 +132,9 @@ def block_losses(
     h, u_logits = packed_blocks(
         drafter, batch.taps, tokens, anchors, valid_anchor, batch.last_hidden
     )  # (N, γ, ·)
-    row = torch.arange(B)[:, None].expand_as(anchors)[valid_anchor]  # (N,) sequence of each block
-    pos = anchors[valid_anchor][:, None] + torch.arange(
-        gamma
-    )  # (N, γ): position of each slot's previous token
+    # (N,) the sequence of each block; (N, γ) the position of each slot's previous token
+    row = torch.arange(B, device=device)[:, None].expand_as(anchors)[valid_anchor]
+    pos = anchors[valid_anchor][:, None] + torch.arange(gamma, device=device)
     valid = (pos + 1) < lengths[row][:, None]  # the predicted token exists
     safe = pos.clamp(max=T - 1)
     prev = vocab.to_draft(tokens[row[:, None], safe])  # teacher forcing, in draft indices
@@ -150,7 +153,7 @@ def block_losses(
         w = math.exp(-k / loss.decay)
         w_sum += w
         if n == 0:
-            c_star_by_pos.append(torch.tensor(float("nan")))
+            c_star_by_pos.append(torch.tensor(float("nan"), device=device))
             continue
         log_q = torch.log_softmax(logits.float(), dim=-1)  # (N, V); unsupervised rows are masked by m
         p = probs[p_row[:, k]]  # (N, V)

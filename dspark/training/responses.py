@@ -145,13 +145,17 @@ def regenerate(
     todo = [(i, c) for i, c in enumerate(chosen) if (c[0], c[1], tuple(c[2])) not in answered]
     params = SamplingParams(temperature=1.0)
     bar = tqdm(total=len(chosen), initial=len(chosen) - len(todo), desc="responses", unit="prompt")
+    longest = max(
+        len(ids) for _, _, ids in chosen
+    )  # one cache as long as the longest request, for every batch
+    cache = target.new_cache(batch_size, max_seq_len=longest + max_new_tokens)
     with open(out_path, "a", encoding="utf-8") as f:
         for start in range(0, len(todo), batch_size):
             batch = [c for _, c in todo[start : start + batch_size]]
             # seeded by the first prompt's place in the whole selection: a resumed run repeats an uninterrupted one
             gen = torch.Generator().manual_seed(seed * 1_000_003 + todo[start][0])
             result = generate(
-                target, [ids for _, _, ids in batch], max_new_tokens, params, gen, tokenizer.eos_id
+                target, [ids for _, _, ids in batch], max_new_tokens, params, gen, tokenizer.eos_id, cache
             )
             for (domain, split, ids), response in zip(batch, result.tokens):
                 record = {"domain": domain, "split": split, "prompt_ids": ids, "response_ids": response}
