@@ -56,9 +56,7 @@ EAGLE3_LAYER = {  # the EAGLE-3 layer's keys (its input norms are the drafter's)
 
 def sorted_order(vocab: DraftVocabulary) -> torch.Tensor:
     """(K,) the draft indices in ascending target-id order (K = 0: empty)."""
-    return (
-        torch.argsort(vocab.ids) if vocab.size else torch.empty(0, dtype=torch.long, device="cpu")
-    )
+    return torch.argsort(vocab.ids) if vocab.size else torch.empty(0, dtype=torch.long, device="cpu")
 
 
 def vocabulary_tensors(vocab: DraftVocabulary) -> dict[str, torch.Tensor]:
