@@ -69,23 +69,27 @@ def check_max_new_tokens(max_new_tokens: object) -> None:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
 
 
-def check_prompts(prompts: list[list[int]], context: int, vocab_size: int | None = None) -> None:
+def check_prompts(
+    prompts: list[list[int]], context: int, vocab_size: int | None = None, names: list[str] | None = None
+) -> None:
     """Raise ValueError for no prompts, an empty prompt, one that leaves no room to generate, or (with
-    `vocab_size`) one holding an id that is not an integer in 0..vocab_size-1. Prompts are numbered from 1.
-    Checked once per call, on the host lists, before anything reaches the model."""
+    `vocab_size`) one holding an id that is not an integer in 0..vocab_size-1. Prompts are numbered from 1,
+    or called by `names` (e.g. "FILE line 3" for a prompts file). Checked once per call, on the host lists,
+    before anything reaches the model."""
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError("no prompts given" if not prompts else "prompts must be a list of token-id lists")
     for i, p in enumerate(prompts, start=1):
+        name = names[i - 1] if names else f"prompt {i}"
         if not isinstance(p, (list, tuple)):
-            raise ValueError(f"prompt {i} is a {type(p).__name__}, not a list of token ids")
+            raise ValueError(f"{name} is a {type(p).__name__}, not a list of token ids")
         if len(p) == 0:
-            raise ValueError(f"prompt {i} is empty")
+            raise ValueError(f"{name} is empty")
         if len(p) >= context:
             raise ValueError(
-                f"prompt {i} is {len(p)} tokens; the model's context is {context} tokens "
+                f"{name} is {len(p)} tokens; the model's context is {context} tokens "
                 "and generation needs room for at least one more"
             )
-        check_token_ids(p, vocab_size, f"prompt {i}")
+        check_token_ids(p, vocab_size, name)
 
 
 @torch.no_grad()

@@ -132,6 +132,8 @@ def refuse_ignored_options(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     refuse_ignored_options(args)
+    if args.prompts and args.prompts_file:
+        raise UsageError("give prompts on the command line or --prompts FILE, not both")
     params = SamplingParams(args.temperature, args.top_k, args.top_p)  # validates
     for i, prompt in enumerate(args.prompts, start=1):
         try:
@@ -156,25 +158,18 @@ def main(argv: list[str] | None = None) -> None:
             f"--top-k must be at most the vocabulary size {model.config.vocab_size}, got {args.top_k}"
         )
 
-    if args.prompts and args.prompts_file:
-        raise UsageError("give prompts on the command line or --prompts FILE, not both")
+    names = None  # how a prompt is called in an error: "prompt N", or its file and line
     if args.prompts_file is not None:
-        records = held_out(read_prompts(args.prompts_file))
-        if not records:
-            raise UsageError(f"prompts file {args.prompts_file} has no eval prompts")
+        records = held_out(read_prompts(args.prompts_file), args.prompts_file)
         labels, texts = [r.domain for r in records], [r.prompt for r in records]
+        names = [f"{args.prompts_file} line {r.line}: the prompt with its chat template" for r in records]
     elif args.prompts:
         labels, texts = ["prompt"] * len(args.prompts), args.prompts
     else:
         demo = eval_prompts_by_domain(per_domain=1)
         labels, texts = list(demo), [p[0] for p in demo.values()]
     prompts = [tokenizer.chat_prompt(t) for t in texts]
-    if args.prompts_file is not None:
-        for r, ids in zip(records, prompts):
-            if len(ids) >= model.config.max_seq_len:
-                raise UsageError(f"{args.prompts_file} line {r.line}: the prompt is {len(ids)} tokens with its chat "
-                                 f"template; the model's context is {model.config.max_seq_len} tokens")  # fmt: skip
-    check_prompts(prompts, model.config.max_seq_len)  # before loading a drafter
+    check_prompts(prompts, model.config.max_seq_len, names=names)  # before loading a drafter
 
     drafter = get_drafter(args.drafter, model, args.drafter_checkpoint, target_name)
     gamma = cli.resolve_gamma(args.gamma, drafter, args.drafter)

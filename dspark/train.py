@@ -144,11 +144,13 @@ def cmd_instructions(args: argparse.Namespace) -> None:
     towards code and math by the turn's opening, filtered (length, script, repetition, near-duplicates,
     domain) and split train / val / eval by a hash of the text. Resumes where it stopped.
     """
+    from collections import Counter
+
     from dspark.training.instructions import read_kept, sample_instructions
 
-    if args.out == "":
-        raise UsageError("--out is empty")
-    tokenizer, target, target_name = cli.load_target(args, cli.device_of(args))
+    tokenizer, target, target_name = cli.load_target(
+        args, cli.device_of(args)
+    )  # --out '' is refused by argparse
     if tokenizer.chat.name == "plain":
         raise UsageError("a model without a chat template has no user turn to sample (Magpie needs one)")
     out = Path(args.out or paths.target_home(target_name) / "instructions.jsonl")
@@ -158,12 +160,9 @@ def cmd_instructions(args: argparse.Namespace) -> None:
                                   args.seed)  # fmt: skip
     kept = read_kept(out)
     print(f"{len(kept)} instructions in {out}")
+    n = Counter((r["domain"], r["split"]) for r in kept)
     for d in counts:
-        n = {
-            split: sum(1 for r in kept if (r["domain"], r["split"]) == (d, split))
-            for split in ("train", "val", "eval")
-        }
-        print(f"  {d:<5} train {n['train']:>6}  val {n['val']:>5}  eval {n['eval']:>5}")
+        print(f"  {d:<5} train {n[d, 'train']:>6}  val {n[d, 'val']:>5}  eval {n[d, 'eval']:>5}")
     total = len(kept) + sum(dropped.values())
     print(f"dropped {sum(dropped.values())} of {total} samples: "
           + ", ".join(f"{k} {v}" for k, v in dropped.most_common()))  # fmt: skip

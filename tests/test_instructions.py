@@ -11,7 +11,7 @@ import torch
 
 from dspark.checkpoint import load_target
 from dspark.data.instructions import NearDuplicates, drop_reason, split_of
-from dspark.data.prompt_files import by_domain, held_out, prompt_ids_by_domain, read_prompts
+from dspark.data.prompt_files import held_out, prompt_ids_by_domain, read_prompts
 from dspark.sampling import nucleus
 from dspark.training import instructions
 from dspark.training.responses import pick_from_file
@@ -80,7 +80,6 @@ def test_both_formats_and_gzip(tmp_path):
     records = read_prompts(jsonl)
     assert [(r.prompt, r.domain, r.line) for r in records] == [("a b c", "code", 1), ("d e f", "prompts", 2),
                                                               ("g", "code", 3)]  # fmt: skip
-    assert by_domain(records, 1) == {"code": ["a b c"], "prompts": ["d e f"]}
     text = tmp_path / "p.txt"
     text.write_text("first prompt\n\n  second prompt  \n")
     assert [(r.prompt, r.line) for r in read_prompts(text)] == [("first prompt", 1), ("second prompt", 3)]
@@ -108,7 +107,7 @@ def test_held_out_and_context(tmp_path, tokenizer):
             {"prompt": "measure me", "domain": "chat", "split": "eval"},
             {"prompt": "word " * 200, "domain": "code", "split": "eval"}]  # fmt: skip
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert [r.prompt for r in held_out(read_prompts(path))] == ["measure me", "word " * 200]
+    assert [r.prompt for r in held_out(read_prompts(path), path)] == ["measure me", "word " * 200]
     assert read_prompts(path, "train")[0].prompt == "train me"
     with pytest.raises(ValueError, match="line 3: the prompt is"):
         prompt_ids_by_domain(path, tokenizer, context=64)

@@ -87,21 +87,13 @@ def read_prompts(path: str | Path, split: str | None = None) -> list[PromptRecor
     return records
 
 
-def by_domain(records: list[PromptRecord], per_domain: int | None = None) -> dict[str, list[str]]:
-    """Prompt texts grouped by domain in first-seen order, at most `per_domain` each."""
-    out: dict[str, list[str]] = {}
-    for r in records:
-        texts = out.setdefault(r.domain, [])
-        if per_domain is None or len(texts) < per_domain:
-            texts.append(r.prompt)
-    return out
-
-
-def held_out(records: list[PromptRecord]) -> list[PromptRecord]:
+def held_out(records: list[PromptRecord], path: str | Path) -> list[PromptRecord]:
     """What a benchmark measures on: the eval records of a file that splits its prompts (as `train
-    instructions` writes), every record of one that does not."""
+    instructions` writes), every record of one that does not. ValueError (one line) when that is none."""
     if any(r.split is not None for r in records):
-        return [r for r in records if r.split == "eval"]
+        records = [r for r in records if r.split == "eval"]
+        if not records:
+            raise ValueError(f"prompts file {path} has no eval prompts")
     return records
 
 
@@ -111,9 +103,7 @@ def prompt_ids_by_domain(
     """Chat-prompt ids of a prompts file's held-out records per domain (numbers start .. start+per_domain-1 of
     each domain). ValueError (one line, naming the line) for a prompt that leaves no room to generate in
     `context` tokens."""
-    records = held_out(read_prompts(path))
-    if not records:
-        raise ValueError(f"prompts file {path} has no eval prompts")
+    records = held_out(read_prompts(path), path)
     out: dict[str, list[list[int]]] = {}
     seen: dict[str, int] = {}
     for r in records:

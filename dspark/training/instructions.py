@@ -67,7 +67,8 @@ def sample_instructions(
         dupes.add(r["prompt"])
     bar = tqdm(total=sum(per_domain.values()), initial=sum(min(have[d], n) for d, n in per_domain.items()),
                desc="instructions", unit="prompt")  # fmt: skip
-    cache = target.new_cache(batch_size, max_seq_len=len(tokenizer.user_turn("x")) + 64 + max_tokens)
+    longest = max(len(tokenizer.user_turn(o)) for openings in PREFIXES.values() for o in openings)
+    cache = target.new_cache(batch_size, max_seq_len=longest + max_tokens)  # as long as the longest row needs
     with open(out_path, "a", encoding="utf-8") as f:
         while True:
             short = [d for d in INSTRUCTION_DOMAINS if have[d] < per_domain.get(d, 0)]

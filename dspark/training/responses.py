@@ -81,12 +81,13 @@ def pick_from_file(
         if split not in per_domain:
             continue
         key = (r.domain, split)
-        if taken.get(key, 0) == per_domain[split]:
+        rank = taken.get(key, 0)
+        if rank == per_domain[split]:
             continue
         ids = tokenizer.chat_prompt(r.prompt)
         if len(ids) <= max_prompt_tokens:
-            ranked.append((taken.get(key, 0), r.domain, split, ids))
-            taken[key] = taken.get(key, 0) + 1
+            ranked.append((rank, r.domain, split, ids))
+            taken[key] = rank + 1
     return interleave(ranked)
 
 
