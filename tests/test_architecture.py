@@ -47,6 +47,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "commands",
         (
             "dspark.cli",
+            "dspark.benchmarks.*",
             "dspark.generate",
             "dspark.train",
             "dspark.bench",

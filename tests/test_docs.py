@@ -93,3 +93,23 @@ def test_docs_link_checker_finds_broken_links(tmp_path):
         "```\n[in a block](ignored.md)\n```\n"
     )
     assert broken_links(doc) == ["nope.png: no such file", "other.md#nowhere: no heading with that anchor"]
+
+
+READING_ROW = re.compile(r"^\| *\d+ *\| *`([^`]+)` *\| *([\d,]+) *\|", re.M)
+
+
+def test_reading_path_line_counts_match_the_files():
+    """The reading path's line counts (and its total) are within 10% of the files as they are."""
+    text = README.read_text(encoding="utf-8")
+    rows = READING_ROW.findall(text)
+    assert len(rows) >= 10, "the reading path table was not found"
+    wrong = []
+    for path, stated in rows:
+        actual = len((ROOT / path).read_text(encoding="utf-8").splitlines())
+        if abs(actual - int(stated.replace(",", ""))) > 0.1 * actual:
+            wrong.append(f"{path}: README says {stated}, the file has {actual}")
+    assert not wrong, "; ".join(wrong)
+    total = re.search(r"reading path.*?\(([\d,]+) lines", text, re.S | re.I)
+    assert total, "the reading path's total was not found"
+    actual = sum(len((ROOT / path).read_text(encoding="utf-8").splitlines()) for path, _ in rows)
+    assert abs(actual - int(total.group(1).replace(",", ""))) <= 0.1 * actual

@@ -22,6 +22,12 @@ active, each in its own KV-cache slot; every step it
      accepted drafts + the correction/bonus token, stops requests at EOS,
      `max_new_tokens` or the context, frees their slots for reuse.
 
+The loop (`Engine.run`) is these phases, one method each: `admit` + `prefill`
+(1), `plan` (who drafts, how wide), `draft` (2), `verify_round` (3-4) or
+`decode_round` (nobody drafts), `commit` (5). Each active request is one
+`ActiveRequest` (dspark/serving/requests.py) holding its slot, anchor,
+limits, cache length, recent confidences and pending chunks.
+
 With a `NoDrafter` (γ = 0) it is plain continuous-batching decoding. Per
 request it records the time to first token, the end-to-end time and every
 round's verify length, accepted count and confidences; the result has the
@@ -57,76 +63,59 @@ import torch
 from dspark.decoding import check_token_ids, is_integer
 from dspark.device import generator_uniforms, host_syncs, model_device, to_host, upload
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
-from dspark.model import ModelOutput, Transformer
+from dspark.model import Transformer
 from dspark.sampling import SamplingParams, probabilities, sample_from_probs
 from dspark.scheduling.step import RECENT_ROUNDS
-from dspark.serving.rounds import RoundStats
+from dspark.serving.requests import ActiveRequest, EngineResult, Request, RequestRecord
 from dspark.verify import draw_uniforms, verify, verify_greedy
 
-
-@dataclass
-class Request:
-    prompt: list[int]  # token ids
-    max_new_tokens: int  # generation budget
-    arrival: float = 0.0  # seconds after the start (Poisson mode; 0 = already waiting)
+__all__ = ["Engine", "EngineResult", "Request", "RequestRecord"]
 
 
 @dataclass
-class RequestRecord:
-    tokens: list[int] = field(default_factory=list)  # emitted tokens (EOS included when it ended it)
-    from_draft: list[bool] = field(default_factory=list)  # per token: an accepted draft?
-    verify_lens: list[int] = field(default_factory=list)  # per round: ℓ
-    accepted: list[int] = field(default_factory=list)  # per round: accepted drafts a
-    emitted: list[int] = field(default_factory=list)  # per round: tokens committed (a + 1, fewer at a stop)
-    confidences: list[list[float]] = field(default_factory=list)  # per round: c_1..c_γ (if it has them)
-    stop_reason: str = ""  # "eos", "length", "context", or "rejected"
-    error: str = ""  # why a request was rejected
-    submitted: float = 0.0  # seconds after the start: admitted to the queue's head (closed loop) or arrived
-    first_token: float = 0.0  # when the first token was emitted
-    finished: float = 0.0  # when the last token was emitted
+class RunState:
+    """One `Engine.run`: the queue, the active requests, the clock and the counters."""
 
-    @property
-    def ttft(self) -> float:
-        return self.first_token - self.submitted
+    requests: list[Request]
+    progress: Callable[[int], None] | None
+    records: list[RequestRecord] = field(init=False)
+    queue: deque[int] = field(init=False)  # indices into `requests`, by arrival time
+    active: list[ActiveRequest] = field(default_factory=list)
+    start: float = field(default_factory=time.perf_counter)
+    prefill_seconds: float = 0.0
+    prefill_syncs: int = 0
+    draft_seconds: float = 0.0
+    drafted_rounds: int = 0
+    steps: int = 0
+    step_syncs: list[int] = field(default_factory=list)  # per step: host reads
 
-    @property
-    def tpot(self) -> float | None:
-        """Time per output token after the first, (E2E - TTFT) / (n - 1)."""
-        n = len(self.tokens)
-        return (self.finished - self.first_token) / (n - 1) if n > 1 else None
+    def __post_init__(self) -> None:
+        self.records = [RequestRecord() for _ in self.requests]
+        self.queue = deque(sorted(range(len(self.requests)), key=lambda i: self.requests[i].arrival))
+
+    def now(self) -> float:
+        return time.perf_counter() - self.start
+
+    def done(self) -> None:
+        if self.progress:
+            self.progress(1)
+
+    def result(self) -> EngineResult:
+        return EngineResult(self.records, self.now(), self.prefill_seconds, self.steps, self.step_syncs,
+                            self.prefill_syncs, self.draft_seconds, self.drafted_rounds)  # fmt: skip
 
 
 @dataclass
-class EngineResult:
-    records: list[RequestRecord]  # one per request, in submission order
-    seconds: float  # wall time of the whole run
-    prefill_seconds: float  # spent in prefill passes
-    steps: int  # speculative steps (one target verification pass each)
-    host_syncs: list[int] = field(default_factory=list)  # per step: device-to-host reads (dspark/device.py)
-    prefill_host_syncs: int = 0  # the same, in all prefill passes together
-    draft_seconds: float = 0.0  # wall time spent in the drafter's propose calls (all steps)
-    drafted_rounds: int = 0  # request-rounds in which the request drafted (speculate_fn said yes)
+class Round:
+    """One step's target pass as the commit phase reads it (R active requests, N verified tokens)."""
 
-    @property
-    def host_syncs_per_step(self) -> float:
-        """Mean device-to-host reads per step (each waits for the device; README, "On a GPU")."""
-        return sum(self.host_syncs) / len(self.host_syncs) if self.host_syncs else 0.0
-
-    @property
-    def output_tokens(self) -> int:
-        return sum(len(r.tokens) for r in self.records)
-
-    @property
-    def stats(self) -> RoundStats:
-        """Every request's rounds (ℓ, accepted, confidences), in submission order."""
-        recs = self.records
-        return RoundStats([r.verify_lens for r in recs], [r.accepted for r in recs], [r.confidences for r in recs],
-                          [r.emitted for r in recs])  # fmt: skip
-
-    @property
-    def throughput(self) -> float:
-        """Output tokens per second over all requests."""
-        return self.output_tokens / self.seconds if self.seconds > 0 else float("nan")
+    ells: list[int]  # per request: ℓ, the drafts it verified (0 in a plain decode step)
+    block_lens: list[int]  # per request: ℓ + 1, its anchor and the verified drafts
+    blocks: torch.Tensor  # (N,) the verified tokens, request-major
+    features: TargetFeatures  # of the N positions
+    outcome: torch.Tensor  # (R, 2 + g [+ g]) on the host: accepted a, next token, drafts..., confidences...
+    drafting: list[bool]  # per request: did it draft this step
+    width: int  # g, the block drafted this step (0: nobody drafted)
 
 
 class Engine:
@@ -203,156 +192,142 @@ class Engine:
         """Serve `requests` to completion; `progress(n)` is called as n more requests finish."""
         self.check_requests(requests)
         generator = generator or torch.Generator().manual_seed(0)
-        target, drafter, cache, gamma = self.target, self.drafter, self.cache, self.gamma
-        context = target.config.max_seq_len
-        records = [RequestRecord() for _ in requests]
-        order = sorted(range(len(requests)), key=lambda i: requests[i].arrival)
-        queue = deque(order)
-        # per active request: slot, anchor, and the tokens/features committed since the drafter's last call
-        active: list[int] = []
-        slot_of, anchor_of, limit_of = {}, {}, {}
-        length_of: dict[int, int] = {}  # the request's target-cache length, kept on the host (no reads)
-        recent_of: dict[int, list[list[float]]] = {}  # confidences of its last drafted rounds (speculate_fn)
-        idle_of: dict[int, int] = {}  # steps since it last drafted
-        # per request: (tokens, features) chunks committed since the drafter's last call (one per step)
-        pending: dict[int, list[tuple[torch.Tensor, TargetFeatures]]] = {}
-        start, prefill_seconds, steps, draft_seconds, drafted_rounds = time.perf_counter(), 0.0, 0, 0.0, 0
-        step_syncs, prefill_syncs = [], 0
-        device = model_device(target)
-
-        def now() -> float:
-            return time.perf_counter() - start
-
-        def emit(i: int, tokens: list[int], drafted: list[bool]) -> bool:
-            """Append tokens to request i until a stop rule fires; True if it finished."""
-            rec = records[i]
-            for token, is_draft in zip(tokens, drafted):
-                rec.tokens.append(token)
-                rec.from_draft.append(is_draft)
-                if self.eos_id is not None and token == self.eos_id:
-                    rec.stop_reason = "eos"
-                elif len(rec.tokens) >= limit_of[i]:
-                    rec.stop_reason = "length" if len(rec.tokens) >= requests[i].max_new_tokens else "context"
-                if rec.stop_reason:
-                    rec.finished = now()
-                    return True
-            return False
-
-        def finish(i: int) -> None:
-            cache.free(slot_of[i])
-            drafter.release(slot_of[i])
-            pending.pop(i, None)
-            if progress:
-                progress(1)
-
-        while queue or active:
-            # 1. admission + one ragged prefill pass for the newcomers
-            admitted = []
-            while queue and len(active) + len(admitted) < self.concurrency:
-                if requests[queue[0]].arrival > now():
-                    break
-                i = queue.popleft()
-                records[i].submitted = requests[i].arrival if requests[i].arrival else now()
-                reason = self.rejection(requests[i])
-                if reason:
-                    records[i].stop_reason, records[i].error = "rejected", reason
-                    if progress:
-                        progress(1)
-                    continue
-                slot_of[i] = cache.allocate()
-                limit_of[i] = min(requests[i].max_new_tokens, context - len(requests[i].prompt) + 1)
-                admitted.append(i)
-            if admitted:
-                t0, syncs_before = time.perf_counter(), host_syncs()
-                lens = [len(requests[i].prompt) for i in admitted]
-                flat = upload([t for i in admitted for t in requests[i].prompt], device)
-                slots = upload([slot_of[i] for i in admitted], device)
-                last = upload(list(accumulate(lens)), device) - 1  # (S,) each prompt's last position
-                # taps and hidden states of every prompt position (the drafter's context), logits of the last
-                res = target.forward_cached(flat, slots, upload(lens, device), cache, return_taps=True,
-                                            logits_at=last)  # fmt: skip
-                first = self.target_tokens(res.logits, generator)  # (S,)
-                first = to_host(first, "engine: first tokens")  # host sync: emit them, check EOS
-                feats = TargetFeatures(res.taps, res.last_hidden).split(lens)
-                for row, (i, toks) in enumerate(zip(admitted, flat.split(lens))):
-                    records[i].first_token = now()
-                    anchor_of[i], length_of[i], recent_of[i], idle_of[i] = first[row], lens[row], [], 0
-                    if emit(i, [anchor_of[i]], [False]):
-                        finish(i)
-                    else:
-                        pending[i] = [(toks, feats[row])]
-                        active.append(i)
-                prefill_seconds += time.perf_counter() - t0
-                prefill_syncs += host_syncs() - syncs_before
-            if not active:
-                if queue:  # Poisson mode: idle until the next arrival
-                    time.sleep(max(0.0, requests[queue[0]].arrival - now()))
+        run = RunState(requests, progress)
+        while run.queue or run.active:
+            newcomers = self.admit(run)
+            if newcomers:
+                self.prefill(run, newcomers, generator)
+            if not run.active:
+                if run.queue:  # Poisson mode: idle until the next arrival
+                    time.sleep(max(0.0, requests[run.queue[0]].arrival - run.now()))
                 continue
-
-            # 2. who drafts (decided from earlier rounds only), then draft
-            R, syncs_before = len(active), host_syncs()
-            widths = [gamma] * R
-            if self.speculate_fn is not None and gamma > 0:
-                plan = self.speculate_fn([recent_of[i] for i in active], [idle_of[i] for i in active], gamma)
-                widths = (plan.long() * gamma if plan.dtype == torch.bool else plan).tolist()  # host-side
-                if any(not 0 <= w <= gamma for w in widths):
-                    raise ValueError(f"draft widths must be in 0..{gamma}, got {widths}")
-            drafting = [w > 0 for w in widths]
-            slots = upload([slot_of[i] for i in active], device)
-            anchors = upload([anchor_of[i] for i in active], device)
-            g = max(widths)  # the block the drafting requests draft; 0: nobody drafts, a plain decode step
-            if g == 0:  # no drafts to propose, schedule or verify: the step plain decoding takes
-                ells, block_lens, blocks = [0] * R, [1] * R, anchors
-                res = target.forward_cached(blocks, slots, torch.ones_like(slots), cache, return_taps=True)
-                steps += 1
-                # the same draws as verifying zero drafts (sample from p_0), so the same tokens
-                next_token = self.target_tokens(res.logits, generator)  # (R,)
-                if self.observe_fn is not None:
-                    nothing = torch.zeros(R, dtype=torch.long, device=device)
-                    self.observe_fn(nothing, nothing)
-                # host sync: the round's next tokens (emitting and stopping are decided here)
-                outcome = to_host(torch.stack([torch.zeros_like(next_token), next_token], 1).double(),
-                                  "engine: the round's outcome")  # fmt: skip
+            syncs_before, device = host_syncs(), model_device(self.target)
+            widths = self.plan(run.active)
+            slots = upload([a.slot for a in run.active], device)  # (R,)
+            anchors = upload([a.anchor for a in run.active], device)  # (R,)
+            if max(widths) == 0:  # no drafts to propose, schedule or verify: the step plain decoding takes
+                step = self.decode_round(slots, anchors, generator)
             else:
-                t_draft = time.perf_counter()
-                proposal = self.draft(
-                    [r for r in range(R) if drafting[r]], active, slots, anchors, pending, generator, g
-                )
-                draft_seconds += time.perf_counter() - t_draft
-                drafted_rounds += sum(drafting)
-                ells, block_lens, blocks, res, outcome = self.verify_round(
-                    proposal, [length_of[i] for i in active], drafting, slots, anchors, generator
-                )
-                steps += 1
-            # 5. emit, commit, finish (the caches were rolled back to anchor + accepted drafts)
-            feats = TargetFeatures(res.taps, res.last_hidden).split(block_lens)
-            still = []
-            for r, (i, toks) in enumerate(zip(active, blocks.split(block_lens))):
-                a, next_token = int(outcome[r][0]), int(outcome[r][1])
-                rec = records[i]
-                rec.verify_lens.append(ells[r])
-                rec.accepted.append(a)
-                if self.drafter.has_confidence:
-                    conf = outcome[r][2 + g :] if drafting[r] else []  # [] for a round without drafts
-                    rec.confidences.append(conf)
-                    if drafting[r]:
-                        recent_of[i] = [*recent_of[i], conf][-RECENT_ROUNDS:]
-                idle_of[i] = 0 if drafting[r] else idle_of[i] + 1
-                length_of[i] += a + 1
-                anchor_of[i] = next_token
-                n_before = len(rec.tokens)
-                finished = emit(i, [*map(int, outcome[r][2 : 2 + a]), next_token], [True] * a + [False])
-                rec.emitted.append(len(rec.tokens) - n_before)  # a + 1, fewer if EOS/the limit cut it
-                if finished:
-                    finish(i)
-                else:
-                    new = (toks[: a + 1], feats[r].take(a + 1))
-                    pending[i] = [new] if drafting[r] else [*pending[i], new]  # waits for its next draft
-                    still.append(i)
-            active = still
-            step_syncs.append(host_syncs() - syncs_before)
-        return EngineResult(records, now(), prefill_seconds, steps, step_syncs, prefill_syncs, draft_seconds,
-                            drafted_rounds)  # fmt: skip
+                t_draft, drafting = time.perf_counter(), [w > 0 for w in widths]
+                rows = [r for r, d in enumerate(drafting) if d]
+                proposal = self.draft(rows, run.active, slots, anchors, generator, max(widths))
+                run.draft_seconds += time.perf_counter() - t_draft
+                run.drafted_rounds += len(rows)
+                lengths = [a.length for a in run.active]
+                step = self.verify_round(proposal, lengths, drafting, slots, anchors, generator)
+            run.steps += 1
+            self.commit(run, step)
+            run.step_syncs.append(host_syncs() - syncs_before)
+        return run.result()
+
+    def admit(self, run: RunState) -> list[ActiveRequest]:
+        """Step 1a: take waiting requests (arrived ones, in arrival order) while slots are free; a request
+        no engine could serve as asked (empty, too long, nothing to generate) is rejected on its own."""
+        newcomers: list[ActiveRequest] = []
+        context = self.target.config.max_seq_len
+        while run.queue and len(run.active) + len(newcomers) < self.concurrency:
+            request = run.requests[run.queue[0]]
+            if request.arrival > run.now():
+                break
+            record = run.records[run.queue.popleft()]
+            record.submitted = request.arrival if request.arrival else run.now()
+            reason = self.rejection(request)
+            if reason:
+                record.stop_reason, record.error = "rejected", reason
+                run.done()
+                continue
+            limit = min(request.max_new_tokens, context - len(request.prompt) + 1)
+            newcomers.append(ActiveRequest(request, record, self.cache.allocate(), limit))
+        return newcomers
+
+    def prefill(self, run: RunState, newcomers: list[ActiveRequest], generator: torch.Generator) -> None:
+        """Step 1b: ONE ragged target pass over the newcomers' prompts; the last logits give each its first
+        token (its anchor), every position's taps and hidden states wait for the drafter's first call."""
+        t0, syncs_before, device = time.perf_counter(), host_syncs(), model_device(self.target)
+        lens = [len(a.request.prompt) for a in newcomers]
+        flat = upload([t for a in newcomers for t in a.request.prompt], device)  # (S·T,)
+        slots = upload([a.slot for a in newcomers], device)
+        last = upload(list(accumulate(lens)), device) - 1  # (S,) each prompt's last position
+        res = self.target.forward_cached(flat, slots, upload(lens, device), self.cache, return_taps=True,
+                                         logits_at=last)  # fmt: skip
+        # host sync: the first tokens (emitted, checked for EOS)
+        first = to_host(self.target_tokens(res.logits, generator), "engine: first tokens")
+        features = TargetFeatures(res.taps, res.last_hidden).split(lens)
+        for a, tokens, feats, token, n in zip(newcomers, flat.split(lens), features, first, lens):
+            a.record.first_token = run.now()
+            a.anchor, a.length = token, n
+            if a.emit([token], [False], self.eos_id, run.now()):
+                self.finish(run, a)
+            else:
+                a.pending = [(tokens, feats)]
+                run.active.append(a)
+        run.prefill_seconds += time.perf_counter() - t0
+        run.prefill_syncs += host_syncs() - syncs_before
+
+    def plan(self, active: list[ActiveRequest]) -> list[int]:
+        """Step 2a, who drafts, decided from earlier rounds only: per request a block width in 0..γ
+        (default: all γ; `speculate_fn` may narrow it or say 0, a plain decode step for that request)."""
+        gamma = self.gamma
+        if self.speculate_fn is None or gamma == 0:
+            return [gamma] * len(active)
+        plan = self.speculate_fn([a.recent for a in active], [a.idle for a in active], gamma)
+        widths = (plan.long() * gamma if plan.dtype == torch.bool else plan).tolist()  # host-side
+        if any(not 0 <= w <= gamma for w in widths):
+            raise ValueError(f"draft widths must be in 0..{gamma}, got {widths}")
+        return widths
+
+    def commit(self, run: RunState, step: Round) -> None:
+        """Step 5: per request, record the round, emit the accepted drafts + the next token, stop at EOS or
+        a limit (freeing the slot), and keep the committed tokens' features for the drafter's next call
+        (the caches were already rolled back to anchor + accepted drafts)."""
+        g, still = step.width, []
+        features = step.features.split(step.block_lens)
+        for a, tokens, feats, row, ell, drafting in zip(run.active, step.blocks.split(step.block_lens), features,
+                                                        step.outcome, step.ells, step.drafting):  # fmt: skip
+            accepted, next_token, rec = int(row[0]), int(row[1]), a.record
+            rec.verify_lens.append(ell)
+            rec.accepted.append(accepted)
+            if self.drafter.has_confidence:
+                conf = row[2 + g :] if drafting else []  # [] for a round without drafts
+                rec.confidences.append(conf)
+                if drafting:
+                    a.recent = [*a.recent, conf][-RECENT_ROUNDS:]
+            a.idle = 0 if drafting else a.idle + 1
+            a.length += accepted + 1
+            a.anchor = next_token
+            n_before = len(rec.tokens)
+            drafts = [*map(int, row[2 : 2 + accepted]), next_token]
+            finished = a.emit(drafts, [True] * accepted + [False], self.eos_id, run.now())
+            rec.emitted.append(len(rec.tokens) - n_before)  # a + 1, fewer if EOS/the limit cut it
+            if finished:
+                self.finish(run, a)
+            else:
+                new = (tokens[: accepted + 1], feats.take(accepted + 1))
+                a.pending = [new] if drafting else [*a.pending, new]  # waits for its next draft
+                still.append(a)
+        run.active = still
+
+    def finish(self, run: RunState, a: ActiveRequest) -> None:
+        """Free a finished request's slot in the target cache and the drafter."""
+        self.cache.free(a.slot)
+        self.drafter.release(a.slot)
+        a.pending = []
+        run.done()
+
+    def decode_round(self, slots: torch.Tensor, anchors: torch.Tensor, generator: torch.Generator) -> Round:
+        """Steps 3-4 when nobody drafts: one plain decode step for every request (slots, anchors: (R,)), with
+        the same draws as verifying zero drafts (sampled from p_0), so the same tokens."""
+        R = len(slots)
+        res = self.target.forward_cached(anchors, slots, torch.ones_like(slots), self.cache, return_taps=True)
+        next_token = self.target_tokens(res.logits, generator)  # (R,)
+        if self.observe_fn is not None:
+            nothing = torch.zeros(R, dtype=torch.long, device=slots.device)
+            self.observe_fn(nothing, nothing)
+        # host sync: the round's next tokens (emitting and stopping are decided here)
+        outcome = to_host(torch.stack([torch.zeros_like(next_token), next_token], 1).double(),
+                          "engine: the round's outcome")  # fmt: skip
+        features = TargetFeatures(res.taps, res.last_hidden)
+        return Round([0] * R, [1] * R, anchors, features, outcome, [False] * R, 0)
 
     def verify_round(
         self,
@@ -362,12 +337,10 @@ class Engine:
         slots: torch.Tensor,
         anchors: torch.Tensor,
         generator: torch.Generator,
-    ) -> tuple[list[int], list[int], torch.Tensor, ModelOutput, torch.Tensor]:
+    ) -> Round:
         """Steps 3-4 of a step in which some request drafted: verify lengths (capped by the context left
         after each anchor; `lengths` the requests' cache lengths, on the host), ONE ragged target pass over
-        anchor + ℓ_r drafts of every request, `verify`, and the caches rolled back to anchor + accepted.
-        Returns (ℓ per request, block lengths, the flat verified tokens, the target pass, the round's
-        outcome on the host: per request [accepted, next token, drafts..., confidences...])."""
+        anchor + ℓ_r drafts of every request, `verify`, and the caches rolled back to anchor + accepted."""
         target, cache, device = self.target, self.cache, model_device(self.target)
         context, (R, g) = target.config.max_seq_len, proposal.tokens.shape
         drafts = proposal.tokens  # (R, γ)
@@ -403,7 +376,8 @@ class Engine:
         # host sync: the round's outcome (accepted count, next token, drafts, confidences; int64 values
         # and fp32 confidences are exact in fp64) -- emitting tokens and stopping are decided here
         outcome = to_host(torch.cat([t.double() for t in outcome], dim=1), "engine: the round's outcome")
-        return ells, block_lens, blocks, res, outcome
+        features = TargetFeatures(res.taps, res.last_hidden)
+        return Round(ells, block_lens, blocks, features, outcome, drafting, g)
 
     def target_tokens(self, logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """(S, V) target logits -> (S,) tokens drawn from the target's distribution. At T = 0 the argmax:
@@ -417,10 +391,9 @@ class Engine:
     def draft(
         self,
         rows: list[int],
-        active: list[int],
+        active: list[ActiveRequest],
         slots: torch.Tensor,
         anchors: torch.Tensor,
-        pending: dict[int, list[tuple[torch.Tensor, TargetFeatures]]],
         generator: torch.Generator,
         gamma: int,
     ) -> Proposal:
@@ -434,10 +407,10 @@ class Engine:
         who = [active[r] for r in rows]
         proposal = self.drafter.propose(
             slots if everyone else slots[index],
-            torch.cat([t for i in who for t, _ in pending[i]]),
-            TargetFeatures(torch.cat([f.taps for i in who for _, f in pending[i]]),
-                           torch.cat([f.last_hidden for i in who for _, f in pending[i]])),  # fmt: skip
-            upload([sum(len(t) for t, _ in pending[i]) for i in who], device),
+            torch.cat([t for a in who for t, _ in a.pending]),
+            TargetFeatures(torch.cat([f.taps for a in who for _, f in a.pending]),
+                           torch.cat([f.last_hidden for a in who for _, f in a.pending])),  # fmt: skip
+            upload([sum(len(t) for t, _ in a.pending) for a in who], device),
             anchors if everyone else anchors[index],
             gamma, self.params, generator,
         ) if who else None  # fmt: skip

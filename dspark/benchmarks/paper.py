@@ -1,0 +1,221 @@
+"""`bench offline | depth | gamma | threshold | calibration | appendix-a`: the paper's quality claims.
+
+Each function parses nothing: it takes the parsed options (dspark/bench.py builds them), calls the
+measurement in dspark/study/ (offline.py, tables.py, plots.py, ...), prints its table and returns the
+JSON record. Table 1 and Fig. 2 (offline), Fig. 3 (depth), Fig. 4 (gamma), Fig. 5 (threshold), Fig. 6
+(calibration), Appendix A.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from dspark import cli
+from dspark.benchmarks.common import dtype_name, load_model, policy_for, study_prompts, write_outputs
+from dspark.cli import UsageError
+from dspark.device import cpu_description
+from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
+from dspark.drafters.registry import (
+    default_path,
+    find_calibration,
+    get_calibration,
+    get_drafter,
+    labelled_specs,
+)
+from dspark.sampling import SamplingParams
+from dspark.scheduling import calibration
+from dspark.scheduling.scheduler import temperatures_and_offsets
+from dspark.scheduling.step import VerifyScheduler
+from dspark.study import gpu, offline, plots, tables, tau_intervals
+
+
+def bench_offline(args: argparse.Namespace) -> dict:
+    """Speculative decoding on the held-out prompts, one request at a time: per drafter, domain and temperature,
+    tau (tokens per round incl. the bonus), position-wise conditional acceptance, tokens/s and the speed-up
+    over plain decoding on this machine, and every pair's macro-tau ratio with a 95% paired bootstrap interval
+    (prompts resampled). --tau-only skips the clock and plain decoding and runs --batch-size prompts at a time.
+    With --out: table1.md and position_acceptance_T<t>.png (paper Table 1 and Fig. 2 analogues). With --policy
+    the drafters run `generate --policy`'s scheduler, so the speed-up is that of `python -m dspark.generate
+    --drafter NAME --policy P` against `--drafter none`.
+    """
+    tokenizer, target = load_model(args)
+    by_domain = study_prompts(args, tokenizer, target)  # a bad --prompts file fails before the drafters load
+    drafters = offline.load_labelled_drafters(target, args.drafters, args.target_name)
+    gammas = {
+        name: cli.resolve_gamma(args.gamma, d, name, mtp_drafts_one=True) for name, d in drafters.items()
+    }
+    checkpoints = {label: path or None for label, path in labelled_specs(args.drafters)}
+    policies = {name: policy_for(args.policy, d) for name, d in drafters.items()}
+
+    def scheduler_for(name: str, drafter) -> VerifyScheduler | None:
+        """The scheduler `generate --policy` builds (fresh per request: it learns from its rounds)."""
+        temperatures = get_calibration(name, checkpoints[name], args.target_name, drafter.max_gamma)
+        return gpu.measured_scheduler(policies[name], drafter, target, gammas[name], temperatures,
+                                      cost_aware=not args.ignore_draft_cost)  # fmt: skip
+
+    if args.tau_only:
+        if args.policy != "fixed":
+            raise UsageError("--tau-only verifies every draft: use it with --policy fixed (the default)")
+        rows = offline.run_tau(target, drafters, by_domain, args.temperatures, gammas, args.max_new_tokens,
+                               tokenizer.eos_id, args.batch_size)  # fmt: skip
+    else:
+        rows = offline.run_speedup(target, drafters, by_domain, args.temperatures, gammas, args.max_new_tokens,
+                                   tokenizer.eos_id, scheduler_for)  # fmt: skip
+    batch = f"tau only, batch {args.batch_size}" if args.tau_only else "batch 1"
+    print(f"offline speculative decoding, gamma {', '.join(f'{n} {g}' for n, g in gammas.items())}, policy "
+          f"{', '.join(f'{n} {p}' for n, p in policies.items())}, {args.prompts_per_domain} held-out prompts "
+          f"{'of ' + args.prompts + ' ' if args.prompts else ''}"
+          f"per domain, {batch}, {cpu_description()}, {dtype_name(target)}\n")  # fmt: skip
+    print(tables.speedup_table(rows), end="")
+    table = tables.table1(rows)
+    print("\nTable 1 analogue: tau (tokens per round incl. the bonus token)\n\n" + table)
+    ratios = tau_intervals.ratio_rows(rows)
+    if ratios:
+        ratio_table = tables.ratio_table(ratios)
+        table += "\n" + ratio_table
+        print(ratio_table)
+
+    def plot(out: Path) -> None:
+        for temperature in args.temperatures:
+            sub = [r for r in rows if r["temperature"] == temperature]
+            plots.plot_position_acceptance(sub, out / f"position_acceptance_T{temperature:g}.png",
+                                           f"conditional acceptance by position, T = {temperature:g}")  # fmt: skip
+
+    write_outputs(args, "table1", table, plot)
+    return {"benchmark": "offline", "gamma": gammas, "policy": policies, "dtype": dtype_name(target),
+            "tau_only": args.tau_only, "results": rows, "macro_tau_ratios": ratios}  # fmt: skip
+
+
+def bench_depth(args: argparse.Namespace) -> dict:
+    """tau per domain of drafters trained with 1, 2, ... backbone layers, read from
+    STUDY_DIR/<kind>_L<layers>.safetensors (train them with `python -m dspark.train drafter --layers N --out
+    ...`). With --out: depth.md and depth.png (paper Fig. 3 analogue).
+    """
+    tokenizer, target = load_model(args)
+    checkpoints = {(kind, n): Path(args.study_dir) / f"{kind}_L{n}.safetensors"
+                   for kind in args.kinds for n in args.layers}  # fmt: skip
+    for (kind, n), path in checkpoints.items():
+        if not path.is_file():
+            raise UsageError(f"missing {path}: train it with `python -m dspark.train drafter --kind {kind} "
+                             f"--layers {n} --epochs 0.5 --out {path}`")  # fmt: skip
+    rows = offline.run_depth(target, checkpoints, study_prompts(args, tokenizer, target),
+                             SamplingParams(args.temperature), args.gamma, args.max_new_tokens, tokenizer.eos_id)  # fmt: skip
+    table = tables.depth_table(rows)
+    gamma = args.gamma or "each drafter's own"
+    print(f"drafter depth, gamma = {gamma}, T = {args.temperature:g}, tau\n\n" + table)
+    write_outputs(args, "depth", table, lambda out: plots.plot_depth(rows, out / "depth.png"))
+    return {"benchmark": "depth", "gamma": args.gamma, "temperature": args.temperature, "results": rows}
+
+
+def bench_gamma(args: argparse.Namespace) -> dict:
+    """For drafters trained with a long block (default: the γ=16 study checkpoints), tau per domain when only the
+    first γ drafts of each block are verified, and the median wall-clock of one round (drafting γ tokens + the
+    target pass over anchor + γ drafts) at --latency-batch requests. dflash is the same backbone without the
+    sequential head. With --out: gamma.md and gamma.png (paper Fig. 4 analogue).
+    """
+    tokenizer, target = load_model(args)
+    drafters = offline.load_labelled_drafters(target, args.drafters, args.target_name)
+    for label, drafter in drafters.items():
+        if drafter.name not in PARALLEL_KINDS:
+            raise UsageError(
+                f"{label}: the gamma study compares the parallel drafters ({', '.join(PARALLEL_KINDS)})"
+            )
+        if max(args.gammas) > drafter.max_gamma:
+            raise UsageError(f"drafter {label} drafts at most {drafter.max_gamma} tokens; lower --gammas")
+    tau_rows, latency_rows = offline.run_gamma(
+        target, drafters, study_prompts(args, tokenizer, target), SamplingParams(args.temperature), args.gammas,
+        args.max_new_tokens, tokenizer.eos_id, args.latency_batch, args.repeats,
+    )  # fmt: skip
+    table = tables.gamma_table(tau_rows, latency_rows, args.latency_batch)
+    print(f"proposal length, T = {args.temperature:g}: tau and per-round latency\n\n" + table)
+    write_outputs(
+        args, "gamma", table, lambda out: plots.plot_gamma(tau_rows, latency_rows, out / "gamma.png")
+    )
+    return {"benchmark": "gamma", "temperature": args.temperature, "tau": tau_rows, "latency": latency_rows}
+
+
+def bench_threshold(args: argparse.Namespace) -> dict:
+    """Fully verified rounds of a DSpark drafter on the held-out prompts, replayed under static thresholds on the
+    prefix survival Π c_j: accepted and rejected draft tokens per step and the acceptance rate. With --out:
+    threshold.md and threshold.png (paper Fig. 5 analogue).
+    """
+    tokenizer, target = load_model(args)
+    ((label, drafter),) = offline.load_labelled_drafters(target, [args.drafter], args.target_name).items()
+    gamma = cli.resolve_gamma(args.gamma, drafter, label)
+    rows = offline.run_threshold(target, drafter, study_prompts(args, tokenizer, target),
+                                 SamplingParams(args.temperature), gamma, args.max_new_tokens, tokenizer.eos_id,
+                                 args.thresholds)  # fmt: skip
+    table = tables.threshold_table(rows)
+    print(f"static survival-threshold sweep, {label}, gamma = {gamma}, T = {args.temperature:g}\n\n" + table)
+    write_outputs(args, "threshold", table, lambda out: plots.plot_threshold(rows, out / "threshold.png"))
+    return {"benchmark": "threshold", "drafter": label, "gamma": gamma, "results": rows}
+
+
+def bench_calibration(args: argparse.Namespace) -> dict:
+    """Decode held-out eval prompts (0..N-1 per domain; STS was fitted on 40..79) with full verification and
+    score the prefix survival of every position against 'drafts 1..k accepted': ECE before and after
+    Sequential Temperature Scaling, AUROC, Brier. With --out: calibration.md and reliability.png (paper Fig. 6
+    analogue). Run `python -m dspark.train calibrate` first.
+    """
+    tokenizer, target = load_model(args)
+    path = (
+        Path(args.drafter_checkpoint)
+        if args.drafter_checkpoint
+        else default_path(args.drafter, args.target_name)
+    )
+    drafter = get_drafter(args.drafter, target, path)
+    if not drafter.has_confidence:
+        raise UsageError(
+            f"{args.drafter} has no trained confidence head to calibrate (use dspark, dspark-rnn)"
+        )
+    temperatures = find_calibration(path, args.target_name, drafter.max_gamma)  # DSPARK_HOME's first
+    if temperatures is None:
+        raise UsageError(
+            f"{path} is not calibrated yet: run `python -m dspark.train calibrate --drafter {args.drafter}`"
+        )
+    if args.prompts_per_domain > calibration.FIT_PROMPTS[0]:
+        raise UsageError(
+            f"--prompts-per-domain must be <= {calibration.FIT_PROMPTS[0]} (later prompts fit STS)"
+        )
+    gamma = cli.resolve_gamma(args.gamma, drafter, args.drafter)
+    rounds = offline.record_rounds(target, drafter, tokenizer, args.prompts_per_domain,
+                                   SamplingParams(args.temperature), gamma, args.max_new_tokens,
+                                   samples=args.samples)  # fmt: skip
+    conf, events, mask = rounds.calibration_arrays()
+    rows = calibration.position_metrics(conf, events, mask, temperatures)
+    table = tables.calibration_table(rows)
+    print(f"calibration of {args.drafter} on held-out rounds (eval prompts 0..{args.prompts_per_domain - 1} per "
+          f"domain, {args.samples} sample(s) each, T = {args.temperature:g}, gamma = {gamma}), STS "
+          f"{calibration.describe_sts(temperatures)}\n\n" + table)  # fmt: skip
+    title = f"{args.drafter}: prefix survival, before (raw) and after STS"
+    write_outputs(args, "calibration", table, lambda out: plots.plot_reliability(
+        conf, events, mask, temperatures, out / "reliability.png", title))  # fmt: skip
+    temps, offsets = temperatures_and_offsets(temperatures)
+    keys = ("k", "ece_before", "ece_after", "ece_change_95", "auroc", "brier", "rounds", "survival_rate",
+            "ece_noise_floor")  # fmt: skip
+    return {"benchmark": "calibration", "drafter": args.drafter, "rounds": int(conf.shape[0]),
+            "sts_temperatures": temps.tolist(), "sts_shifts": offsets.tolist() if temperatures.dim() == 2 else None,
+            "samples": args.samples,
+            "positions": [{k: r[k] for k in keys} for r in rows]}  # fmt: skip
+
+
+def bench_appendix_a(args: argparse.Namespace) -> dict:
+    """Paper Appendix A: one request, gamma 2, target (0.7, 0.3), draft (0.5, 0.5), a Markov confidence that
+    depends on the first draft, SPS(1..3) = 1, 0.5, 0.45. Prints the first-token law under the retrospective
+    scheduler (lossy: about (0.85, 0.15)), Algorithm 1 with the early stop and the asynchronous variant (both
+    (0.7, 0.3)).
+    """
+
+    from dspark.study.counterexample import counterexample
+
+    if args.draws < 3:
+        raise UsageError("--draws must be at least 3")
+    result = counterexample(args.draws, args.seed)
+    print(f"paper Appendix A through the real verify + schedulers, {args.draws} independent rounds\n")
+    print("| scheduler | P(A) | P(B) | mean verify length |\n|---|---:|---:|---:|")
+    print(f"| target | {result['target'][0]:.3f} | {result['target'][1]:.3f} | |")
+    for name in ("retrospective", "early_stop", "async"):
+        pa, pb = result[name]
+        print(f"| {name} | {pa:.3f} | {pb:.3f} | {result[name + '_mean_verify_len']:.2f} |")
+    return {k: result[k] for k in ("target", "retrospective", "early_stop", "async", "draws")}

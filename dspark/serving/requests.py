@@ -1,0 +1,120 @@
+"""What the serving engine serves and what it returns: one object per request.
+
+* `Request` -- what a caller submits: prompt ids, a token budget, an arrival time;
+* `RequestRecord` -- what the engine records for it: the emitted tokens, every
+  round's verify length / accepted count / confidences, the stop reason and the
+  times of its first and last token;
+* `ActiveRequest` -- the engine's working state for a request while it holds a
+  KV-cache slot: its slot, anchor (the last committed token, not yet in the
+  target cache), limits, cache length, recent confidences, steps since it last
+  drafted, and the chunks committed since the drafter's last call;
+* `EngineResult` -- a whole run: every record, the wall time, the step count,
+  the host reads per step, and the round statistics (`stats`, rounds.py).
+
+What this file does not do: serve anything (dspark/serving/engine.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from dspark.drafters.base import TargetFeatures
+from dspark.serving.rounds import RoundStats
+
+
+@dataclass
+class Request:
+    prompt: list[int]  # token ids
+    max_new_tokens: int  # generation budget
+    arrival: float = 0.0  # seconds after the start (Poisson mode; 0 = already waiting)
+
+
+@dataclass
+class RequestRecord:
+    tokens: list[int] = field(default_factory=list)  # emitted tokens (EOS included when it ended it)
+    from_draft: list[bool] = field(default_factory=list)  # per token: an accepted draft?
+    verify_lens: list[int] = field(default_factory=list)  # per round: ℓ
+    accepted: list[int] = field(default_factory=list)  # per round: accepted drafts a
+    emitted: list[int] = field(default_factory=list)  # per round: tokens committed (a + 1, fewer at a stop)
+    confidences: list[list[float]] = field(default_factory=list)  # per round: c_1..c_γ (if it has them)
+    stop_reason: str = ""  # "eos", "length", "context", or "rejected"
+    error: str = ""  # why a request was rejected
+    submitted: float = 0.0  # seconds after the start: admitted to the queue's head (closed loop) or arrived
+    first_token: float = 0.0  # when the first token was emitted
+    finished: float = 0.0  # when the last token was emitted
+
+    @property
+    def ttft(self) -> float:
+        return self.first_token - self.submitted
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first, (E2E - TTFT) / (n - 1)."""
+        n = len(self.tokens)
+        return (self.finished - self.first_token) / (n - 1) if n > 1 else None
+
+
+@dataclass
+class ActiveRequest:
+    """A request that holds a KV-cache slot. Everything here is host-side bookkeeping (no device reads)."""
+
+    request: Request
+    record: RequestRecord
+    slot: int  # its KV-cache slot (and the drafter's)
+    limit: int  # tokens it may emit: its budget, or fewer if the context ends first
+    anchor: int = 0  # the last committed token: emitted, not yet in the target cache
+    length: int = 0  # its target-cache length
+    recent: list[list[float]] = field(default_factory=list)  # confidences of its last drafted rounds
+    idle: int = 0  # steps since it last drafted
+    # (tokens (n,), features) committed since the drafter's last call, one chunk per step
+    pending: list[tuple[torch.Tensor, TargetFeatures]] = field(default_factory=list)
+
+    def emit(self, tokens: list[int], drafted: list[bool], eos_id: int | None, now: float) -> bool:
+        """Append tokens until a stop rule fires (EOS, the budget, the context); True if it finished."""
+        rec = self.record
+        for token, is_draft in zip(tokens, drafted):
+            rec.tokens.append(token)
+            rec.from_draft.append(is_draft)
+            if eos_id is not None and token == eos_id:
+                rec.stop_reason = "eos"
+            elif len(rec.tokens) >= self.limit:
+                rec.stop_reason = "length" if len(rec.tokens) >= self.request.max_new_tokens else "context"
+            if rec.stop_reason:
+                rec.finished = now
+                return True
+        return False
+
+
+@dataclass
+class EngineResult:
+    records: list[RequestRecord]  # one per request, in submission order
+    seconds: float  # wall time of the whole run
+    prefill_seconds: float  # spent in prefill passes
+    steps: int  # speculative steps (one target verification pass each)
+    host_syncs: list[int] = field(default_factory=list)  # per step: device-to-host reads (dspark/device.py)
+    prefill_host_syncs: int = 0  # the same, in all prefill passes together
+    draft_seconds: float = 0.0  # wall time spent in the drafter's propose calls (all steps)
+    drafted_rounds: int = 0  # request-rounds in which the request drafted (speculate_fn said yes)
+
+    @property
+    def host_syncs_per_step(self) -> float:
+        """Mean device-to-host reads per step (each waits for the device; README, "On a GPU")."""
+        return sum(self.host_syncs) / len(self.host_syncs) if self.host_syncs else 0.0
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(len(r.tokens) for r in self.records)
+
+    @property
+    def stats(self) -> RoundStats:
+        """Every request's rounds (ℓ, accepted, confidences), in submission order."""
+        recs = self.records
+        return RoundStats([r.verify_lens for r in recs], [r.accepted for r in recs], [r.confidences for r in recs],
+                          [r.emitted for r in recs])  # fmt: skip
+
+    @property
+    def throughput(self) -> float:
+        """Output tokens per second over all requests."""
+        return self.output_tokens / self.seconds if self.seconds > 0 else float("nan")
