@@ -48,6 +48,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "dspark.cli",
             "dspark.benchmarks.*",
+            "dspark.train_commands.*",
             "dspark.generate",
             "dspark.train",
             "dspark.bench",

@@ -417,14 +417,15 @@ def test_drafter_training_picks_bf16_only_where_the_cpu_has_it(monkeypatch):
     """`train drafter` without --bf16/--no-bf16 trains in bf16 autocast only on a CPU with BF16 (or AMX)
     instructions: elsewhere torch emulates bf16 and a step is many times slower than fp32."""
     from dspark import train
+    from dspark.train_commands import drafter as train_drafter
 
     avx512 = "model name\t: AMD EPYC 9R14\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n"
     assert dev.cpu_has_bf16(avx512) and dev.cpu_has_bf16("flags\t: avx2 amx_bf16\n")
     assert not dev.cpu_has_bf16("flags\t: fpu sse avx2 avx512f\n") and not dev.cpu_has_bf16("")
     for native in (True, False):
-        monkeypatch.setattr(train, "cpu_has_bf16", lambda native=native: native)
-        assert train.training_in_bf16(None) is native
-        assert train.training_in_bf16(True) is True and train.training_in_bf16(False) is False
+        monkeypatch.setattr(train_drafter, "cpu_has_bf16", lambda native=native: native)
+        assert train_drafter.training_in_bf16(None) is native
+        assert train_drafter.training_in_bf16(True) is True and train_drafter.training_in_bf16(False) is False
     assert train.build_parser().parse_args(["drafter", "--kind", "dspark"]).bf16 is None
 
 
