@@ -169,9 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--final-hidden", action="store_true",
                    help="eagle and the parallel kinds also read the target's final-normed hidden state (what "
                    "mtp reads) next to the tap layers")  # fmt: skip
-    p.add_argument("--qk-norm", action=argparse.BooleanOptionalAction, default=PARALLEL.qk_norm,
+    p.add_argument("--qk-norm", action=argparse.BooleanOptionalAction, default=None,
                    help="parallel kinds: RMSNorm q and k per head before RoPE in every drafter layer (Qwen3's "
-                   "q_norm/k_norm, as DeepSpec's drafter; the deepspec and speculators export formats need it)")  # fmt: skip
+                   "q_norm/k_norm, as DeepSpec's drafter; the deepspec and speculators export formats need it). "
+                   "Default: on for the parallel kinds (measured not worse: walkthrough/RESULTS.md section 11)")  # fmt: skip
     p.add_argument("--eagle3-layer", action="store_true",
                    help="eagle: EAGLE-3's own decoder layer (the attention reads the normed token embedding and "
                    "feature side by side, 2 x dim; no W_in), the one the eagle3 export format holds")  # fmt: skip

@@ -269,6 +269,7 @@ def test_train_features_and_drafter_commands(small_checkpoint, tmp_path, capsys)
     assert "building it" not in printed and " epochs, " in printed  # the cache was reused
     config = json.loads(out.with_suffix(".json").read_text())["config"]
     assert (config["rank"], config["tied_rank"], config["ffn_hidden"]) == (4, 3, 24)
+    assert config["qk_norm"] is True  # a parallel kind gets the reference's q/k RMSNorm unless --no-qk-norm
     meta = json.loads(out.with_suffix(".json").read_text())["meta"]
     assert (
         meta["tap_layers"] == [0]
@@ -292,6 +293,7 @@ def test_train_features_and_drafter_commands(small_checkpoint, tmp_path, capsys)
         )
     train.main(["drafter", "--kind", "mtp", *common, "--taps", "1", "--out", str(tmp_path / "m.safetensors")])
     assert capsys.readouterr().out.count("building it") == 2  # a new cache for taps [1]
+    assert "qk_norm" not in json.loads((tmp_path / "m.json").read_text())["config"]  # not a parallel kind
     assert (tmp_path / "f" / "r" / "taps-1" / "train" / "manifest.json").is_file()
     with pytest.raises(CheckpointError, match=r"trained on target layers \[1\]"):
         load_drafter(tmp_path / "m.safetensors", target)

@@ -54,6 +54,8 @@ def cmd_drafter(args: argparse.Namespace) -> None:
 
     if args.tied_rank and args.kind != "dspark":
         raise UsageError(f"--tied-rank is for the dspark kind (its Markov head), not {args.kind}")
+    if args.qk_norm is None:  # the default: the reference drafter's layers for the parallel kinds
+        args.qk_norm = args.kind in PARALLEL_KINDS
     if args.qk_norm and args.kind not in PARALLEL_KINDS:
         raise UsageError(f"--qk-norm is for the parallel kinds ({', '.join(PARALLEL_KINDS)}), "
                          f"not {args.kind}")  # fmt: skip
