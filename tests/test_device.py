@@ -363,7 +363,20 @@ def test_bench_gpu_dry_run(tmp_path, capsys, monkeypatch):
     assert "expected run time" in capsys.readouterr().out
     record = json.loads(out.read_text())
     assert record["benchmark"] == "gpu" and record["dry_run"] is True and record["device"]["type"] == "cpu"
-    assert set(record) >= {"kernels", "batch1", "engine", "sps", "compile", "syncs", "smollm2", "seconds"}
+    assert set(record) >= {
+        "kernels",
+        "batch1",
+        "engine",
+        "sps",
+        "compile",
+        "syncs",
+        "training",
+        "smollm2",
+        "seconds",
+    }
+    assert [(r["drafter"], r["layers"]) for r in record["training"]] == [("dspark", 5), ("dflash", 5), ("eagle", 1),
+                                                                          ("mtp", 1)]  # fmt: skip
+    assert all(r["anchors_per_s"] > 0 and r["anchors_per_step"] == 2 * 9 for r in record["training"])
     assert record["smollm2"].startswith("pending")
     kernel_rows = record["kernels"]["rows"]
     assert record["kernels"]["status"].startswith("skipped") or {r["kernel"] for r in kernel_rows} == {

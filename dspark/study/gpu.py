@@ -16,7 +16,9 @@ Sections, in the order `run` measures them (each a function here):
     measured, with the largest logit difference (CUDA graphs cannot capture a step that reads the host,
     so mode "reduce-overhead" is tried and reported for what it does);
   * `sync_rows`: device-to-host reads per engine step per policy, counted (dspark/device.py) and, on
-    CUDA, measured with torch.cuda's sync debug mode (every synchronising call, uploads included).
+    CUDA, measured with torch.cuda's sync debug mode (every synchronising call, uploads included);
+  * `training_rows`: drafter training at the paper's sizes (DSpark and DFlash 5 layers, Markov rank 256;
+    EAGLE-3 1 layer; MTP-1), every response position an anchor, bf16 autocast on CUDA: anchors per second.
 
 SmolLM2, a real target, is a named placeholder until that issue lands. `GPU_PLAN` sizes the run to
 fit about 8 minutes of an H200 (`Plan.expected_s` says how long); `DRY_PLAN` (`--dry-run`) runs every
@@ -43,7 +45,7 @@ from dspark import paths
 from dspark.data.tokenizer import Tokenizer
 from dspark.device import host_sync_counts, model_device
 from dspark.drafters.base import Drafter, NoDrafter
-from dspark.drafters.registry import get_calibration, get_drafter
+from dspark.drafters.registry import PARALLEL_KINDS, get_calibration, get_drafter, new_drafter
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduling import profiler
@@ -55,9 +57,18 @@ from dspark.serving.step_cost import engine_draft_cost
 from dspark.study import kernels as kernel_study
 from dspark.study import offline, pareto
 from dspark.study.tables import markdown_table
+from dspark.study.training_speed import time_training_steps
+from dspark.training.drafters import DrafterTrainConfig
+from dspark.training.feature_cache import LiveFeatures
 
 DRAFTERS = ("mtp", "eagle", "dflash", "dspark")
 POLICIES = ("none", "mtp1", "fixed", "dspark")
+TRAINING_SIZES = (
+    ("dspark", 5),
+    ("dflash", 5),
+    ("eagle", 1),
+    ("mtp", 1),
+)  # layers per kind, the paper's (§4.1)
 SMOLLM2 = "pending: needs the real-target issue"
 
 
@@ -84,25 +95,37 @@ class Plan:
     compile_repeats: int
     sync_concurrency: int
     sync_requests: int
+    train_steps: int  # timed optimizer steps per drafter kind (after one warm-up step)
+    train_batch: int  # sequences per step
+    train_lengths: tuple[int, int]  # prompt and response tokens of each sequence
 
     def serve_requests(self, concurrency: int) -> int:
         return max(self.min_requests, 2 * concurrency)
 
 
 GPU_PLAN = Plan(
-    "h200", 330, kernel_sizes=(1, 16, 64), kernel_repeats=50,
+    "h200", 370, kernel_sizes=(1, 16, 64), kernel_repeats=50,
     sps_points=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048), sps_requests=256, sps_context=128,
     sps_repeats=5, prompts_per_domain=4, max_new_tokens=128, concurrency=(1, 4, 16, 64, 256), min_requests=16,
     serve_tokens=64, compile_shapes=((1, 1), (64, 8)), compile_modes=("default", "reduce-overhead"),
     compile_backend="inductor", compile_repeats=50, sync_concurrency=4, sync_requests=8,
+    train_steps=10, train_batch=32, train_lengths=(128, 320),
 )  # fmt: skip
 DRY_PLAN = Plan(
     "dry-run", 20, kernel_sizes=(1,), kernel_repeats=1, sps_points=(1, 2, 4, 8), sps_requests=2, sps_context=16,
     sps_repeats=1, prompts_per_domain=1, max_new_tokens=8, concurrency=(1, 2), min_requests=2, serve_tokens=8,
     compile_shapes=((1, 1),), compile_modes=("default",), compile_backend="eager", compile_repeats=2,
-    sync_concurrency=2, sync_requests=2,
+    sync_concurrency=2, sync_requests=2, train_steps=1, train_batch=2, train_lengths=(6, 10),
 )  # fmt: skip
-EXPECTED_S = {"kernels": 40, "sps": 20, "batch1": 45, "engine": 60, "compile": 150, "syncs": 15}  # GPU plan
+EXPECTED_S = {
+    "kernels": 40,
+    "sps": 20,
+    "batch1": 45,
+    "engine": 60,
+    "compile": 150,
+    "syncs": 15,
+    "training": 40,
+}  # GPU plan
 
 
 class OnDevice:
@@ -345,6 +368,30 @@ def sync_rows(target: Transformer, tokenizer: Tokenizer, plan: Plan, profile: Th
 
 
 # ---- the whole run ----------------------------------------------------------------------------------
+def training_rows(target: Transformer, plan: Plan) -> list[dict]:
+    """Seconds per optimizer step and anchors per second of each drafter kind at the paper's depth
+    (`TRAINING_SIZES`; the parallel kinds with q/k norm and Markov rank 256), every response position an
+    anchor, fed by a live target pass. The sequences are random tokens: how fast a step runs does not
+    depend on what they say, and the benchmark needs no data on the GPU machine."""
+    device = model_device(target)
+    g = torch.Generator().manual_seed(0)
+    prompt, response = plan.train_lengths
+    vocab = target.config.vocab_size
+    records = [{"prompt_ids": torch.randint(vocab, (prompt,), generator=g).tolist(),
+                "response_ids": torch.randint(vocab, (response,), generator=g).tolist()}
+               for _ in range(plan.train_batch * (plan.train_steps + 2))]  # fmt: skip
+    source = LiveFeatures(target, records)
+    tc = DrafterTrainConfig(batch_size=plan.train_batch, anchors_per_seq=0, bf16=device.type == "cuda")
+    rows = []
+    for kind, layers in TRAINING_SIZES:
+        torch.manual_seed(0)
+        parallel = kind in PARALLEL_KINDS
+        drafter = new_drafter(target, kind, layers=layers, rank=256 if parallel else None, qk_norm=parallel)
+        measured = time_training_steps(drafter.to(device), target, source, tc, plan.train_steps)
+        rows.append({"drafter": kind, "layers": layers, "bf16": tc.bf16, **measured})
+    return rows
+
+
 def run(target: Transformer, tokenizer: Tokenizer, plan: Plan, say: Callable[[str], None] = print) -> dict:
     """Every section on the target's device; one record (the JSON of `bench gpu`)."""
     device = model_device(target)
@@ -365,6 +412,7 @@ def run(target: Transformer, tokenizer: Tokenizer, plan: Plan, say: Callable[[st
         ("engine", lambda: engine_points(target, tokenizer, plan, record["_profile"])),
         ("compile", lambda: {"rows": compile_rows(target, plan)}),
         ("syncs", lambda: sync_rows(target, tokenizer, plan, record["_profile"])),
+        ("training", lambda: training_rows(target, plan)),
     ):
         t0 = time.perf_counter()
         say(f"{section} ...")
@@ -420,4 +468,8 @@ def report(record: dict) -> str:
                                 r["cuda_synchronising_calls_per_step"],
                                 "; ".join(f"{k} {v:.2f}" for k, v in r["by_reason_per_step"].items())]
                                for r in record["syncs"]["rows"]]))  # fmt: skip
+    out.append("## Drafter training at the paper's sizes (every response position an anchor)\n")
+    out.append(markdown_table(["drafter", "layers", "bf16", "s/step", "anchors/step", "anchors/s"],
+                              [[r["drafter"], r["layers"], r["bf16"], r["seconds_per_step"], r["anchors_per_step"],
+                                r["anchors_per_s"]] for r in record["training"]]))  # fmt: skip
     return "\n".join(out)
