@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter
 from dspark.model import Transformer
+from dspark.training.distribution_loss import soft_target_loss
 from dspark.training.feature_cache import FeatureBatch, supervised_target_probs
 
 
@@ -142,6 +143,7 @@ def block_losses(
         tokens[row[:, None], (safe + 1).clamp(max=T - 1)]
     )  # K: outside the draft vocabulary
     p_row = row_of[row[:, None], safe]  # row of p_t in `probs` (the zero row where not supervised)
+    mass = probs.sum(-1) if vocab.size else None  # (N + 1,) p_t's mass on the draft ids
 
     state = h.new_zeros(h.shape[0], drafter.config.rank)
     terms = {"ce": 0.0, "tv": 0.0, "conf": 0.0}
@@ -155,16 +157,14 @@ def block_losses(
         if n == 0:
             c_star_by_pos.append(torch.tensor(float("nan"), device=device))
             continue
-        log_q = torch.log_softmax(logits.float(), dim=-1)  # (N, V); unsupervised rows are masked by m
-        p = probs[p_row[:, k]]  # (N, V)
-        if loss.soft_ce:
-            ce = -(p * log_q).sum(-1)
-        else:  # a label outside the draft vocabulary has no log q: masked out of the CE
+        # −Σ p_t log q, ‖q − p_t‖₁ and log Σ exp, q over the (N, V) rows; unsupervised rows are masked by m
+        ce, tv, lse = soft_target_loss(logits, probs, p_row[:, k])
+        if not loss.soft_ce:  # against the sampled token; one outside the draft vocabulary has no log q
             in_vocab = label[:, k] < vocab.n_out
-            ce = -log_q.gather(-1, label[:, k, None].clamp(max=vocab.n_out - 1)).squeeze(-1) * in_vocab
-        tv = (log_q.exp() - p).abs().sum(-1)
+            z_label = logits.gather(-1, label[:, k, None].clamp(max=vocab.n_out - 1)).squeeze(-1).float()
+            ce = (lse - z_label) * in_vocab
         if vocab.size:  # p_t's mass off the draft ids counts fully: ‖q − p_t‖₁ over the whole vocabulary
-            tv = tv + (1 - p.sum(-1)).clamp(min=0) * (p_row[:, k] < probs.shape[0] - 1)
+            tv = tv + (1 - mass[p_row[:, k]]).clamp(min=0) * (p_row[:, k] < probs.shape[0] - 1)
         c_star = (1 - 0.5 * tv).detach().clamp(0, 1)
         terms["ce"] = terms["ce"] + w * (ce * m).sum() / n
         terms["tv"] = terms["tv"] + w * (tv * m).sum() / n

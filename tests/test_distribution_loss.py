@@ -1,0 +1,68 @@
+"""The hand-written gradient of the drafter's distribution loss (dspark/training/distribution_loss.py)
+against autograd over the plain expressions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark.training import distribution_loss
+from dspark.training.distribution_loss import soft_target_loss
+
+
+def plain(logits, table, rows):
+    """The same three terms the plain way, for autograd to differentiate."""
+    log_q = torch.log_softmax(logits.float(), dim=-1)
+    p = table[rows]
+    return -(p * log_q).sum(-1), (log_q.exp() - p).abs().sum(-1), torch.logsumexp(logits.float(), dim=-1)
+
+
+def inputs(R=13, V=37, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    logits = (3 * torch.randn(R, V, generator=g)).to(dtype)
+    table = torch.softmax(2 * torch.randn(6, V, generator=g), -1)
+    table[2, :] = 0  # the zero row of unsupervised positions
+    table[3, V // 2 :] = 0  # a draft vocabulary: p's mass partly off these ids
+    rows = torch.randint(0, 6, (R,), generator=g)
+    return logits, table, rows
+
+
+@pytest.mark.parametrize("chunk_elements", [37, 5 * 37, 1 << 18])  # one row, uneven chunks, all rows at once
+def test_terms_and_gradient_equal_autograd(monkeypatch, chunk_elements):
+    monkeypatch.setattr(distribution_loss, "CHUNK_ELEMENTS", chunk_elements)
+    logits, table, rows = inputs()
+    g = torch.Generator().manual_seed(1)
+    weights = [torch.rand(logits.shape[0], generator=g) for _ in range(3)]  # any upstream gradient
+    results = []
+    for fn in (soft_target_loss, plain):
+        z = logits.clone().requires_grad_()
+        terms = fn(z, table, rows)
+        sum(w @ t for w, t in zip(weights, terms)).backward()
+        assert torch.equal(z.detach(), logits)  # the logits are read, never written
+        results.append((terms, z.grad))
+    (terms, grad), (ref_terms, ref_grad) = results
+    for t, r in zip(terms, ref_terms):
+        torch.testing.assert_close(t, r, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad, ref_grad, atol=1e-6, rtol=1e-5)
+    assert float(grad.abs().max()) > 1e-2  # a real gradient, not zeros on both sides
+
+
+def test_bf16_logits_get_a_bf16_gradient_of_the_fp32_math():
+    logits, table, rows = inputs(dtype=torch.bfloat16)
+    z = logits.clone().requires_grad_()
+    ce, l1, _ = soft_target_loss(z, table, rows)
+    (ce.sum() + l1.sum()).backward()
+    ref = logits.float().requires_grad_()
+    ref_ce, ref_l1, _ = plain(ref, table, rows)
+    (ref_ce.sum() + ref_l1.sum()).backward()
+    assert z.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(ce, ref_ce) and torch.testing.assert_close(l1, ref_l1)
+    torch.testing.assert_close(z.grad.float(), ref.grad, atol=1e-2, rtol=1e-2)
+
+
+def test_shapes_are_checked():
+    logits, table, rows = inputs()
+    with pytest.raises(ValueError, match="share V"):
+        soft_target_loss(logits[:, :-1], table, rows)
+    with pytest.raises(ValueError, match="rows must be"):
+        soft_target_loss(logits, table, rows[:-1])
