@@ -50,6 +50,7 @@ from dspark.drafters.autoregressive import AutoregressiveDrafter
 from dspark.drafters.parallel import ParallelDrafter
 from dspark.model import Transformer
 from dspark.training.anchors import anchor_counts, candidate_counts, every_anchor, sample_anchors
+from dspark.training.distribution_loss import soft_target_loss
 from dspark.training.feature_cache import FeatureBatch, supervised_target_probs
 from dspark.training.packed_blocks import DFLASH_LOSS, BlockLoss, block_losses
 
@@ -117,17 +118,17 @@ def _layer_step(layer, x, positions, cache, rope_cos, rope_sin):
     return x + layer.ffn(layer.ffn_norm(x))
 
 
-def unrolled_log_probs(
+def unrolled_logits(
     drafter: AutoregressiveDrafter,
     target: Transformer,
     batch: FeatureBatch,
     unroll: int,
     target_probs: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Per unrolled step k: (log q (n, V) of token_{i+k+2}, the target's p_t of it (n, V), the
-    supervised chains (B, T-1)) -- with a draft vocabulary both (n, K), p_t at its ids only: chain i starts from the real entry i; it is supervised at step k
-    when token_{i+1} is an anchor (a response token) and token_{i+k+2} exists; the n rows are the
-    supervised chains in row-major order."""
+) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
+    """(p_t table (N + 1, V), per unrolled step k: (logits (n, V) of token_{i+k+2}, the row of its p_t in the
+    table (n,), the supervised chains (B, T-1))) -- with a draft vocabulary (n, K) and p_t at its ids only.
+    Chain i starts from the real entry i; it is supervised at step k when token_{i+1} is an anchor (a response
+    token) and token_{i+k+2} exists; the n rows are the supervised chains in row-major order."""
     B, T = batch.tokens.shape
     ids = drafter.vocab.ids if drafter.vocab.size else None  # p_t at the draft vocabulary's ids only
     probs, row_of = target_probs if target_probs is not None else supervised_target_probs(target, batch, ids)
@@ -145,9 +146,20 @@ def unrolled_log_probs(
         for layer, cache in zip(drafter.layers, caches):
             x = _layer_step(layer, x, idx + k, cache, drafter.rope_cos, drafter.rope_sin)
         g = x  # fed back as the next step's feature
-        log_q = torch.log_softmax(drafter.logits(x[valid]).float(), dim=-1)  # supervised chains only
-        steps.append((log_q, probs[row_of[:, token_pos][valid]], valid))
-    return steps
+        steps.append((drafter.logits(x[valid]), row_of[:, token_pos][valid], valid))  # supervised chains only
+    return probs, steps
+
+
+def unrolled_log_probs(
+    drafter: AutoregressiveDrafter,
+    target: Transformer,
+    batch: FeatureBatch,
+    unroll: int,
+    target_probs: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """`unrolled_logits` as (log q (n, V), the target's p_t (n, V), the supervised chains (B, T-1)) per step."""
+    probs, steps = unrolled_logits(drafter, target, batch, unroll, target_probs)
+    return [(torch.log_softmax(z.float(), dim=-1), probs[rows], valid) for z, rows, valid in steps]
 
 
 def unrolled_losses(
@@ -155,14 +167,17 @@ def unrolled_losses(
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per unrolled step: (soft cross-entropy −Σ p_t log q, mean expected acceptance c*)."""
     losses, accept = [], []
-    for log_q, p, _ in unrolled_log_probs(drafter, target, batch, unroll):
-        if log_q.shape[0] == 0:
+    probs, steps = unrolled_logits(drafter, target, batch, unroll)
+    mass = probs.sum(-1) if drafter.vocab.size else None  # (N + 1,) p_t's mass on the draft ids
+    for logits, rows, _ in steps:
+        if logits.shape[0] == 0:
             break
-        losses.append(-(p * log_q).sum(-1).mean())
+        ce, l1, _ = soft_target_loss(logits, probs, rows)  # distribution_loss.py: gradient by hand
+        losses.append(ce.mean())
         with (
             torch.no_grad()
         ):  # c* = 1 - ½‖q − p_t‖₁ over the whole vocabulary (p_t's mass off the draft ids too)
-            tv = (log_q.exp() - p).abs().sum(-1) + (1 - p.sum(-1)).clamp(min=0) * bool(drafter.vocab.size)
+            tv = l1 + (1 - mass[rows]).clamp(min=0) if mass is not None else l1
             accept.append((1 - 0.5 * tv).mean())
     return losses, accept
 
