@@ -24,6 +24,7 @@ from dataclasses import replace
 import torch
 
 from dspark.model import Transformer
+from dspark.study.offline import wait
 from dspark.training.drafters import DrafterTrainConfig, FeatureSource, batch_loss
 
 
@@ -52,8 +53,7 @@ def time_training_steps(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-        if batch.tokens.device.type == "cuda":  # the clock measures the step, not its queueing
-            torch.cuda.synchronize(batch.tokens.device)
+        wait(batch.tokens.device)  # on CUDA the clock measures the step, not its queueing
         if step >= warmup:
             times.append(time.perf_counter() - t0)
             anchors, pairs = anchors + n_anchors, pairs + n_pairs
