@@ -79,6 +79,19 @@ def parse_policy_list(text: str) -> list[str]:
     return names
 
 
+def parse_depth_points(text: str) -> list[tuple[str, int]]:
+    """KIND:LAYERS,... -> [(kind, layers)], each pair once."""
+    points = []
+    for item in parse_name_list(text):
+        kind, _, layers = item.partition(":")
+        if not kind or not layers.isdigit() or int(layers) < 1:
+            raise argparse.ArgumentTypeError(f"expected KIND:LAYERS (e.g. dspark:5), got {item!r}")
+        points.append((kind, int(layers)))
+    if len(set(points)) < len(points):
+        raise argparse.ArgumentTypeError(f"a (kind, layers) pair is given twice in {text!r}")
+    return points
+
+
 def add_study_options(p: argparse.ArgumentParser, prompts_per_domain: int, temperature: bool = True) -> None:
     """Options shared by the offline-study benchmarks."""
     option(p, "--prompts-per-domain", prompts_per_domain, "held-out prompts per domain", low=1,
@@ -145,9 +158,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kinds", type=parse_name_list, default=["dspark", "dflash"],
                    help="drafter kinds (default: dspark,dflash)")  # fmt: skip
     p.add_argument("--layers", type=parse_int_list, default=[1, 2, 3], help="depths (default: 1,2,3)")
-    option(p, "--study-dir", str(study_dir), "where the study checkpoints are")
+    p.add_argument("--points", type=parse_depth_points, metavar="KIND:LAYERS,...",
+                   help="the (kind, layers) checkpoints to measure instead of every --kinds x --layers pair, "
+                   "e.g. dspark:1,dspark:5,eagle:1")  # fmt: skip
+    p.add_argument("--draft-batches", type=parse_int_list, default=[1, 16],
+                   help="request counts at which one drafting pass is timed (default: 1,16)")  # fmt: skip
+    option(p, "--study-dir", str(study_dir), "where the study checkpoints are (KIND_LLAYERS.safetensors)")
     cli.add_gamma(p)
     add_study_options(p, prompts_per_domain=16)
+    cli.add_prompts_file(p)
 
     p = command(
         "gamma", bench_gamma, "Fig. 4: tau against gamma, and round latency with/without the sequential head"

@@ -247,6 +247,10 @@ def test_bench_study_commands_write_tables_and_figures(small_checkpoint, small_d
         (study_dir / f"dspark_L1{suffix}").write_bytes(
             small_drafters["dspark"].with_suffix(suffix).read_bytes()
         )
+    meta_file = study_dir / "dspark_L1.json"  # what `train drafter` records: validation c* per position
+    meta_file.write_text(
+        json.dumps(json.loads(meta_file.read_text()) | {"meta": {"val_expected_acceptance": [0.5, 0.4, 0.3]}})
+    )
     argv = [
         "depth",
         "--kinds",
@@ -259,8 +263,20 @@ def test_bench_study_commands_write_tables_and_figures(small_checkpoint, small_d
         str(study_dir),
         *common,
     ]
-    assert run_main(bench.main, argv) == 0
-    assert "| dspark | 1 |" in capsys.readouterr().out
+    assert run_main(bench.main, [*argv, "--draft-batches", "1,2", "--json", str(tmp_path / "d.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "| dspark | 1 |" in printed and "draft ms (batch 2)" in printed and "| 0.400 |" in printed
+    (summary,) = [
+        r for r in json.loads((tmp_path / "d.json").read_text())["results"] if r["domain"] == "macro"
+    ]
+    assert summary["val_c_star"] == [0.5, 0.4, 0.3] and summary["megabytes"] > 0
+    assert set(summary["draft_ms"]) == {"1", "2"} and all(ms > 0 for ms in summary["draft_ms"].values())
+    # --points names the pairs itself; a malformed one is a usage error
+    points = [a for a in argv if a not in ("--kinds", "dspark", "--layers", "1")]
+    assert run_main(bench.main, [*points, "--points", "dspark:1", "--draft-batches", "1"]) == 0
+    capsys.readouterr()
+    assert run_main(bench.main, [*points, "--points", "dspark"]) == 2
+    assert "KIND:LAYERS" in capsys.readouterr().err
     for name in ("threshold", "gamma", "depth"):
         assert (tmp_path / f"{name}.md").is_file() and (tmp_path / f"{name}.png").stat().st_size > 1000
     # a missing study checkpoint says how to train it

@@ -90,22 +90,27 @@ def bench_offline(args: argparse.Namespace) -> dict:
 def bench_depth(args: argparse.Namespace) -> dict:
     """tau per domain of drafters trained with 1, 2, ... backbone layers, read from
     STUDY_DIR/<kind>_L<layers>.safetensors (train them with `python -m dspark.train drafter --layers N --out
-    ...`). With --out: depth.md and depth.png (paper Fig. 3 analogue).
+    ...`), with each checkpoint's validation c*, size and drafting time per pass at --draft-batches requests.
+    With --out: depth.md and depth.png (paper Fig. 3 analogue).
     """
     tokenizer, target = load_model(args)
-    checkpoints = {(kind, n): Path(args.study_dir) / f"{kind}_L{n}.safetensors"
-                   for kind in args.kinds for n in args.layers}  # fmt: skip
+    points = args.points or [(kind, n) for kind in args.kinds for n in args.layers]
+    checkpoints = {(kind, n): Path(args.study_dir) / f"{kind}_L{n}.safetensors" for kind, n in points}
     for (kind, n), path in checkpoints.items():
         if not path.is_file():
             raise UsageError(f"missing {path}: train it with `python -m dspark.train drafter --kind {kind} "
                              f"--layers {n} --epochs 0.5 --out {path}`")  # fmt: skip
     rows = offline.run_depth(target, checkpoints, study_prompts(args, tokenizer, target),
-                             SamplingParams(args.temperature), args.gamma, args.max_new_tokens, tokenizer.eos_id)  # fmt: skip
+                             SamplingParams(args.temperature), args.gamma, args.max_new_tokens, tokenizer.eos_id,
+                             args.draft_batches)  # fmt: skip
     table = tables.depth_table(rows)
     gamma = args.gamma or "each drafter's own"
-    print(f"drafter depth, gamma = {gamma}, T = {args.temperature:g}, tau\n\n" + table)
+    print(f"drafter depth, gamma = {gamma}, T = {args.temperature:g}, tau; drafting ms on {cpu_description()}, "
+          f"{dtype_name(target)}\n\n" + table)  # fmt: skip
     write_outputs(args, "depth", table, lambda out: plots.plot_depth(rows, out / "depth.png"))
-    return {"benchmark": "depth", "gamma": args.gamma, "temperature": args.temperature, "results": rows}
+    return {"benchmark": "depth", "gamma": args.gamma, "temperature": args.temperature,
+            "prompts": args.prompts or "shipped held-out", "machine": cpu_description(),
+            "dtype": dtype_name(target), "results": rows}  # fmt: skip
 
 
 def bench_gamma(args: argparse.Namespace) -> dict:

@@ -362,10 +362,14 @@ def run_depth(
     gamma: int | None,
     max_new_tokens: int,
     eos_id: int | None,
+    draft_batches: list[int] = (),
 ) -> list[dict]:
     """tau per domain (and macro) of each (kind, layers) drafter checkpoint (Fig. 3), each drafting
-    `gamma` tokens per round (None: its own block size)."""
+    `gamma` tokens per round (None: its own block size). The macro row also holds the checkpoint's
+    validation c* (its JSON), its size in MB, and the median ms of one drafting pass (`propose`) at each
+    of `draft_batches` requests (`measure_draft_cost`: a parallel drafter's one pass, a chain's γ)."""
     from dspark.drafters.registry import load_drafter
+    from dspark.scheduling.draft_cost import measure_draft_cost
 
     rows = []
     for (kind, layers), path in checkpoints.items():
@@ -375,8 +379,24 @@ def run_depth(
             rounds = measure_tau(target, drafter, prompts, params, g, max_new_tokens, eos_id)
             rows.append({"kind": kind, "layers": layers, "domain": domain, "tau": rounds.tau})
         tau = [r["tau"] for r in rows[-len(by_domain) :]]
-        rows.append({"kind": kind, "layers": layers, "domain": "macro", "tau": macro(tau)})
+        summary = {"kind": kind, "layers": layers, "domain": "macro", "tau": macro(tau),
+                   "megabytes": path.stat().st_size / 1e6, "val_c_star": validation_acceptance(path)}  # fmt: skip
+        if draft_batches:
+            cost = measure_draft_cost(target, drafter, g, sorted(set(draft_batches)))
+            summary["draft_ms"] = {n: 1000 * cost.seconds(n) for n in draft_batches}
+        rows.append(summary)
     return rows
+
+
+def validation_acceptance(checkpoint: Path) -> list[float] | None:
+    """The validation expected acceptance c* per position that `train drafter` wrote into the checkpoint's
+    JSON (None: not recorded)."""
+    import json
+
+    meta_file = checkpoint.with_suffix(".json")
+    if not meta_file.is_file():
+        return None
+    return json.loads(meta_file.read_text()).get("meta", {}).get("val_expected_acceptance")
 
 
 def run_gamma(

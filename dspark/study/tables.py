@@ -80,10 +80,21 @@ def ratio_table(rows: list[dict]) -> str:
 
 
 def depth_table(rows: list[dict]) -> str:
-    domains = list(dict.fromkeys(r["domain"] for r in rows))
-    body = [[k, n, *(next(r["tau"] for r in rows if (r["kind"], r["layers"], r["domain"]) == (k, n, d))
-                     for d in domains)] for k, n in dict.fromkeys((r["kind"], r["layers"]) for r in rows)]  # fmt: skip
-    return markdown_table(["drafter", "layers", *domains], body)
+    """τ per domain and macro per (kind, layers); with `run_depth`'s extras, the mean validation c*, the
+    checkpoint's MB and the drafting ms per batch size."""
+    domains = list(dict.fromkeys(r["domain"] for r in rows if r["domain"] != "macro"))
+    summaries = [r for r in rows if r["domain"] == "macro"]
+    batches = list(summaries[0].get("draft_ms", {})) if summaries else []
+    header = ["drafter", "layers", "MB", "val c* (mean)", *domains, "macro τ",
+              *(f"draft ms (batch {n})" for n in batches)]  # fmt: skip
+    body = []
+    for s in summaries:
+        tau = [next(r["tau"] for r in rows if (r["kind"], r["layers"], r["domain"]) == (s["kind"], s["layers"], d))
+               for d in domains]  # fmt: skip
+        c_star = s.get("val_c_star")
+        body.append([s["kind"], s["layers"], s.get("megabytes"), f"{macro(c_star):.3f}" if c_star else None, *tau,
+                     s["tau"], *(s["draft_ms"][n] for n in batches)])  # fmt: skip
+    return markdown_table(header, body)
 
 
 def gamma_table(tau_rows: list[dict], latency_rows: list[dict], latency_batch: int) -> str:
