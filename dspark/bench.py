@@ -210,9 +210,18 @@ def build_parser() -> argparse.ArgumentParser:
                    "precision fp32|bf16 (default: live:16:fp32,cache:16:fp32,cache:16:bf16,cache:64:bf16,cache:0:bf16)")  # fmt: skip
     option(p, "--steps", 5, "timed steps per setting (after one warm-up)", low=1)
     option(p, "--batch-size", 8, "sequences per step", low=1)
-    option(p, "--responses", str(paths.dspark_home() / "responses.jsonl"), "responses file")
-    option(p, "--features-dir", str(paths.dspark_home() / "features"), "where feature caches live")
-    cli.add_target(p)
+    option(p, "--layers", 0, "drafter layers (0 = each kind's default)", low=0)
+    p.add_argument("--rank", type=int, default=None, help="DSpark's Markov-head rank (default: the kind's)")
+    option(
+        p, "--draft-vocab", 0, "score only K target ids, as `train drafter --draft-vocab` (0 = all)", low=0
+    )
+    p.add_argument(
+        "--responses", help="responses file (default: the target's responses.jsonl under DSPARK_HOME)"
+    )
+    p.add_argument(
+        "--features-dir", help="where feature caches live (default: the target's, under DSPARK_HOME)"
+    )
+    cli.add_target(p, pretrained=True)
     cli.add_outputs(p, "write training_speed.md and training_speed.png into DIR")
 
     p = command("profile", bench_profile, "the SPS(B) throughput profiles the scheduler uses")

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from dspark import bench, generate, paths, train
 from dspark.cli import run_main
@@ -462,3 +463,24 @@ def test_bench_offline_tau_only_measures_what_the_timed_run_does(
     # the scheduler's policies need the timed path
     assert run_main(bench.main, [*common, "--tau-only", "--policy", "dspark"]) == 2
     assert "--policy fixed" in capsys.readouterr().err
+
+
+def test_bench_training_times_the_drafter_train_drafter_builds(small_checkpoint, tmp_path, capsys):
+    """bench training at a chosen depth, rank and draft vocabulary: its rows say which, the table prints them, and
+    the JSON names the target and the machine."""
+    g = torch.Generator().manual_seed(0)
+    lines = [json.dumps({"domain": domain, "split": split, "prompt_ids": torch.randint(0, 100, (4,), generator=g).tolist(),
+                         "response_ids": torch.randint(0, 100, (20,), generator=g).tolist()})
+             for split in ("train", "train", "val") for domain in ("code", "math", "chat")]  # fmt: skip
+    responses = tmp_path / "responses.jsonl"
+    responses.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "t.json"
+    argv = ["training", "--drafters", "dspark", "--settings", "cache:4:fp32", "--steps", "1", "--batch-size", "2",
+            "--layers", "2", "--rank", "8", "--draft-vocab", "64", "--responses", str(responses), "--features-dir",
+            str(tmp_path / "features"), "--checkpoint", str(small_checkpoint), "--json", str(out)]  # fmt: skip
+    assert run_main(bench.main, argv) == 0
+    assert "layers 2, rank 8" in capsys.readouterr().out
+    record = json.loads(out.read_text())
+    (row,) = record["rows"]
+    assert (row["drafter"], row["layers"], row["rank"]) == ("dspark", 2, 8) and row["anchors_per_s"] > 0
+    assert record["target"] == "tiny" and "threads" in record["machine"]

@@ -15,9 +15,8 @@ from pathlib import Path
 import torch
 
 import kernels
-from dspark import cli
+from dspark import cli, paths
 from dspark.benchmarks.common import load_model, report_points, write_outputs
-from dspark.checkpoint import load_target
 from dspark.cli import UsageError
 from dspark.data.corpus import DOMAINS, EVAL_PER_DOMAIN
 from dspark.device import cpu_description, model_device
@@ -64,15 +63,18 @@ def bench_training(args: argparse.Namespace) -> dict:
     from dspark.training.feature_cache import LiveFeatures, response_caches
     from dspark.training.responses import load_responses
 
-    target = load_target(args.checkpoint)[0]
-    cache, _ = response_caches(target, args.responses, args.features_dir)
-    sources = {"cache": cache, "live": LiveFeatures(target, load_responses(Path(args.responses), "train"))}
+    _, target = load_model(args)
+    home = paths.target_home(args.target_name)
+    responses = args.responses or str(home / "responses.jsonl")
+    cache, _ = response_caches(target, responses, args.features_dir or str(home / "features"))
+    sources = {"cache": cache, "live": LiveFeatures(target, load_responses(Path(responses), "train"))}
     rows = []
     for kind in args.drafters:
 
-        def make(kind=kind):
+        def make(kind=kind):  # the drafter `train drafter` builds with the same options
             torch.manual_seed(0)
-            return new_drafter(target, kind)
+            return new_drafter(target, kind, layers=args.layers, rank=args.rank, draft_vocab=args.draft_vocab,
+                               qk_norm=kind in PARALLEL_KINDS)  # fmt: skip
 
         settings = [dict(zip(("features", "anchors", "bf16"), s)) for s in args.settings]
         if kind not in PARALLEL_KINDS:  # every chain is supervised: the anchor density does not apply
@@ -80,17 +82,20 @@ def bench_training(args: argparse.Namespace) -> dict:
         tc = DrafterTrainConfig(batch_size=args.batch_size)
         measured = training_speed_table(make, target, sources, settings, tc, args.steps)
         for row in measured:
-            row.update(drafter=kind, speedup=row["anchors_per_s"] / measured[0]["anchors_per_s"])
+            row.update(drafter=kind, layers=args.layers or "default", rank=args.rank,
+                       speedup=row["anchors_per_s"] / measured[0]["anchors_per_s"])  # fmt: skip
             print(f"{kind}: {row['features']}, anchors {row['anchors'] or 'all'}, {'bf16' if row['bf16'] else 'fp32'}: "
                   f"{row['seconds_per_step']:.2f} s/step, {row['anchors_per_s']:.0f} anchors/s")  # fmt: skip
         rows += measured
     table = tables.training_speed_table(rows)
-    print(f"\ndrafter training speed, batch {args.batch_size} sequences, median of {args.steps} steps "
-          f"(torch threads {torch.get_num_threads()}):\n\n{table}")  # fmt: skip
+    print(f"\ndrafter training speed, batch {args.batch_size} sequences, median of {args.steps} steps, "
+          f"layers {args.layers or 'default'}, rank {'default' if args.rank is None else args.rank}, target "
+          f"{args.target_name}, on {cpu_description()}:\n\n{table}")  # fmt: skip
     write_outputs(
         args, "training_speed", table, lambda out: plots.plot_training_speed(rows, out / "training_speed.png")
     )
-    return {"benchmark": "training", "batch_size": args.batch_size, "steps": args.steps, "rows": rows}
+    return {"benchmark": "training", "batch_size": args.batch_size, "steps": args.steps, "target": args.target_name,
+            "machine": cpu_description(), "rows": rows}  # fmt: skip
 
 
 def parse_training_settings(text: str) -> list[tuple[str, int, bool]]:
