@@ -193,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_study_options(p, prompts_per_domain=40)
     option(p, "--samples", 4, "decodes of every held-out prompt (other random draws): more rounds, a lower ECE "
            "noise floor", low=1)  # fmt: skip
+    cli.add_prompts_file(p)
 
     p = command("appendix-a", bench_appendix_a, "the paper's selection-bias counterexample, measured")
     option(p, "--draws", 100_000, "independent rounds", low=3)

@@ -225,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shifts", action=argparse.BooleanOptionalAction, default=True,
                    help="fit a logit offset b_k next to each temperature, c = sigmoid(logit(c) / T_k - b_k) "
                    "(--no-shifts: temperatures only, the paper's STS)")  # fmt: skip
+    cli.add_prompts_file(p)
     cli.add_threads(p)
     cli.add_device(p)
     return parser

@@ -484,3 +484,26 @@ def test_bench_training_times_the_drafter_train_drafter_builds(small_checkpoint,
     (row,) = record["rows"]
     assert (row["drafter"], row["layers"], row["rank"]) == ("dspark", 2, 8) and row["anchors_per_s"] > 0
     assert record["target"] == "tiny" and "threads" in record["machine"]
+
+
+def test_calibrate_on_a_prompts_files_eval_split(small_checkpoint, small_drafters, tmp_path, capsys):
+    """train calibrate --prompts fits on that file's eval prompts 40..79 of each domain (benchmarks report on
+    0..39) and says so in what it stores; a file with too few eval prompts is one line and stores nothing."""
+    drafter = tmp_path / "d.safetensors"
+    for suffix in (".safetensors", ".json"):
+        drafter.with_suffix(suffix).write_bytes(small_drafters["dspark"].with_suffix(suffix).read_bytes())
+    records = [{"prompt": f"train question {i}", "domain": "chat", "split": "train"} for i in range(50)]
+    records += [{"prompt": f"held-out question {i}", "domain": "chat", "split": "eval"} for i in range(41)]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
+    argv = ["calibrate", "--drafter", "dspark", "--drafter-checkpoint", str(drafter), "--checkpoint",
+            str(small_checkpoint), "--gamma", "3", "--max-new-tokens", "4", "--samples", "1"]  # fmt: skip
+    assert run_main(train.main, [*argv, "--prompts", str(prompts)]) == 0
+    assert "chat: " in capsys.readouterr().out  # one domain: the file's
+    stored = json.loads(drafter.with_suffix(".json").read_text())
+    assert str(prompts) in json.dumps(stored)
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in records[:-1]))  # 40 eval prompts: none to fit on
+    before = drafter.with_suffix(".json").read_text()
+    assert run_main(train.main, [*argv, "--prompts", str(prompts)]) == 2
+    assert "fewer than 41 prompts per domain" in capsys.readouterr().err
+    assert drafter.with_suffix(".json").read_text() == before

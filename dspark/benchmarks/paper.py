@@ -186,12 +186,12 @@ def bench_calibration(args: argparse.Namespace) -> dict:
     gamma = cli.resolve_gamma(args.gamma, drafter, args.drafter)
     rounds = offline.record_rounds(target, drafter, tokenizer, args.prompts_per_domain,
                                    SamplingParams(args.temperature), gamma, args.max_new_tokens,
-                                   samples=args.samples)  # fmt: skip
+                                   samples=args.samples, prompts_file=args.prompts)  # fmt: skip
     conf, events, mask = rounds.calibration_arrays()
     rows = calibration.position_metrics(conf, events, mask, temperatures)
     table = tables.calibration_table(rows)
     print(f"calibration of {args.drafter} on held-out rounds (eval prompts 0..{args.prompts_per_domain - 1} per "
-          f"domain, {args.samples} sample(s) each, T = {args.temperature:g}, gamma = {gamma}), STS "
+          f"domain of {args.prompts or 'the shipped set'}, {args.samples} sample(s) each, T = {args.temperature:g}, gamma = {gamma}), STS "
           f"{calibration.describe_sts(temperatures)}\n\n" + table)  # fmt: skip
     title = f"{args.drafter}: prefix survival, before (raw) and after STS"
     write_outputs(args, "calibration", table, lambda out: plots.plot_reliability(

@@ -455,12 +455,15 @@ def record_rounds(
     start: int = 0,
     on_domain: Callable[[str, RoundStats], None] | None = None,
     samples: int = 1,
+    prompts_file: str | Path | None = None,
 ) -> RoundStats:
     """Fully verified rounds on eval prompts start .. start+per_domain-1 of every domain (what STS is
-    fitted and scored on), each prompt decoded `samples` times with other random draws (more rounds:
-    a lower ECE noise floor); `on_domain(domain, rounds so far)` after each domain."""
+    fitted and scored on; `prompts_file`: that file's held-out prompts instead of the shipped ones), each
+    prompt decoded `samples` times with other random draws (more rounds: a lower ECE noise floor);
+    `on_domain(domain, rounds so far)` after each domain."""
     rounds = RoundStats()
-    for domain, prompts in prompts_by_domain(tokenizer, per_domain, start, target.config.max_seq_len).items():
+    by_domain = prompts_by_domain(tokenizer, per_domain, start, target.config.max_seq_len, prompts_file)
+    for domain, prompts in by_domain.items():
         for draw in range(samples):
             rounds.extend(measure_tau(target, drafter, prompts, params, gamma, max_new_tokens, tokenizer.eos_id,
                                       seed=1_000_003 * draw))  # fmt: skip

@@ -52,7 +52,8 @@ def padded_sts(temps: torch.Tensor, reasons: list[str], positions: int) -> tuple
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
-    """Decode eval prompts 40..79 of every domain with full verification, record each round's confidences and
+    """Decode eval prompts 40..79 of every domain (the shipped held-out set's, or --prompts FILE's) with full
+    verification, record each round's confidences and
     accepted length, fit one temperature per position left to right on half of the rounds (each minimising the
     ECE of the prefix survival with the earlier ones fixed), keep it only where the other half's ECE improves
     and enough rounds reach the position (else T = 1), and store them: for a shipped drafter under DSPARK_HOME
@@ -82,13 +83,15 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         print(f"{domain}: {sum(map(len, rounds.accepted))} rounds recorded so far")
 
     rounds = offline.record_rounds(target, drafter, tokenizer, last - first, SamplingParams(args.temperature), gamma,
-                                   args.max_new_tokens, start=first, on_domain=progress, samples=args.samples)  # fmt: skip
+                                   args.max_new_tokens, start=first, on_domain=progress, samples=args.samples,
+                                   prompts_file=args.prompts)  # fmt: skip
     conf, events, mask = rounds.calibration_arrays()
     temps, reasons = calibration.select_sts(conf, events, mask, shifts=args.shifts)
     rows = calibration.position_metrics(conf, events, mask, temps)
     temps, reasons = padded_sts(temps, reasons, drafter.max_gamma)
     info = {"rounds": int(conf.shape[0]), "gamma": gamma, "temperature": args.temperature,
-            "prompts": f"eval prompts {first}..{last - 1} of each domain, {args.samples} sample(s) each",
+            "prompts": f"eval prompts {first}..{last - 1} of each domain of {args.prompts or 'the shipped set'}, "
+                       f"{args.samples} sample(s) each",
             "selection": "fitted on even rounds, kept where odd rounds' ECE improves", "reasons": reasons,
             "checkpoint": str(path), "checkpoint_sha256": checkpoint_digest(path)}  # fmt: skip
     written = calibration.save_temperatures(out, temps, info)
