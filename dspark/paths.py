@@ -90,6 +90,15 @@ def target_home(target_name: str = "tiny") -> Path:
     return dspark_home() if target_name == "tiny" else dspark_home() / target_name
 
 
+def training_data(
+    target_name: str, responses: str | None = None, features_dir: str | None = None
+) -> tuple[str, str]:
+    """(the responses file, the feature-cache root) a drafter of this target trains from: the ones given, else
+    `responses.jsonl` and `features/` under `target_home`."""
+    home = target_home(target_name)
+    return responses or str(home / "responses.jsonl"), features_dir or str(home / "features")
+
+
 def data_dir() -> Path:
     return dspark_home() / "data"
 

@@ -64,9 +64,8 @@ def bench_training(args: argparse.Namespace) -> dict:
     from dspark.training.responses import load_responses
 
     _, target = load_model(args)
-    home = paths.target_home(args.target_name)
-    responses = args.responses or str(home / "responses.jsonl")
-    cache, _ = response_caches(target, responses, args.features_dir or str(home / "features"))
+    responses, features_dir = paths.training_data(args.target_name, args.responses, args.features_dir)
+    cache, _ = response_caches(target, responses, features_dir)
     sources = {"cache": cache, "live": LiveFeatures(target, load_responses(Path(responses), "train"))}
     rows = []
     for kind in args.drafters:

@@ -27,14 +27,16 @@ only records the rounds it is fitted and scored on), or parse arguments.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from dspark.checkpoint import config_path
 from dspark.data.corpus import eval_prompts_by_domain
 from dspark.data.prompt_files import prompt_ids_by_domain
 from dspark.data.tokenizer import Tokenizer
@@ -362,7 +364,7 @@ def run_depth(
     gamma: int | None,
     max_new_tokens: int,
     eos_id: int | None,
-    draft_batches: list[int] = (),
+    draft_batches: Sequence[int] = (),
 ) -> list[dict]:
     """tau per domain (and macro) of each (kind, layers) drafter checkpoint (Fig. 3), each drafting
     `gamma` tokens per round (None: its own block size). The macro row also holds the checkpoint's
@@ -391,9 +393,7 @@ def run_depth(
 def validation_acceptance(checkpoint: Path) -> list[float] | None:
     """The validation expected acceptance c* per position that `train drafter` wrote into the checkpoint's
     JSON (None: not recorded)."""
-    import json
-
-    meta_file = checkpoint.with_suffix(".json")
+    meta_file = config_path(checkpoint)
     if not meta_file.is_file():
         return None
     return json.loads(meta_file.read_text()).get("meta", {}).get("val_expected_acceptance")

@@ -91,9 +91,9 @@ def load_training_target(args: argparse.Namespace):
     `paths.target_home`) and records its name in `args.target_name`."""
     tokenizer, target, args.target_name = cli.load_target(args, cli.device_of(args))
     args.eos_id = tokenizer.eos_id
-    home = paths.target_home(args.target_name)
-    args.responses = args.responses or str(home / "responses.jsonl")
-    args.features_dir = args.features_dir or str(home / "features")
+    args.responses, args.features_dir = paths.training_data(
+        args.target_name, args.responses, args.features_dir
+    )
     if args.taps:
         try:
             target.config.tap_layers = tuple(args.taps)
