@@ -460,6 +460,9 @@ def test_bench_offline_tau_only_measures_what_the_timed_run_does(
     assert [{k: r[k] for k in keys} for r in untimed] == [{k: r[k] for k in keys} for r in timed]
     (ratio,) = records[1]["macro_tau_ratios"]
     assert (ratio["a"], ratio["b"]) == ("d", "e") and ratio["low"] <= ratio["ratio"] <= ratio["high"]
+    # what it measured, where
+    assert records[0]["prompts"] == "shipped held-out" and records[0]["prompts_per_domain"] == 2
+    assert records[0]["max_new_tokens"] == 6 and records[0]["machine"]
     # the scheduler's policies need the timed path
     assert run_main(bench.main, [*common, "--tau-only", "--policy", "dspark"]) == 2
     assert "--policy fixed" in capsys.readouterr().err

@@ -100,6 +100,14 @@ def test_resolve_prompts_names_files_and_sets(fake_humaneval, tmp_path, monkeypa
     assert prompt_sets.resolve_prompts("no/such/file.jsonl") == "no/such/file.jsonl"  # read_prompts says why
 
 
+def test_results_name_a_public_set_not_this_machines_path_to_it(fake_humaneval, tmp_path):
+    fetched = prompt_sets.resolve_prompts("humaneval", quiet=True)
+    assert prompt_sets.prompts_label(fetched) == "humaneval"
+    mine = tmp_path / "humaneval_prompts.jsonl"  # same file name elsewhere: a user's file, named by its path
+    assert prompt_sets.prompts_label(str(mine)) == str(mine)
+    assert prompt_sets.prompts_label(None) == "shipped held-out"
+
+
 def test_an_unreachable_registry_is_one_line_and_leaves_nothing(tmp_path, small_checkpoint):
     """`generate --prompts humaneval` with pip pointed at nowhere: one line, exit 2, DSPARK_HOME left empty."""
     env = {**os.environ, "DSPARK_HOME": str(tmp_path / "home"), "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1",

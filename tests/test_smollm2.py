@@ -1,15 +1,19 @@
 """The real pretrained target, SmolLM2-135M-Instruct (fetched once into DSPARK_HOME; `.ci/run` fetches it
 before the tests): it answers a known question, and speculative decoding with every drafter kind is
-token-identical to plain greedy decoding in fp32 on unseen prompts.
+token-identical to plain greedy decoding in fp32 on unseen prompts: three written for this test and the first
+held-out ("eval" split, never trained on) self-written request of each domain.
 
 Drafters: the ones shipped for smollm2-135m where they exist, else freshly initialised ones (their drafts are
 mostly rejected, which tests the rejection/rollback path hardest; losslessness does not depend on quality)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from dspark.data.prompt_files import read_prompts
 from dspark.decoding import generate
 from dspark.drafters.registry import DRAFTER_NAMES, default_path, get_drafter, new_drafter
 from dspark.pretrained import load_pretrained
@@ -21,6 +25,16 @@ PROMPTS = [
     "What is 17 + 25?",
     "Write a Python function that returns the square of x.",
 ]
+INSTRUCTIONS = Path(__file__).resolve().parents[1] / "walkthrough/data/smollm2-135m/instructions.jsonl.gz"
+
+
+def held_out_prompts() -> list[str]:
+    """The first eval-split request per domain (chat, code, math) of the committed self-written instructions."""
+    first: dict[str, str] = {}
+    for record in read_prompts(INSTRUCTIONS, split="eval"):
+        first.setdefault(record.domain, record.prompt)
+    assert sorted(first) == ["chat", "code", "math"]
+    return list(first.values())
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +54,7 @@ def test_known_answer(smollm2):
 @pytest.mark.parametrize("kind", [n for n in DRAFTER_NAMES if n != "none"])
 def test_fp32_greedy_identity(smollm2, kind):
     model, tok = smollm2.model, smollm2.tokenizer
-    prompts = [tok.chat_prompt(p) for p in PROMPTS]
+    prompts = [tok.chat_prompt(p) for p in PROMPTS + held_out_prompts()]
     if default_path(kind, smollm2.name).is_file():
         drafter = get_drafter(kind, model, target_name=smollm2.name)
     else:

@@ -23,6 +23,7 @@ from dspark.drafters.registry import (
     get_drafter,
     labelled_specs,
 )
+from dspark.pretrained.prompt_sets import prompts_label
 from dspark.sampling import SamplingParams
 from dspark.scheduling import calibration
 from dspark.scheduling.scheduler import temperatures_and_offsets
@@ -65,7 +66,7 @@ def bench_offline(args: argparse.Namespace) -> dict:
     batch = f"tau only, batch {args.batch_size}" if args.tau_only else "batch 1"
     print(f"offline speculative decoding, gamma {', '.join(f'{n} {g}' for n, g in gammas.items())}, policy "
           f"{', '.join(f'{n} {p}' for n, p in policies.items())}, {args.prompts_per_domain} held-out prompts "
-          f"{'of ' + args.prompts + ' ' if args.prompts else ''}"
+          f"{'of ' + prompts_label(args.prompts) + ' ' if args.prompts else ''}"
           f"per domain, {batch}, {cpu_description()}, {dtype_name(target)}\n")  # fmt: skip
     print(tables.speedup_table(rows), end="")
     table = tables.table1(rows)
@@ -84,7 +85,9 @@ def bench_offline(args: argparse.Namespace) -> dict:
 
     write_outputs(args, "table1", table, plot)
     return {"benchmark": "offline", "gamma": gammas, "policy": policies, "dtype": dtype_name(target),
-            "tau_only": args.tau_only, "results": rows, "macro_tau_ratios": ratios}  # fmt: skip
+            "prompts": prompts_label(args.prompts), "prompts_per_domain": args.prompts_per_domain,
+            "max_new_tokens": args.max_new_tokens, "machine": cpu_description(), "tau_only": args.tau_only,
+            "results": rows, "macro_tau_ratios": ratios}  # fmt: skip
 
 
 def bench_depth(args: argparse.Namespace) -> dict:
@@ -109,7 +112,7 @@ def bench_depth(args: argparse.Namespace) -> dict:
           f"{dtype_name(target)}\n\n" + table)  # fmt: skip
     write_outputs(args, "depth", table, lambda out: plots.plot_depth(rows, out / "depth.png"))
     return {"benchmark": "depth", "gamma": args.gamma, "temperature": args.temperature,
-            "prompts": args.prompts or "shipped held-out", "machine": cpu_description(),
+            "prompts": prompts_label(args.prompts), "machine": cpu_description(),
             "dtype": dtype_name(target), "results": rows}  # fmt: skip
 
 
@@ -191,7 +194,7 @@ def bench_calibration(args: argparse.Namespace) -> dict:
     rows = calibration.position_metrics(conf, events, mask, temperatures)
     table = tables.calibration_table(rows)
     print(f"calibration of {args.drafter} on held-out rounds (eval prompts 0..{args.prompts_per_domain - 1} per "
-          f"domain of {args.prompts or 'the shipped set'}, {args.samples} sample(s) each, T = {args.temperature:g}, gamma = {gamma}), STS "
+          f"domain of {prompts_label(args.prompts)}, {args.samples} sample(s) each, T = {args.temperature:g}, gamma = {gamma}), STS "
           f"{calibration.describe_sts(temperatures)}\n\n" + table)  # fmt: skip
     title = f"{args.drafter}: prefix survival, before (raw) and after STS"
     write_outputs(args, "calibration", table, lambda out: plots.plot_reliability(

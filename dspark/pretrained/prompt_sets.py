@@ -27,7 +27,7 @@ import json
 import os
 from pathlib import Path
 
-from dspark.pretrained.fetch import FetchError, KnownModel, fetch_known
+from dspark.pretrained.fetch import FetchError, KnownModel, fetch_known, known_path
 
 PROMPT_SETS = {
     s.name: s
@@ -79,6 +79,18 @@ def prompt_set_path(name: str, quiet: bool = False) -> Path:
         finally:
             tmp.unlink(missing_ok=True)
     return out
+
+
+def prompts_label(path: str | None) -> str:
+    """How results name the prompts they measured: a public set by its name (not this machine's path to its
+    fetched file), a user's file by its path as given, none by "shipped held-out"."""
+    if not path:
+        return "shipped held-out"
+    for name, known in PROMPT_SETS.items():
+        fetched = known_path(known).parent / f"{name}_prompts.jsonl"
+        if Path(path).resolve() == fetched.resolve():
+            return name
+    return str(path)
 
 
 def resolve_prompts(spec: str, quiet: bool = False) -> str:

@@ -21,6 +21,7 @@ from dspark.checkpoint import config_path
 from dspark.cli import UsageError
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.registry import calibration_path, checkpoint_digest, default_path
+from dspark.pretrained.prompt_sets import prompts_label
 
 
 def calibration_output(args: argparse.Namespace, checkpoint: Path, target_name: str) -> Path:
@@ -89,7 +90,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     rows = calibration.position_metrics(conf, events, mask, temps)
     temps, reasons = padded_sts(temps, reasons, drafter.max_gamma)
     info = {"rounds": int(conf.shape[0]), "gamma": gamma, "temperature": args.temperature,
-            "prompts": f"eval prompts {first}..{last - 1} of each domain of {args.prompts or 'the shipped set'}, "
+            "prompts": f"eval prompts {first}..{last - 1} of each domain of {prompts_label(args.prompts)}, "
                        f"{args.samples} sample(s) each",
             "selection": "fitted on even rounds, kept where odd rounds' ECE improves", "reasons": reasons,
             "checkpoint": str(path), "checkpoint_sha256": checkpoint_digest(path)}  # fmt: skip
