@@ -63,6 +63,11 @@ def humaneval_records(raw: Path) -> list[dict]:
 CONVERTERS = {"humaneval": humaneval_records}  # per set: its fetched file -> prompts-file records
 
 
+def prompts_file(name: str) -> Path:
+    """Where the prompts file of a named public set lies once made: beside the set's fetched file."""
+    return known_path(PROMPT_SETS[name]).parent / f"{name}_prompts.jsonl"
+
+
 def prompt_set_path(name: str, quiet: bool = False) -> Path:
     """The prompts file of a named public set, fetching the set first if needed. The file is written whole
     (a temporary file renamed into place) and rewritten only when its content would change."""
@@ -70,7 +75,7 @@ def prompt_set_path(name: str, quiet: bool = False) -> Path:
         raise FetchError(f"unknown prompt set {name!r} (known: {', '.join(PROMPT_SETS)})")
     raw = fetch_known(PROMPT_SETS[name], quiet)
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in CONVERTERS[name](raw))
-    out = raw.parent / f"{name}_prompts.jsonl"
+    out = prompts_file(name)
     if not out.is_file() or out.read_text(encoding="utf-8") != text:
         tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
         try:
@@ -86,9 +91,8 @@ def prompts_label(path: str | None) -> str:
     fetched file), a user's file by its path as given, none by "shipped held-out"."""
     if not path:
         return "shipped held-out"
-    for name, known in PROMPT_SETS.items():
-        fetched = known_path(known).parent / f"{name}_prompts.jsonl"
-        if Path(path).resolve() == fetched.resolve():
+    for name in PROMPT_SETS:
+        if Path(path).resolve() == prompts_file(name).resolve():
             return name
     return str(path)
 

@@ -58,7 +58,8 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     to right on half of the rounds (each minimising the ECE of the prefix survival with the earlier ones fixed),
     keep it only where the other half's ECE improves and enough rounds reach the position (else T = 1), and
     store them: for a shipped drafter under DSPARK_HOME (where `generate` and `bench` look first; --ship: into
-    the package), for any other in its checkpoint's JSON, or in --out. `python -m dspark.bench calibration` then reports on prompts 0..39.
+    the package), for any other in its checkpoint's JSON, or in --out. `python -m dspark.bench calibration`
+    then reports on prompts 0..39.
     """
 
     from dspark.drafters.registry import get_drafter
