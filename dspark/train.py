@@ -180,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     option(
         p, "--epochs", dc.epochs, "epochs over the supervised positions (the budget of every drafter)", low=0
     )
+    p.add_argument("--keep-at", type=cli.number(float, 0), nargs="+", metavar="EPOCHS",
+                   help="also keep a validated copy at these epochs (OUT.epochs-E.safetensors): the budget "
+                   "curve of one run, e.g. --epochs 10 --keep-at 0.5 1 2 5")  # fmt: skip
     option(
         p, "--anchors", dc.anchors_per_seq, "parallel drafters: anchors per sequence and pass, 0 = all", low=0
     )

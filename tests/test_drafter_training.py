@@ -10,7 +10,7 @@ import torch
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.registry import load_drafter
-from dspark.training.drafters import DrafterTrainConfig, train_drafter, unrolled_log_probs
+from dspark.training.drafters import DrafterTrainConfig, load_history, train_drafter, unrolled_log_probs
 from dspark.training.feature_cache import FeatureBatch, LiveFeatures
 
 
@@ -139,3 +139,49 @@ def test_an_interrupted_run_resumes_exactly(tmp_path, tiny_model, kind):
     assert all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(ValueError, match="nothing to resume"):
         train_drafter(fresh(), tiny_model, train, val, tc, out, {}, resume=True)
+
+
+def test_snapshots_keep_the_run_and_its_resumption_unchanged(tmp_path, tiny_model):
+    """keep_at: a validated copy at the first step reaching each epoch mark; the run itself (final weights and
+    its regular validations) is the one without snapshots, and an interrupted run with snapshots resumes to the
+    same files."""
+    from dspark.training.drafters import snapshot_path
+
+    g = torch.Generator().manual_seed(1)
+    records = [{"domain": "code", "split": "train", "prompt_ids": torch.randint(0, 97, (4,), generator=g).tolist(),
+                "response_ids": torch.randint(0, 97, (5 + i,), generator=g).tolist()} for i in range(9)]  # fmt: skip
+    train, val = LiveFeatures(tiny_model, records), LiveFeatures(tiny_model, records[:3])
+
+    def fresh():
+        torch.manual_seed(0)
+        return AutoregressiveDrafter(tiny_model, AutoregressiveDrafterConfig("eagle", 2, ffn_hidden=64))
+
+    tc = DrafterTrainConfig(epochs=3, batch_size=3, unroll=2, eval_every=4, bf16=False)  # 9 steps
+    plain = train_drafter(fresh(), tiny_model, train, val, tc, tmp_path / "plain.safetensors", {})
+    kept = train_drafter(
+        fresh(), tiny_model, train, val, tc, tmp_path / "kept.safetensors", {}, keep_at=(0.5, 2)
+    )
+    regular = [h for h in kept["history"] if h["step"] % 4 == 0 or h["step"] == 9]
+    assert regular == plain["history"] and [h["step"] for h in kept["history"]] == [2, 4, 6, 8, 9]  # + 2, 6
+    weights = {p: load_drafter(p, tiny_model).state_dict() for p in (tmp_path / "plain.safetensors",
+               tmp_path / "kept.safetensors", snapshot_path(tmp_path / "kept.safetensors", 0.5))}  # fmt: skip
+    final, same, early = weights.values()
+    assert all(torch.equal(final[k], same[k]) for k in final)
+    assert not all(torch.equal(final[k], early[k]) for k in final)
+    snap = load_history(snapshot_path(tmp_path / "kept.safetensors", 2))
+    assert snap["steps"] == 9 and snap["history"][-1]["step"] == 6 and snap["epochs"] == pytest.approx(2)
+    assert snapshot_path(tmp_path / "run.safetensors", 0.5).name == "run.epochs-0.5.safetensors"
+
+    out = (
+        tmp_path / "cut.safetensors"
+    )  # stopped during step 7: after the step-6 snapshot, before step 8's save
+    with pytest.raises(KeyboardInterrupt):
+        train_drafter(fresh(), tiny_model, StopsAt(train, 7), val, tc, out, {}, keep_at=(0.5, 2))
+    resumed = train_drafter(fresh(), tiny_model, train, val, tc, out, {}, resume=True, keep_at=(0.5, 2))
+    assert resumed["history"] == kept["history"]
+    for e in (0.5, 2):
+        a, b = (
+            load_drafter(snapshot_path(p, e), tiny_model).state_dict()
+            for p in (out, tmp_path / "kept.safetensors")
+        )
+        assert all(torch.equal(a[k], b[k]) for k in a)

@@ -264,7 +264,8 @@ def test_train_features_and_drafter_commands(small_checkpoint, tmp_path, capsys)
     assert capsys.readouterr().out.count("building it") == 2  # train and val
     out = tmp_path / "d.safetensors"
     train.main(["drafter", "--kind", "dspark", *common, "--epochs", "2", "--gamma", "3", "--layers", "1",
-                "--rank", "4", "--tied-rank", "3", "--width", "24", "--out", str(out), "--batch-size", "4"])  # fmt: skip
+                "--rank", "4", "--tied-rank", "3", "--width", "24", "--out", str(out), "--batch-size", "4",
+                "--keep-at", "1"])  # fmt: skip
     printed = capsys.readouterr().out
     assert "building it" not in printed and " epochs, " in printed  # the cache was reused
     config = json.loads(out.with_suffix(".json").read_text())["config"]
@@ -276,8 +277,11 @@ def test_train_features_and_drafter_commands(small_checkpoint, tmp_path, capsys)
         and meta["epochs"] == pytest.approx(2.0, rel=0.2)
         and meta["features"] == "cache"
     )
+    assert json.loads((tmp_path / "d.epochs-1.json").read_text())["meta"]["epochs"] >= 1  # --keep-at's copy
     target, _ = load_target(small_checkpoint)
     assert load_drafter(out, target).markov_weights()[0].shape[1] == 7  # loads for the taps it was trained on
+    with pytest.raises(UsageError, match="--keep-at takes epochs inside the run"):
+        train.main(["drafter", "--kind", "mtp", *common, "--epochs", "2", "--keep-at", "0.5", "2"])
     with pytest.raises(UsageError, match="--tied-rank is for the dspark kind"):  # the Markov head's option
         train.main(
             [

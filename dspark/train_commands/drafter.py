@@ -52,6 +52,9 @@ def cmd_drafter(args: argparse.Namespace) -> None:
     from dspark.training.drafters import train_drafter, trainer_state_path
     from dspark.training.responses import load_responses, response_token_counts
 
+    if args.keep_at and (min(args.keep_at) <= 0 or (not args.steps and max(args.keep_at) >= args.epochs)):
+        raise UsageError(f"--keep-at takes epochs inside the run (0 < E < --epochs {args.epochs:g}); the end of "
+                         "the run is --out itself")  # fmt: skip
     if args.tied_rank and args.kind != "dspark":
         raise UsageError(f"--tied-rank is for the dspark kind (its Markov head), not {args.kind}")
     if args.qk_norm is None:  # the default: the reference drafter's layers for the parallel kinds
@@ -96,7 +99,10 @@ def cmd_drafter(args: argparse.Namespace) -> None:
     source = args.model or Path(args.checkpoint).name
     meta = {"target_checkpoint": source, "tap_layers": list(target.config.tap_layers),
             "responses": len(train_set), "features": "live" if args.live else "cache"}  # fmt: skip
-    meta = train_drafter(drafter, target, train_set, val_set, tc, out, meta, resume=args.resume)
+    keep_at = tuple(sorted(args.keep_at or ()))
+    meta = train_drafter(
+        drafter, target, train_set, val_set, tc, out, meta, resume=args.resume, keep_at=keep_at
+    )
     acc = " ".join(f"{a:.3f}" for a in meta["val_expected_acceptance"])
     print(f"saved {out}; {meta['epochs']:.2f} epochs, {meta['seconds'] / 60:.1f} min, "
           f"{meta['anchors_per_s']:.0f} anchors/s; validation expected acceptance per position: {acc}")  # fmt: skip

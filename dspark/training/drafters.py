@@ -280,6 +280,11 @@ def trainer_state_path(out_path: Path) -> Path:
     return Path(out_path).with_suffix(".trainer.pt")
 
 
+def snapshot_path(out_path: Path, epochs: float) -> Path:
+    """Where `train_drafter(keep_at=...)` keeps the drafter after `epochs`: run.safetensors -> run.epochs-2.safetensors."""
+    return Path(out_path).with_name(f"{Path(out_path).stem}.epochs-{epochs:g}.safetensors")
+
+
 def train_drafter(
     drafter: AutoregressiveDrafter | ParallelDrafter,
     target: Transformer,
@@ -289,10 +294,14 @@ def train_drafter(
     out_path: Path,
     meta: dict,
     resume: bool = False,
+    keep_at: tuple[float, ...] = (),
 ) -> dict:
     """Train `drafter` (the target stays frozen) and save it to `out_path` (fp16) at every validation, with the
     trainer's state next to it (`trainer_state_path`): `resume=True` continues from that state, exactly as if
-    the run had not stopped (the same batches, anchors and weights), when `tc` and the data are the same."""
+    the run had not stopped (the same batches, anchors and weights), when `tc` and the data are the same.
+    `keep_at`: epochs at which a validated copy is also kept (`snapshot_path`), at the first step reaching
+    each — one run gives a budget curve (the learning rate there is that of this run's schedule, not of a run
+    that ends there). Not part of what a resumed run must share."""
     for p in target.parameters():
         p.requires_grad_(False)
     device = model_device(drafter)  # the target's too: batches move there, the anchors are drawn on the host
@@ -333,7 +342,8 @@ def train_drafter(
             optimizer.step()
             bar.set_postfix(loss=f"{loss.item():.3f}", c1=f"{float(acc[0]):.3f}", epochs=f"{epochs:.2f}")
         state["busy"] += time.perf_counter() - t_step
-        if (step + 1) % tc.eval_every == 0 or step + 1 == steps:
+        reached = [e for e in keep_at if epochs >= e > (state["seen"] - anchors) / total_anchors]
+        if reached or (step + 1) % tc.eval_every == 0 or step + 1 == steps:
             val_acc = evaluate(drafter, target, val, tc)
             state["history"].append({"step": step + 1, "epochs": epochs, "val_expected_acceptance": val_acc})
             bar.write(f"step {step + 1} ({epochs:.2f} epochs): expected acceptance per position "
@@ -342,8 +352,12 @@ def train_drafter(
             record = {**meta, "train_config": asdict(tc), "steps": steps, "epochs": epochs,
                       "anchors_seen": state["seen"], "anchors_per_s": state["seen"] / state["busy"],
                       "val_expected_acceptance": val_acc, "history": state["history"], "seconds": state["seconds"]}  # fmt: skip
-            save_checkpoint(drafter, drafter.config, out_path, dtype=torch.float16, meta=record)
-            save_trainer_state(trainer_path, identity, state, drafter, optimizer, g)
+            for e in reached:  # a snapshot does not move the resume point: the state is saved as usual
+                save_checkpoint(drafter, drafter.config, snapshot_path(out_path, e), dtype=torch.float16,
+                                meta=record)  # fmt: skip
+            if (step + 1) % tc.eval_every == 0 or step + 1 == steps:
+                save_checkpoint(drafter, drafter.config, out_path, dtype=torch.float16, meta=record)
+                save_trainer_state(trainer_path, identity, state, drafter, optimizer, g)
     if not record:  # resumed a run that had already finished
         raise ValueError(f"{trainer_path} holds a finished run; its weights are in {out_path}")
     trainer_path.unlink(missing_ok=True)  # finished: the fp16 checkpoint is the result
