@@ -6,6 +6,7 @@
              no drafter (paper Table 1 and Fig. 2 analogues), and every macro-tau
              ratio with a 95% paired interval; --tau-only: no clock, batched
   depth      tau against the number of drafter layers, DSpark vs DFlash (Fig. 3)
+  budget     tau against training epochs, from one run's --keep-at snapshots per drafter
   gamma      tau against the verified block length, and per-round latency with
              and without the sequential head (Fig. 4)
   threshold  static confidence-threshold sweep over fully verified rounds (Fig. 5)
@@ -44,6 +45,7 @@ from functools import partial
 from dspark import cli, paths
 from dspark.benchmarks.paper import (
     bench_appendix_a,
+    bench_budget,
     bench_calibration,
     bench_depth,
     bench_gamma,
@@ -164,6 +166,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-batches", type=parse_int_list, default=[1, 16],
                    help="request counts at which one drafting pass is timed (default: 1,16)")  # fmt: skip
     option(p, "--study-dir", str(study_dir), "where the study checkpoints are (KIND_LLAYERS.safetensors)")
+    cli.add_gamma(p)
+    add_study_options(p, prompts_per_domain=16)
+    cli.add_prompts_file(p)
+
+    p = command("budget", bench_budget, "tau against training epochs (one run per drafter, its snapshots)")
+    p.add_argument("--points", type=parse_depth_points, required=True, metavar="KIND:LAYERS,...",
+                   help="the runs STUDY_DIR/KIND_LLAYERS.safetensors, e.g. dspark:5,dflash:5,eagle:1")  # fmt: skip
+    p.add_argument("--marks", type=parse_float_list, default=[], metavar="E,...",
+                   help="the epochs of each run's snapshots (train drafter --keep-at), e.g. 0.5,1,2; the run's "
+                   "end is always measured")  # fmt: skip
+    option(p, "--study-dir", str(study_dir), "where the runs are (KIND_LLAYERS.safetensors and snapshots)")
     cli.add_gamma(p)
     add_study_options(p, prompts_per_domain=16)
     cli.add_prompts_file(p)

@@ -231,7 +231,7 @@ def test_bench_ar_runs(small_checkpoint, tmp_path, capsys):
 
 
 def test_bench_study_commands_write_tables_and_figures(small_checkpoint, small_drafters, tmp_path, capsys):
-    """threshold, gamma and depth on a random small model: tables, PNGs, JSON."""
+    """threshold, gamma, depth and budget on a random small model: tables, PNGs, JSON."""
     drafter = f"d={small_drafters['dspark']}"
     common = ["--prompts-per-domain", "2", "--max-new-tokens", "6", "--checkpoint", str(small_checkpoint),
               "--out", str(tmp_path)]  # fmt: skip
@@ -283,6 +283,24 @@ def test_bench_study_commands_write_tables_and_figures(small_checkpoint, small_d
     # a missing study checkpoint says how to train it
     assert run_main(bench.main, [*argv[:-2], "--layers", "2"]) == 2
     assert "python -m dspark.train drafter --kind dspark --layers 2" in capsys.readouterr().err
+    # budget: a run's --keep-at snapshot and its end, each with the epochs its JSON records
+    record = json.loads(meta_file.read_text())
+    meta_file.write_text(json.dumps(record | {"meta": record["meta"] | {"epochs": 1.0}}))
+    (study_dir / "dspark_L1.epochs-0.5.safetensors").write_bytes(
+        (study_dir / "dspark_L1.safetensors").read_bytes()
+    )
+    (study_dir / "dspark_L1.epochs-0.5.json").write_text(json.dumps(record | {"meta": {"epochs": 0.5}}))
+    budget = ["budget", "--points", "dspark:1", "--gamma", "3", "--study-dir", str(study_dir), *common]
+    assert run_main(bench.main, [*budget, "--marks", "0.5", "--json", str(tmp_path / "b.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "| dspark | 1 | 0.50 |" in printed and "| dspark | 1 | 1.00 |" in printed
+    macro_rows = [
+        r for r in json.loads((tmp_path / "b.json").read_text())["results"] if r["domain"] == "macro"
+    ]
+    assert [r["epochs"] for r in macro_rows] == [0.5, 1.0]
+    assert (tmp_path / "budget.md").is_file() and (tmp_path / "budget.png").stat().st_size > 1000
+    assert run_main(bench.main, [*budget, "--marks", "0.5,2"]) == 2  # a snapshot the run did not keep
+    assert "--keep-at 0.5 2" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("policy", ["dspark", "none"])

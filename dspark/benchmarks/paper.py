@@ -1,8 +1,8 @@
-"""`bench offline | depth | gamma | threshold | calibration | appendix-a`: the paper's quality claims.
+"""`bench offline | depth | budget | gamma | threshold | calibration | appendix-a`: the paper's quality claims.
 
 Each function parses nothing: it takes the parsed options (dspark/bench.py builds them), calls the
 measurement in dspark/study/ (offline.py, tables.py, plots.py, ...), prints its table and returns the
-JSON record. Table 1 and Fig. 2 (offline), Fig. 3 (depth), Fig. 4 (gamma), Fig. 5 (threshold), Fig. 6
+JSON record. Table 1 and Fig. 2 (offline), Fig. 3 (depth), the budget curve, Fig. 4 (gamma), Fig. 5 (threshold), Fig. 6
 (calibration), Appendix A.
 """
 
@@ -112,6 +112,39 @@ def bench_depth(args: argparse.Namespace) -> dict:
           f"{dtype_name(target)}\n\n" + table)  # fmt: skip
     write_outputs(args, "depth", table, lambda out: plots.plot_depth(rows, out / "depth.png"))
     return {"benchmark": "depth", "gamma": args.gamma, "temperature": args.temperature,
+            "prompts": prompts_label(args.prompts), "machine": cpu_description(),
+            "dtype": dtype_name(target), "results": rows}  # fmt: skip
+
+
+def bench_budget(args: argparse.Namespace) -> dict:
+    """tau per domain of each STUDY_DIR/<kind>_L<layers>.safetensors run at its --keep-at snapshots
+    (<kind>_L<layers>.epochs-E.safetensors, E from --marks) and at its end: the budget curve of one run per
+    drafter. With --out: budget.md and budget.png.
+    """
+    from dspark.training.drafters import snapshot_path
+
+    tokenizer, target = load_model(args)
+    runs = {}
+    for kind, n in args.points:
+        final = Path(args.study_dir) / f"{kind}_L{n}.safetensors"
+        runs[kind, n] = [snapshot_path(final, e) for e in args.marks] + [final]
+        for path in runs[kind, n]:
+            if not path.is_file():
+                raise UsageError(f"missing {path}: train the run with `python -m dspark.train drafter --kind "
+                                 f"{kind} --layers {n} --epochs E --keep-at {' '.join(f'{e:g}' for e in args.marks)} "
+                                 f"--out {final}`")  # fmt: skip
+    prompts = study_prompts(args, tokenizer, target)
+    rows = []
+    for (kind, n), checkpoints in runs.items():
+        for path in checkpoints:
+            epochs = offline.trained_epochs(path)
+            point = offline.run_depth(target, {(kind, n): path}, prompts, SamplingParams(args.temperature),
+                                      args.gamma, args.max_new_tokens, tokenizer.eos_id)  # fmt: skip
+            rows += [r | {"epochs": epochs} for r in point]
+    table = tables.budget_table(rows)
+    print(f"training budget, T = {args.temperature:g}, tau; {dtype_name(target)}\n\n" + table)
+    write_outputs(args, "budget", table, lambda out: plots.plot_budget(rows, out / "budget.png"))
+    return {"benchmark": "budget", "gamma": args.gamma, "temperature": args.temperature,
             "prompts": prompts_label(args.prompts), "machine": cpu_description(),
             "dtype": dtype_name(target), "results": rows}  # fmt: skip
 

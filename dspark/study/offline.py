@@ -399,6 +399,14 @@ def validation_acceptance(checkpoint: Path) -> list[float] | None:
     return json.loads(meta_file.read_text()).get("meta", {}).get("val_expected_acceptance")
 
 
+def trained_epochs(checkpoint: Path) -> float | None:
+    """The epochs `train drafter` had run when it wrote the checkpoint (its JSON; None: not recorded)."""
+    meta_file = config_path(checkpoint)
+    if not meta_file.is_file():
+        return None
+    return json.loads(meta_file.read_text()).get("meta", {}).get("epochs")
+
+
 def run_gamma(
     target: Transformer,
     drafters: dict[str, Drafter],

@@ -7,7 +7,7 @@ on machines without a display; the notebooks show the saved files or draw
 their own figures inline.
 
   * offline study (paper Figs. 2-5): `plot_position_acceptance`, `plot_depth`,
-    `plot_gamma`, `plot_threshold`;
+    `plot_gamma`, `plot_threshold`; the training budget: `plot_budget`;
   * calibration: `plot_reliability` (before/after STS, per position);
   * SPS profiles: `plot_profiles`;
   * serving frontier: `plot_frontier`, `plot_load`.
@@ -86,6 +86,26 @@ def plot_depth(rows: list[dict], path: str | Path) -> None:
         ax.set_xlabel("drafter layers")
         ax.set_xticks(sorted({r["layers"] for r in rows}))
         ax.grid(alpha=0.3)
+    axes[0].set_ylabel("τ (tokens per round)")
+    axes[0].legend(fontsize=8)
+    _save(fig, path)
+
+
+def plot_budget(rows: list[dict], path: str | Path) -> None:
+    """The budget curve: τ (per domain and macro) against training epochs, one line per (kind, layers)."""
+    plt = _pyplot()
+    domains = [*dict.fromkeys(r["domain"] for r in rows)]
+    fig, axes = plt.subplots(1, len(domains), figsize=(3.4 * len(domains), 3.2), sharey=True)
+    for ax, domain in zip(axes, domains):
+        for kind, layers in dict.fromkeys((r["kind"], r["layers"]) for r in rows):
+            pts = sorted((r["epochs"], r["tau"]) for r in rows
+                         if (r["kind"], r["layers"], r["domain"]) == (kind, layers, domain) and r["epochs"])  # fmt: skip
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=f"{kind}-{layers}")
+        ax.set_xscale("log")
+        ax.set_title(domain)
+        ax.set_xlabel("epochs over the supervised positions")
+        ax.grid(alpha=0.3, which="both")
     axes[0].set_ylabel("τ (tokens per round)")
     axes[0].legend(fontsize=8)
     _save(fig, path)

@@ -97,6 +97,21 @@ def depth_table(rows: list[dict]) -> str:
     return markdown_table(header, body)
 
 
+def budget_table(rows: list[dict]) -> str:
+    """τ per domain and macro per (kind, layers, epochs) of `bench budget`, with the mean validation c*."""
+    domains = list(dict.fromkeys(r["domain"] for r in rows if r["domain"] != "macro"))
+    key = lambda r: (r["kind"], r["layers"], r["epochs"])  # noqa: E731
+    body = []
+    for s in (r for r in rows if r["domain"] == "macro"):
+        tau = [next(r["tau"] for r in rows if key(r) == key(s) and r["domain"] == d) for d in domains]
+        c_star = s.get("val_c_star")
+        epochs = None if s["epochs"] is None else f"{s['epochs']:.2f}"
+        body.append(
+            [s["kind"], s["layers"], epochs, f"{macro(c_star):.3f}" if c_star else None, *tau, s["tau"]]
+        )
+    return markdown_table(["drafter", "layers", "epochs", "val c* (mean)", *domains, "macro τ"], body)
+
+
 def gamma_table(tau_rows: list[dict], latency_rows: list[dict], latency_batch: int) -> str:
     domains = list(dict.fromkeys(r["domain"] for r in tau_rows))
     header = ["drafter", "γ", *domains, "macro", f"round ms (batch {latency_batch})", "draft ms"]
