@@ -1,7 +1,7 @@
-"""Drafter training is device-aware: a step run with CPU models and CPU inputs inside
-`with torch.device("meta")` (every tensor factory without an explicit device then makes a meta tensor,
-and mixing meta with CPU fails) gives the same loss and gradients as outside it, for every kind; and the
-learning-rate schedule is the reference's (4% linear warm-up, cosine decay)."""
+"""Drafter training is device-aware: a step, and a short run with its feature cache, run with CPU models and CPU
+inputs inside `with torch.device("meta")` (every tensor factory without an explicit device then makes a meta
+tensor, and mixing meta with CPU fails) gives the same loss and gradients as outside it, for every kind; and
+the learning-rate schedule is the reference's (4% linear warm-up, cosine decay)."""
 
 from __future__ import annotations
 
@@ -70,30 +70,45 @@ def test_the_learning_rate_schedule():
     assert max(lrs) == pytest.approx(peak) and not any(math.isnan(x) for x in lrs)
 
 
-@pytest.mark.parametrize("kind", ["eagle", "dspark"])
+@pytest.mark.parametrize("kind", ["mtp", "eagle", "dflash", "dspark"])
 def test_a_short_run_is_device_aware(tiny_model, tmp_path, kind):
-    """`train_drafter` end to end (live features, validation, checkpoint): the same weights inside the meta
-    context as outside it."""
+    """`train features` (the cache build) and `train_drafter` end to end (steps from the cache, validation on
+    live features, checkpoint): the same weights and validation inside the meta context as outside it."""
     from dspark.checkpoint import read_checkpoint
     from dspark.training.drafters import train_drafter
-    from dspark.training.feature_cache import LiveFeatures
+    from dspark.training.feature_cache import LiveFeatures, build_feature_cache
 
     g = torch.Generator().manual_seed(0)
     records = [{"prompt_ids": torch.randint(0, 97, (4,), generator=g).tolist(),
                 "response_ids": torch.randint(0, 97, (n,), generator=g).tolist()} for n in (9, 14, 6, 11)]  # fmt: skip
-    tc = DrafterTrainConfig(steps=2, batch_size=2, eval_every=1, anchors_per_seq=3, bf16=False)
+    tc = DrafterTrainConfig(steps=2, batch_size=2, eval_every=1, anchors_per_seq=3, bf16=False,
+                            unroll=1 if kind == "mtp" else 3)  # fmt: skip
+
+    def run(name: str) -> None:
+        cache = build_feature_cache(tiny_model, records, tmp_path / f"{name}-features", dtype="float32")
+        train_drafter(
+            drafter,
+            tiny_model,
+            cache,
+            LiveFeatures(tiny_model, records),
+            tc,
+            tmp_path / f"{name}.safetensors",
+            {},
+        )
+
     saved = []
     for inside in (False, True):
-        drafter = make(tiny_model, kind) if kind == "dspark" else make_drafter(kind, tiny_model, 3)
-        out = tmp_path / f"{inside}.safetensors"
+        drafter = (
+            make(tiny_model, kind)
+            if kind in ("dflash", "dspark")
+            else make_drafter(kind, tiny_model, tc.unroll)
+        )
         if inside:
             with torch.device("meta"):
-                train_drafter(drafter, tiny_model, LiveFeatures(tiny_model, records), LiveFeatures(tiny_model, records),
-                              tc, out, {})  # fmt: skip
+                run("inside")
         else:
-            train_drafter(drafter, tiny_model, LiveFeatures(tiny_model, records), LiveFeatures(tiny_model, records),
-                          tc, out, {})  # fmt: skip
-        saved.append(read_checkpoint(out))
+            run("outside")
+        saved.append(read_checkpoint(tmp_path / f"{'inside' if inside else 'outside'}.safetensors"))
     (meta_a, weights_a), (meta_b, weights_b) = saved
     assert meta_a["meta"]["val_expected_acceptance"] == meta_b["meta"]["val_expected_acceptance"]
     assert weights_a.keys() == weights_b.keys()
