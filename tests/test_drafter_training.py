@@ -84,6 +84,15 @@ def test_training_improves_acceptance_and_round_trips(tmp_path, tiny_model):
         torch.testing.assert_close(a.half().float(), b, msg=name)
 
 
+def live_sets(target, n: int, shortest: int, n_val: int, seed: int) -> tuple[LiveFeatures, LiveFeatures]:
+    """n random code records (4 prompt tokens, responses of shortest, shortest + 1, ... tokens) as live training
+    features, and the first n_val of them as the validation set."""
+    g = torch.Generator().manual_seed(seed)
+    records = [{"domain": "code", "split": "train", "prompt_ids": torch.randint(0, 97, (4,), generator=g).tolist(),
+                "response_ids": torch.randint(0, 97, (shortest + i,), generator=g).tolist()} for i in range(n)]  # fmt: skip
+    return LiveFeatures(target, records), LiveFeatures(target, records[:n_val])
+
+
 class StopsAt:
     """A feature source that raises KeyboardInterrupt when asked for its `n`-th batch (an interrupted run)."""
 
@@ -110,10 +119,7 @@ def test_an_interrupted_run_resumes_exactly(tmp_path, tiny_model, kind):
     from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
     from dspark.training.drafters import trainer_state_path
 
-    g = torch.Generator().manual_seed(0)
-    records = [{"domain": "code", "split": "train", "prompt_ids": torch.randint(0, 97, (4,), generator=g).tolist(),
-                "response_ids": torch.randint(0, 97, (6 + i,), generator=g).tolist()} for i in range(12)]  # fmt: skip
-    train, val = LiveFeatures(tiny_model, records), LiveFeatures(tiny_model, records[:4])
+    train, val = live_sets(tiny_model, n=12, shortest=6, n_val=4, seed=0)
 
     def fresh():
         torch.manual_seed(0)
@@ -147,10 +153,7 @@ def test_snapshots_keep_the_run_and_its_resumption_unchanged(tmp_path, tiny_mode
     same files."""
     from dspark.training.drafters import snapshot_path
 
-    g = torch.Generator().manual_seed(1)
-    records = [{"domain": "code", "split": "train", "prompt_ids": torch.randint(0, 97, (4,), generator=g).tolist(),
-                "response_ids": torch.randint(0, 97, (5 + i,), generator=g).tolist()} for i in range(9)]  # fmt: skip
-    train, val = LiveFeatures(tiny_model, records), LiveFeatures(tiny_model, records[:3])
+    train, val = live_sets(tiny_model, n=9, shortest=5, n_val=3, seed=1)
 
     def fresh():
         torch.manual_seed(0)
