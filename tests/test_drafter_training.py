@@ -175,9 +175,8 @@ def test_snapshots_keep_the_run_and_its_resumption_unchanged(tmp_path, tiny_mode
     assert snap["steps"] == 9 and snap["history"][-1]["step"] == 6 and snap["epochs"] == pytest.approx(2)
     assert snapshot_path(tmp_path / "run.safetensors", 0.5).name == "run.epochs-0.5.safetensors"
 
-    out = (
-        tmp_path / "cut.safetensors"
-    )  # stopped during step 7: after the step-6 snapshot, before step 8's save
+    # stopped during step 7: after the step-6 snapshot, before step 8's save
+    out = tmp_path / "cut.safetensors"
     with pytest.raises(KeyboardInterrupt):
         train_drafter(fresh(), tiny_model, StopsAt(train, 7), val, tc, out, {}, keep_at=(0.5, 2))
     resumed = train_drafter(fresh(), tiny_model, train, val, tc, out, {}, resume=True, keep_at=(0.5, 2))

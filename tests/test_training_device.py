@@ -5,6 +5,7 @@ the learning-rate schedule is the reference's (4% linear warm-up, cosine decay).
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -84,31 +85,18 @@ def test_a_short_run_is_device_aware(tiny_model, tmp_path, kind):
     tc = DrafterTrainConfig(steps=2, batch_size=2, eval_every=1, anchors_per_seq=3, bf16=False,
                             unroll=1 if kind == "mtp" else 3)  # fmt: skip
 
-    def run(name: str) -> None:
-        cache = build_feature_cache(tiny_model, records, tmp_path / f"{name}-features", dtype="float32")
-        train_drafter(
-            drafter,
-            tiny_model,
-            cache,
-            LiveFeatures(tiny_model, records),
-            tc,
-            tmp_path / f"{name}.safetensors",
-            {},
-        )
-
     saved = []
-    for inside in (False, True):
+    for name, where in (("outside", contextlib.nullcontext()), ("inside", torch.device("meta"))):
         drafter = (
             make(tiny_model, kind)
             if kind in ("dflash", "dspark")
             else make_drafter(kind, tiny_model, tc.unroll)
         )
-        if inside:
-            with torch.device("meta"):
-                run("inside")
-        else:
-            run("outside")
-        saved.append(read_checkpoint(tmp_path / f"{'inside' if inside else 'outside'}.safetensors"))
+        with where:
+            cache = build_feature_cache(tiny_model, records, tmp_path / f"{name}-features", dtype="float32")
+            live = LiveFeatures(tiny_model, records)
+            train_drafter(drafter, tiny_model, cache, live, tc, tmp_path / f"{name}.safetensors", {})
+        saved.append(read_checkpoint(tmp_path / f"{name}.safetensors"))
     (meta_a, weights_a), (meta_b, weights_b) = saved
     assert meta_a["meta"]["val_expected_acceptance"] == meta_b["meta"]["val_expected_acceptance"]
     assert weights_a.keys() == weights_b.keys()

@@ -96,13 +96,13 @@ def bench_depth(args: argparse.Namespace) -> dict:
     ...`), with each checkpoint's validation c*, size and drafting time per pass at --draft-batches requests.
     With --out: depth.md and depth.png (paper Fig. 3 analogue).
     """
-    tokenizer, target = load_model(args)
     points = args.points or [(kind, n) for kind in args.kinds for n in args.layers]
     checkpoints = {(kind, n): Path(args.study_dir) / f"{kind}_L{n}.safetensors" for kind, n in points}
     for (kind, n), path in checkpoints.items():
         if not path.is_file():
             raise UsageError(f"missing {path}: train it with `python -m dspark.train drafter --kind {kind} "
                              f"--layers {n} --epochs 0.5 --out {path}`")  # fmt: skip
+    tokenizer, target = load_model(args)
     rows = offline.run_depth(target, checkpoints, study_prompts(args, tokenizer, target),
                              SamplingParams(args.temperature), args.gamma, args.max_new_tokens, tokenizer.eos_id,
                              args.draft_batches)  # fmt: skip
@@ -123,7 +123,6 @@ def bench_budget(args: argparse.Namespace) -> dict:
     """
     from dspark.training.drafters import snapshot_path
 
-    tokenizer, target = load_model(args)
     runs = {}
     for kind, n in args.points:
         final = Path(args.study_dir) / f"{kind}_L{n}.safetensors"
@@ -133,6 +132,7 @@ def bench_budget(args: argparse.Namespace) -> dict:
                 raise UsageError(f"missing {path}: train the run with `python -m dspark.train drafter --kind "
                                  f"{kind} --layers {n} --epochs E --keep-at {' '.join(f'{e:g}' for e in args.marks)} "
                                  f"--out {final}`")  # fmt: skip
+    tokenizer, target = load_model(args)  # after the checks: a missing run costs no model load
     prompts = study_prompts(args, tokenizer, target)
     rows = []
     for (kind, n), checkpoints in runs.items():

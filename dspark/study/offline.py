@@ -390,21 +390,23 @@ def run_depth(
     return rows
 
 
-def validation_acceptance(checkpoint: Path) -> list[float] | None:
-    """The validation expected acceptance c* per position that `train drafter` wrote into the checkpoint's
-    JSON (None: not recorded)."""
+def recorded_meta(checkpoint: Path, key: str):
+    """What `train drafter` recorded under `key` in the checkpoint's JSON (None: not recorded)."""
     meta_file = config_path(checkpoint)
     if not meta_file.is_file():
         return None
-    return json.loads(meta_file.read_text()).get("meta", {}).get("val_expected_acceptance")
+    return json.loads(meta_file.read_text()).get("meta", {}).get(key)
+
+
+def validation_acceptance(checkpoint: Path) -> list[float] | None:
+    """The validation expected acceptance c* per position that `train drafter` wrote into the checkpoint's
+    JSON (None: not recorded)."""
+    return recorded_meta(checkpoint, "val_expected_acceptance")
 
 
 def trained_epochs(checkpoint: Path) -> float | None:
     """The epochs `train drafter` had run when it wrote the checkpoint (its JSON; None: not recorded)."""
-    meta_file = config_path(checkpoint)
-    if not meta_file.is_file():
-        return None
-    return json.loads(meta_file.read_text()).get("meta", {}).get("epochs")
+    return recorded_meta(checkpoint, "epochs")
 
 
 def run_gamma(

@@ -79,6 +79,12 @@ def ratio_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def domain_taus(rows: list[dict], summary: dict, domains: list[str], fields: tuple[str, ...]) -> list[float]:
+    """τ per domain of the rows that agree with a macro `summary` row on `fields`, in `domains` order."""
+    same = [r for r in rows if all(r[f] == summary[f] for f in fields)]
+    return [next(r["tau"] for r in same if r["domain"] == d) for d in domains]
+
+
 def depth_table(rows: list[dict]) -> str:
     """τ per domain and macro per (kind, layers); with `run_depth`'s extras, the mean validation c*, the
     checkpoint's MB and the drafting ms per batch size."""
@@ -89,8 +95,7 @@ def depth_table(rows: list[dict]) -> str:
               *(f"draft ms (batch {n})" for n in batches)]  # fmt: skip
     body = []
     for s in summaries:
-        tau = [next(r["tau"] for r in rows if (r["kind"], r["layers"], r["domain"]) == (s["kind"], s["layers"], d))
-               for d in domains]  # fmt: skip
+        tau = domain_taus(rows, s, domains, ("kind", "layers"))
         c_star = s.get("val_c_star")
         body.append([s["kind"], s["layers"], s.get("megabytes"), f"{macro(c_star):.3f}" if c_star else None, *tau,
                      s["tau"], *(s["draft_ms"][n] for n in batches)])  # fmt: skip
@@ -100,10 +105,9 @@ def depth_table(rows: list[dict]) -> str:
 def budget_table(rows: list[dict]) -> str:
     """τ per domain and macro per (kind, layers, epochs) of `bench budget`, with the mean validation c*."""
     domains = list(dict.fromkeys(r["domain"] for r in rows if r["domain"] != "macro"))
-    key = lambda r: (r["kind"], r["layers"], r["epochs"])  # noqa: E731
     body = []
     for s in (r for r in rows if r["domain"] == "macro"):
-        tau = [next(r["tau"] for r in rows if key(r) == key(s) and r["domain"] == d) for d in domains]
+        tau = domain_taus(rows, s, domains, ("kind", "layers", "epochs"))
         c_star = s.get("val_c_star")
         epochs = None if s["epochs"] is None else f"{s['epochs']:.2f}"
         body.append(

@@ -99,10 +99,8 @@ def cmd_drafter(args: argparse.Namespace) -> None:
     source = args.model or Path(args.checkpoint).name
     meta = {"target_checkpoint": source, "tap_layers": list(target.config.tap_layers),
             "responses": len(train_set), "features": "live" if args.live else "cache"}  # fmt: skip
-    keep_at = tuple(sorted(args.keep_at or ()))
-    meta = train_drafter(
-        drafter, target, train_set, val_set, tc, out, meta, resume=args.resume, keep_at=keep_at
-    )
+    meta = train_drafter(drafter, target, train_set, val_set, tc, out, meta, resume=args.resume,
+                         keep_at=tuple(args.keep_at or ()))  # fmt: skip
     acc = " ".join(f"{a:.3f}" for a in meta["val_expected_acceptance"])
     print(f"saved {out}; {meta['epochs']:.2f} epochs, {meta['seconds'] / 60:.1f} min, "
           f"{meta['anchors_per_s']:.0f} anchors/s; validation expected acceptance per position: {acc}")  # fmt: skip

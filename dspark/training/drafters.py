@@ -342,8 +342,9 @@ def train_drafter(
             optimizer.step()
             bar.set_postfix(loss=f"{loss.item():.3f}", c1=f"{float(acc[0]):.3f}", epochs=f"{epochs:.2f}")
         state["busy"] += time.perf_counter() - t_step
+        regular = (step + 1) % tc.eval_every == 0 or step + 1 == steps  # a validation that saves the run
         reached = [e for e in keep_at if epochs >= e > (state["seen"] - anchors) / total_anchors]
-        if reached or (step + 1) % tc.eval_every == 0 or step + 1 == steps:
+        if regular or reached:
             val_acc = evaluate(drafter, target, val, tc)
             state["history"].append({"step": step + 1, "epochs": epochs, "val_expected_acceptance": val_acc})
             bar.write(f"step {step + 1} ({epochs:.2f} epochs): expected acceptance per position "
@@ -355,7 +356,7 @@ def train_drafter(
             for e in reached:  # a snapshot does not move the resume point: the state is saved as usual
                 save_checkpoint(drafter, drafter.config, snapshot_path(out_path, e), dtype=torch.float16,
                                 meta=record)  # fmt: skip
-            if (step + 1) % tc.eval_every == 0 or step + 1 == steps:
+            if regular:
                 save_checkpoint(drafter, drafter.config, out_path, dtype=torch.float16, meta=record)
                 save_trainer_state(trainer_path, identity, state, drafter, optimizer, g)
     if not record:  # resumed a run that had already finished
