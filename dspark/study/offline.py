@@ -390,7 +390,7 @@ def run_depth(
     return rows
 
 
-def recorded_meta(checkpoint: Path, key: str):
+def recorded_meta(checkpoint: Path, key: str) -> object | None:
     """What `train drafter` recorded under `key` in the checkpoint's JSON (None: not recorded)."""
     meta_file = config_path(checkpoint)
     if not meta_file.is_file():
