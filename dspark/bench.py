@@ -96,8 +96,8 @@ def parse_depth_points(text: str) -> list[tuple[str, int]]:
 
 def add_study_options(p: argparse.ArgumentParser, prompts_per_domain: int, temperature: bool = True) -> None:
     """Options shared by the offline-study benchmarks."""
-    option(p, "--prompts-per-domain", prompts_per_domain, "held-out prompts per domain", low=1,
-           high=EVAL_PER_DOMAIN)  # fmt: skip
+    option(p, "--prompts-per-domain", prompts_per_domain, f"held-out prompts per domain (at most "
+           f"{EVAL_PER_DOMAIN} of the shipped set; a --prompts file: up to its own count)", low=1)  # fmt: skip
     cli.add_sampling(p, max_new_tokens=96, temperature=1.0 if temperature else None)
     cli.add_target(p, pretrained=True)
     cli.add_device(p)
@@ -298,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     if poisson is not None and args.requests / poisson > MAX_ARRIVAL_SPAN_S:
         raise UsageError(f"--poisson {poisson:g}: {args.requests} requests would take about {args.requests / poisson:.3g} s "
                          f"to arrive; use a rate of at least {args.requests / MAX_ARRIVAL_SPAN_S:.3g} per second")  # fmt: skip
+    per_domain = getattr(args, "prompts_per_domain", None)
+    if per_domain is not None and per_domain > EVAL_PER_DOMAIN and getattr(args, "prompts", None) is None:
+        raise UsageError(f"--prompts-per-domain must be 1..{EVAL_PER_DOMAIN} for the shipped held-out prompts, got "
+                         f"{per_domain} (a --prompts file takes up to its own count)")  # fmt: skip
     cli.prepare_outputs(getattr(args, "out", None), args.json)  # fail now, not after the measurement
     result = run_benchmark(args)
     ok = result.pop("ok", True)  # False: a check failed (kernels that disagree or do not compile)

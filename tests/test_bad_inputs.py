@@ -215,6 +215,7 @@ CASES = [
     ("appendix-draws", "bench", ["appendix-a", "--draws", "2"], {}, "--draws"),
     ("thresholds-above-1", "bench", ["threshold", "--thresholds", "0.5,2"], {}, "--thresholds"),
     ("prompts-per-domain-0", "bench", ["offline", "--prompts-per-domain", "0"], {}, "--prompts-per-domain"),
+    ("prompts-per-domain-81", "bench", ["depth", "--prompts-per-domain", "81"], {}, "--prompts-per-domain must be 1..80"),
     ("calibration-dflash", "bench", ["calibration", "--drafter", "dflash"], {}, "no trained confidence head"),
     ("kernels-gamma-0", "bench", ["kernels", "--gamma", "0"], {}, "--gamma"),
     # train

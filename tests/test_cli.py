@@ -15,6 +15,7 @@ import torch
 
 from dspark import bench, generate, paths, train
 from dspark.cli import run_main
+from dspark.data.corpus import EVAL_PER_DOMAIN
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -484,6 +485,27 @@ def test_bench_offline_tau_only_measures_what_the_timed_run_does(
     # the scheduler's policies need the timed path
     assert run_main(bench.main, [*common, "--tau-only", "--policy", "dspark"]) == 2
     assert "--policy fixed" in capsys.readouterr().err
+
+
+def test_bench_offline_reads_more_prompts_of_a_file_than_the_shipped_set_holds(
+    small_checkpoint, small_drafters, tmp_path, capsys
+):
+    """--prompts-per-domain is capped at the shipped held-out set's 80 per domain, but a prompts file is measured
+    up to its own count (HumanEval: 164); asking a file for more than it holds measures what it has, and says so."""
+    prompts = tmp_path / "many.txt"
+    prompts.write_text("".join(f"say {i}\n" for i in range(EVAL_PER_DOMAIN + 3)))
+    out = tmp_path / "o.json"
+    argv = ["offline", "--drafters", f"d={small_drafters['dspark']}", "--gamma", "2", "--temperatures", "0",
+            "--tau-only", "--batch-size", "64", "--max-new-tokens", "2", "--checkpoint", str(small_checkpoint),
+            "--prompts", str(prompts), "--json", str(out)]  # fmt: skip
+    assert run_main(bench.main, [*argv, "--prompts-per-domain", str(EVAL_PER_DOMAIN + 10)]) == 0
+    assert f"per domain: prompts {EVAL_PER_DOMAIN + 3}," in capsys.readouterr().out
+    record = json.loads(out.read_text())
+    assert record["prompts_measured"] == {"prompts": EVAL_PER_DOMAIN + 3}
+    assert [len(r["prompt_tokens"]) for r in record["results"]] == [EVAL_PER_DOMAIN + 3]
+    # without a file, the shipped set's cap
+    assert run_main(bench.main, argv[:-4] + ["--prompts-per-domain", str(EVAL_PER_DOMAIN + 1)]) == 2
+    assert f"must be 1..{EVAL_PER_DOMAIN}" in capsys.readouterr().err
 
 
 def test_bench_training_times_the_drafter_train_drafter_builds(small_checkpoint, tmp_path, capsys):

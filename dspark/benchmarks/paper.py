@@ -42,6 +42,7 @@ def bench_offline(args: argparse.Namespace) -> dict:
     """
     tokenizer, target = load_model(args)
     by_domain = study_prompts(args, tokenizer, target)  # a bad --prompts file fails before the drafters load
+    counts = {domain: len(prompts) for domain, prompts in by_domain.items()}  # a file may hold fewer
     drafters = offline.load_labelled_drafters(target, args.drafters, args.target_name)
     gammas = {
         name: cli.resolve_gamma(args.gamma, d, name, mtp_drafts_one=True) for name, d in drafters.items()
@@ -65,9 +66,10 @@ def bench_offline(args: argparse.Namespace) -> dict:
                                    tokenizer.eos_id, scheduler_for)  # fmt: skip
     batch = f"tau only, batch {args.batch_size}" if args.tau_only else "batch 1"
     print(f"offline speculative decoding, gamma {', '.join(f'{n} {g}' for n, g in gammas.items())}, policy "
-          f"{', '.join(f'{n} {p}' for n, p in policies.items())}, {args.prompts_per_domain} held-out prompts "
-          f"{'of ' + prompts_label(args.prompts) + ' ' if args.prompts else ''}"
-          f"per domain, {batch}, {cpu_description()}, {dtype_name(target)}\n")  # fmt: skip
+          f"{', '.join(f'{n} {p}' for n, p in policies.items())}, held-out prompts "
+          f"{'of ' + prompts_label(args.prompts) + ' ' if args.prompts else ''}per domain: "
+          f"{', '.join(f'{d} {n}' for d, n in counts.items())}, {batch}, {cpu_description()}, "
+          f"{dtype_name(target)}\n")  # fmt: skip
     print(tables.speedup_table(rows), end="")
     table = tables.table1(rows)
     print("\nTable 1 analogue: tau (tokens per round incl. the bonus token)\n\n" + table)
@@ -86,8 +88,8 @@ def bench_offline(args: argparse.Namespace) -> dict:
     write_outputs(args, "table1", table, plot)
     return {"benchmark": "offline", "gamma": gammas, "policy": policies, "dtype": dtype_name(target),
             "prompts": prompts_label(args.prompts), "prompts_per_domain": args.prompts_per_domain,
-            "max_new_tokens": args.max_new_tokens, "machine": cpu_description(), "tau_only": args.tau_only,
-            "results": rows, "macro_tau_ratios": ratios}  # fmt: skip
+            "prompts_measured": counts, "max_new_tokens": args.max_new_tokens, "machine": cpu_description(),
+            "tau_only": args.tau_only, "results": rows, "macro_tau_ratios": ratios}  # fmt: skip
 
 
 def bench_depth(args: argparse.Namespace) -> dict:
