@@ -491,14 +491,22 @@ def test_bench_offline_reads_more_prompts_of_a_file_than_the_shipped_set_holds(
     small_checkpoint, small_drafters, tmp_path, capsys
 ):
     """--prompts-per-domain is capped at the shipped held-out set's 80 per domain, but a prompts file is measured
-    up to its own count (HumanEval: 164); asking a file for more than it holds measures what it has, and says so."""
+    up to its own count (HumanEval: 164); asking a file for more than it holds measures what it has, and says so;
+    its one domain draws as a one-panel figure."""
     prompts = tmp_path / "many.txt"
     prompts.write_text("".join(f"say {i}\n" for i in range(EVAL_PER_DOMAIN + 3)))
     out = tmp_path / "o.json"
     argv = ["offline", "--drafters", f"d={small_drafters['dspark']}", "--gamma", "2", "--temperatures", "0",
             "--tau-only", "--batch-size", "64", "--max-new-tokens", "2", "--checkpoint", str(small_checkpoint),
             "--prompts", str(prompts), "--json", str(out)]  # fmt: skip
-    assert run_main(bench.main, [*argv, "--prompts-per-domain", str(EVAL_PER_DOMAIN + 10)]) == 0
+    figures = tmp_path / "figures"  # one domain: a figure of one panel
+    assert (
+        run_main(
+            bench.main, [*argv, "--prompts-per-domain", str(EVAL_PER_DOMAIN + 10), "--out", str(figures)]
+        )
+        == 0
+    )
+    assert (figures / "position_acceptance_T0.png").stat().st_size > 0
     assert f"per domain: prompts {EVAL_PER_DOMAIN + 3}," in capsys.readouterr().out
     record = json.loads(out.read_text())
     assert record["prompts_measured"] == {"prompts": EVAL_PER_DOMAIN + 3}

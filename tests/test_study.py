@@ -11,6 +11,7 @@ from dspark.drafters.autoregressive import AutoregressiveDrafter, Autoregressive
 from dspark.sampling import SamplingParams
 from dspark.serving.rounds import RoundStats as Rounds
 from dspark.serving.speculative import speculative_generate
+from dspark.study import plots
 from dspark.study.offline import measure_tau, round_latency, threshold_sweep
 from dspark.study.tables import markdown_table
 
@@ -128,3 +129,14 @@ def test_repeated_serve_sweeps_are_paired_within_a_repeat():
     assert mean_interval([2.0]) == (2.0, 2.0, 2.0)
     mean, low, high = mean_interval([1.0, 2.0, 3.0, 4.0])
     assert mean == 2.5 and high - mean == pytest.approx(3.182 * (5 / 3) ** 0.5 / 2)
+
+
+def test_study_figures_draw_a_single_domain(tmp_path):
+    """A prompts file may hold one domain (HumanEval: code): every per-domain figure then has one panel."""
+    depth = [{"kind": "dspark", "layers": n, "domain": "code", "tau": 2.0 + n / 10} for n in (1, 2)]
+    budget = [{**r, "epochs": e} for r in depth for e in (0.5, 1.0)]
+    acceptance = [{"drafter": "d", "domain": "code", "cond_acceptance": [0.6, 0.5], "cond_tries": [10, 6]}]
+    plots.plot_depth(depth, tmp_path / "depth.png")
+    plots.plot_budget(budget, tmp_path / "budget.png")
+    plots.plot_position_acceptance(acceptance, tmp_path / "acceptance.png", "one domain")
+    assert all((tmp_path / f"{n}.png").stat().st_size > 0 for n in ("depth", "budget", "acceptance"))

@@ -39,12 +39,18 @@ def _save(fig, path: str | Path) -> None:
     _pyplot().close(fig)
 
 
+def _panels(count: int, width: float, height: float, **kwargs) -> tuple:
+    """A figure with `count` panels side by side and the list of its axes (a list even for one panel: a prompts
+    file may hold one domain)."""
+    fig, axes = _pyplot().subplots(1, count, figsize=(width * count, height), squeeze=False, **kwargs)
+    return fig, list(axes[0])
+
+
 def plot_position_acceptance(rows: list[dict], path: str | Path, title: str) -> None:
     """Fig. 2 analogue: one panel per domain, one line per drafter (rows of `bench offline`), with 95%
     Wilson intervals where the rows carry their round counts."""
-    plt = _pyplot()
     domains = list(dict.fromkeys(r["domain"] for r in rows))
-    fig, axes = plt.subplots(1, len(domains), figsize=(4.2 * len(domains), 3.4), sharey=True)
+    fig, axes = _panels(len(domains), 4.2, 3.4, sharey=True)
     for ax, domain in zip(axes, domains):
         for r in rows:
             if r["domain"] == domain and r["cond_acceptance"]:
@@ -75,9 +81,8 @@ def plot_position_acceptance(rows: list[dict], path: str | Path, title: str) -> 
 
 def plot_depth(rows: list[dict], path: str | Path) -> None:
     """Fig. 3 analogue: macro τ (and per domain) against backbone layers, per kind."""
-    plt = _pyplot()
     domains = [*dict.fromkeys(r["domain"] for r in rows)]
-    fig, axes = plt.subplots(1, len(domains), figsize=(3.4 * len(domains), 3.2))
+    fig, axes = _panels(len(domains), 3.4, 3.2)
     for ax, domain in zip(axes, domains):
         for kind in dict.fromkeys(r["kind"] for r in rows):
             pts = sorted((r["layers"], r["tau"]) for r in rows if r["kind"] == kind and r["domain"] == domain)
@@ -93,9 +98,8 @@ def plot_depth(rows: list[dict], path: str | Path) -> None:
 
 def plot_budget(rows: list[dict], path: str | Path) -> None:
     """The budget curve: τ (per domain and macro) against training epochs, one line per (kind, layers)."""
-    plt = _pyplot()
     domains = [*dict.fromkeys(r["domain"] for r in rows)]
-    fig, axes = plt.subplots(1, len(domains), figsize=(3.4 * len(domains), 3.2), sharey=True)
+    fig, axes = _panels(len(domains), 3.4, 3.2, sharey=True)
     for ax, domain in zip(axes, domains):
         for kind, layers in dict.fromkeys((r["kind"], r["layers"]) for r in rows):
             pts = sorted((r["epochs"], r["tau"]) for r in rows
@@ -113,9 +117,8 @@ def plot_budget(rows: list[dict], path: str | Path) -> None:
 
 def plot_gamma(tau_rows: list[dict], latency_rows: list[dict], path: str | Path) -> None:
     """Fig. 4 analogue: τ against γ per domain, and round latency against γ per kind."""
-    plt = _pyplot()
     domains = [*dict.fromkeys(r["domain"] for r in tau_rows)]
-    fig, axes = plt.subplots(1, len(domains) + 1, figsize=(3.4 * (len(domains) + 1), 3.2))
+    fig, axes = _panels(len(domains) + 1, 3.4, 3.2)
     for ax, domain in zip(axes, domains):
         for kind in dict.fromkeys(r["kind"] for r in tau_rows):
             pts = sorted(
@@ -142,9 +145,8 @@ def plot_gamma(tau_rows: list[dict], latency_rows: list[dict], path: str | Path)
 
 def plot_threshold(rows: list[dict], path: str | Path) -> None:
     """Fig. 5 analogue: accepted/rejected drafts per step (bars) and acceptance rate (line)."""
-    plt = _pyplot()
     domains = [*dict.fromkeys(r["domain"] for r in rows)]
-    fig, axes = plt.subplots(1, len(domains), figsize=(4.2 * len(domains), 3.4), sharey=True)
+    fig, axes = _panels(len(domains), 4.2, 3.4, sharey=True)
     for ax, domain in zip(axes, domains):
         sub = [r for r in rows if r["domain"] == domain]
         x = [r["threshold"] for r in sub]
@@ -170,8 +172,8 @@ def plot_reliability(conf, events, mask, temperatures, path: str | Path, title: 
     plt = _pyplot()
     gamma = conf.shape[1]
     raw, cal = prefix_survival(conf), prefix_survival(conf, temperatures)
-    fig, axes = plt.subplots(1, gamma, figsize=(2.4 * gamma, 2.7), sharey=True)
-    for k, ax in enumerate(axes if gamma > 1 else [axes]):
+    fig, axes = _panels(gamma, 2.4, 2.7, sharey=True)
+    for k, ax in enumerate(axes):
         m = mask[:, k]
         ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
         for label, s, style in (("raw", raw, "o-"), ("STS", cal, "s-")):
@@ -184,7 +186,7 @@ def plot_reliability(conf, events, mask, temperatures, path: str | Path, title: 
         ax.legend(fontsize=6, loc="upper left")
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
-    (axes[0] if gamma > 1 else axes).set_ylabel("observed survival")
+    axes[0].set_ylabel("observed survival")
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
