@@ -1,7 +1,8 @@
 """`python -m dspark.generate`: talk to the shipped target model.
 
-With no prompt it runs a short demo: one held-out evaluation prompt per domain
-(code, math, chat). Otherwise every positional argument is a prompt; they are
+With no prompt it runs a short demo, one prompt per domain (code, math, chat): a
+held-out prompt of the tiny corpus for the shipped target, an everyday request
+(`EVERYDAY_DEMO`) for a pretrained one (--model). Otherwise every positional argument is a prompt; they are
 generated together as one batch.
 
 By default the shipped DSpark drafter (parallel backbone + Markov head, γ = 7)
@@ -54,6 +55,22 @@ from dspark.sampling import SamplingParams
 from dspark.scheduling.scheduler import POLICY_NAMES
 from dspark.serving.speculative import SpeculativeResult, speculative_generate
 from dspark.study.gpu import measured_scheduler
+
+# The demo of a pretrained target: requests as a new user types them, written by hand (not by any generator of
+# the project's). The shipped tiny target knows only its corpus, so its demo takes that corpus's held-out prompts.
+EVERYDAY_DEMO = {
+    "code": "Write a Python function that returns the largest of three numbers.",
+    "math": "If a pizza is cut into 8 slices and I eat 3, what fraction of the pizza is left?",
+    "chat": "Tell me a fun fact about octopuses.",
+}
+
+
+def demo_prompts(target_name: str) -> dict[str, str]:
+    """The demo's prompt per domain: the tiny corpus's first held-out one for the shipped target ("tiny"),
+    `EVERYDAY_DEMO` for a pretrained one."""
+    if target_name == "tiny":
+        return {domain: prompts[0] for domain, prompts in eval_prompts_by_domain(per_domain=1).items()}
+    return dict(EVERYDAY_DEMO)
 
 
 def _colour() -> bool:
@@ -167,8 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.prompts:
         labels, texts = ["prompt"] * len(args.prompts), args.prompts
     else:
-        demo = eval_prompts_by_domain(per_domain=1)
-        labels, texts = list(demo), [p[0] for p in demo.values()]
+        demo = demo_prompts(target_name)
+        labels, texts = list(demo), list(demo.values())
     prompts = [tokenizer.chat_prompt(t) for t in texts]
     check_prompts(prompts, model.config.max_seq_len, names=names)  # before loading a drafter
 

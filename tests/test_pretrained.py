@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from dspark import generate
 from dspark.checkpoint import CheckpointError
+from dspark.cli import run_main
 from dspark.data.tokenizer import Tokenizer
 from dspark.pretrained import fetch, llama, load_pretrained
 from dspark.pretrained.fetch import FetchError, KnownModel
@@ -197,6 +199,19 @@ def test_generate_runs_a_gguf_target(tmp_path, original, hf_tok):
     run = subprocess.run([sys.executable, "-m", "dspark.generate", "--model", str(path), "hello"],
                          capture_output=True, text=True)  # fmt: skip
     assert run.returncode == 2 and "no dspark drafter is shipped for the target 'custom'" in run.stderr
+
+
+def test_the_demo_of_a_pretrained_target_asks_everyday_requests(tmp_path, original, hf_tok, capsys):
+    """No prompt: a pretrained target's demo asks the hand-written everyday requests, not the tiny corpus's
+    held-out prompts (which only the shipped tiny target was trained on)."""
+    path = write_gguf(tmp_path / "m.gguf", original, hf_tok)
+    assert run_main(generate.main, ["--model", str(path), "--drafter", "none", "--max-new-tokens", "2"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"[{domain}] {text}" in out for domain, text in generate.EVERYDAY_DEMO.items())
+    tiny = generate.demo_prompts("tiny")
+    assert list(tiny) == list(generate.EVERYDAY_DEMO) and not set(tiny.values()) & set(
+        generate.EVERYDAY_DEMO.values()
+    )
 
 
 # ---- fetching a named model (pip is faked: these tests never touch the network) ---------------------------
