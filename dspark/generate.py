@@ -2,8 +2,8 @@
 
 With no prompt it runs a short demo, one prompt per domain (code, math, chat): a
 held-out prompt of the tiny corpus for the shipped target, an everyday request
-(`EVERYDAY_DEMO`) for a pretrained one (--model). Otherwise every positional argument is a prompt; they are
-generated together as one batch.
+(`EVERYDAY_DEMO`) for a pretrained one (--model). Otherwise every positional
+argument is a prompt; they are generated together as one batch.
 
 By default the shipped DSpark drafter (parallel backbone + Markov head, γ = 7)
 drafts. `--drafter none` decodes plainly; `mtp` (MTP-1, one draft token per round),
