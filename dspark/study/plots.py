@@ -107,6 +107,10 @@ def plot_budget(rows: list[dict], path: str | Path) -> None:
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=f"{kind}-{layers}")
         ax.set_xscale("log")
+        # ticks at the budgets measured (a snapshot lands near its mark), not at powers of ten
+        marks = sorted({float(f"{r['epochs']:.2g}") for r in rows if r["domain"] == domain and r["epochs"]})
+        ax.set_xticks(marks, [f"{e:g}" for e in marks])
+        ax.minorticks_off()
         ax.set_title(domain)
         ax.set_xlabel("epochs over the supervised positions")
         ax.grid(alpha=0.3, which="both")
