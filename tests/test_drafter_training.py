@@ -112,8 +112,8 @@ class StopsAt:
         return self.source.batch(indices)
 
 
-@pytest.mark.parametrize("kind", ["eagle", "dspark"])
-def test_an_interrupted_run_resumes_exactly(tmp_path, tiny_model, kind):
+@pytest.mark.parametrize("kind, anchors", [("eagle", 2), ("dspark", 2), ("dspark", 0)])  # 0: every anchor
+def test_an_interrupted_run_resumes_exactly(tmp_path, tiny_model, kind, anchors):
     """Stopped during step 5 (after the validation at step 4), a resumed run ends with the same weights,
     history and validation as the run that never stopped: same batches, same anchors, same optimizer."""
     from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
@@ -129,7 +129,9 @@ def test_an_interrupted_run_resumes_exactly(tmp_path, tiny_model, kind):
             tiny_model, ParallelDrafterConfig(kind, gamma=3, ffn_hidden=64, rank=4, mask_id=5)
         )
 
-    tc = DrafterTrainConfig(steps=7, batch_size=3, unroll=3, anchors_per_seq=2, eval_every=2, bf16=False)
+    tc = DrafterTrainConfig(
+        steps=7, batch_size=3, unroll=3, anchors_per_seq=anchors, eval_every=2, bf16=False
+    )
     whole = train_drafter(fresh(), tiny_model, train, val, tc, tmp_path / "whole.safetensors", {})
     assert not trainer_state_path(tmp_path / "whole.safetensors").exists()  # a finished run leaves no state
 
