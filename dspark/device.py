@@ -59,7 +59,8 @@ def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
 
 def cpu_description(cpuinfo: str | None = None) -> str:
     """This CPU for a benchmark's header: model, the vector instructions that decide its matmul speed,
-    torch's thread count and, when set, OpenMP's wait policy, e.g. "AMD EPYC, AVX-512 + BF16, 2 threads" or
+    torch's thread count and, when set, OpenMP's wait policy, e.g. "AMD EPYC, AVX-512 + BF16, 2 threads" (AMX tiles,
+    where present, are named too: "+ AMX"; they, not AVX-512 BF16, made bf16 matmuls ~8x faster than fp32) or
     "..., 2 threads, OMP_WAIT_POLICY=PASSIVE". Timings depend on all of these: bf16 matmuls are fast only with
     BF16 instructions (emulated without), per-op overhead varies between machines, and passive waiting wakes
     sleeping threads for every parallel op (SmolLM2 bf16 on an idle 2-core AVX-512 EPYC: a decode step 24-30 ms
@@ -71,7 +72,11 @@ def cpu_description(cpuinfo: str | None = None) -> str:
     name = fields.get("model name") or platform.processor() or platform.machine() or "CPU"
     flags = set(fields.get("flags", "").split())
     if "avx512f" in flags:
-        vector = "AVX-512" + (" + BF16" if BF16_FLAGS & flags else ", no BF16")
+        vector = (
+            "AVX-512"
+            + (" + BF16" if BF16_FLAGS & flags else ", no BF16")
+            + (" + AMX" if "amx_bf16" in flags else "")
+        )
     elif "avx2" in flags:
         vector = "AVX2 (no AVX-512, no BF16)"
     else:

@@ -422,6 +422,10 @@ def test_cpu_description_names_the_vector_instructions(monkeypatch):
     assert dev.cpu_description(avx512.replace(" avx512_bf16", "")).startswith(
         "AMD EPYC 9R14, AVX-512, no BF16"
     )
+    amx = avx512.replace("avx512_bf16", "avx512_bf16 amx_bf16 amx_tile").replace(
+        "AMD EPYC 9R14", "Intel Xeon"
+    )
+    assert dev.cpu_description(amx) == f"Intel Xeon, AVX-512 + BF16 + AMX, {threads}"
     assert dev.cpu_description("").endswith(threads)  # no /proc/cpuinfo: still a line
     assert threads in dev.cpu_description()
 
