@@ -5,6 +5,8 @@
              position-wise acceptance, single-stream tokens/s and speed-up over
              no drafter (paper Table 1 and Fig. 2 analogues), and every macro-tau
              ratio with a 95% paired interval; --tau-only: no clock, batched
+  ratios     the same macro-tau ratios between the drafters of several offline runs'
+             JSON (a drafter trained later against committed results)
   depth      tau against the number of drafter layers, DSpark vs DFlash (Fig. 3)
   budget     tau against training epochs, from one run's --keep-at snapshots per drafter
   gamma      tau against the verified block length, and per-round latency with
@@ -50,6 +52,7 @@ from dspark.benchmarks.paper import (
     bench_depth,
     bench_gamma,
     bench_offline,
+    bench_ratios,
     bench_threshold,
 )
 from dspark.benchmarks.speed import (
@@ -154,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_gamma(p)
     add_study_options(p, prompts_per_domain=8, temperature=False)
     cli.add_prompts_file(p)
+
+    p = command("ratios", bench_ratios, "macro-tau ratios across the JSON of several offline runs")
+    p.add_argument("runs", nargs="+", metavar="RUN.json", help="`bench offline --json` files, same prompts")
+    p.add_argument("--drafters", type=parse_name_list, default=[],
+                   help="only these labels, in this order (A / B for A listed before B) (default: all)")  # fmt: skip
+    cli.add_outputs(p, "write ratios.md into DIR")
 
     study_dir = paths.runs_dir() / "study"
     p = command("depth", bench_depth, "Fig. 3: tau against drafter layers")

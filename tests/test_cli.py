@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
         (bench, []),
         (bench, ["ar"]),
         (bench, ["offline"]),
+        (bench, ["ratios"]),
         (bench, ["depth"]),
         (bench, ["gamma"]),
         (bench, ["threshold"]),
@@ -482,6 +483,17 @@ def test_bench_offline_tau_only_measures_what_the_timed_run_does(
     # what it measured, where
     assert records[0]["prompts"] == "shipped held-out" and records[0]["prompts_per_domain"] == 2
     assert records[0]["max_new_tokens"] == 6 and records[0]["machine"]
+    # `bench ratios` pairs the two runs' JSON over prompts: at T = 0 each drafter's τ is the same in both
+    both = [str(tmp_path / "o0.json"), str(tmp_path / "o3.json")]
+    assert (
+        run_main(bench.main, ["ratios", *both, "--drafters", "d,d@2,e", "--json", str(tmp_path / "r.json")])
+        == 0
+    )
+    ratios = {(r["a"], r["b"]): r for r in json.loads((tmp_path / "r.json").read_text())["macro_tau_ratios"]}
+    assert set(ratios) == {("d", "d@2"), ("d", "e"), ("d@2", "e")} and ratios["d", "d@2"]["ratio"] == 1.0
+    assert ratios["d", "e"]["ratio"] == ratios["d@2", "e"]["ratio"] == ratio["ratio"]
+    assert run_main(bench.main, ["ratios", both[0], str(tmp_path / "missing.json")]) == 2
+    assert "missing.json: not a readable JSON file" in capsys.readouterr().err
     # the scheduler's policies need the timed path
     assert run_main(bench.main, [*common, "--tau-only", "--policy", "dspark"]) == 2
     assert "--policy fixed" in capsys.readouterr().err

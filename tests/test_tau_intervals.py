@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dspark.serving.rounds import RoundStats
-from dspark.study.tau_intervals import macro_tau_ratio, prompt_counts, ratio_rows
+from dspark.study.tau_intervals import macro_tau_ratio, prompt_counts, ratio_rows, rows_of_runs
 
 
 def row(drafter: str, domain: str, tokens: list[int], rounds: list[int], temperature: float = 1.0) -> dict:
@@ -54,3 +54,42 @@ def test_ratio_rows_pair_every_drafter_per_temperature_and_skip_plain_decoding()
     rows.append({"drafter": "none", "domain": "code", "temperature": 1.0})  # no counts: skipped
     pairs = [(r["temperature"], r["a"], r["b"]) for r in ratio_rows(rows, draws=50)]
     assert pairs == [(t, a, b) for t in (0.0, 1.0) for a, b in (("x", "y"), ("x", "z"), ("y", "z"))]
+
+
+def offline_record(rows: list[dict], per_domain: int = 2) -> dict:
+    return {"benchmark": "offline", "prompts": "shipped held-out", "prompts_measured": {"code": per_domain},
+            "max_new_tokens": 96, "results": rows}  # fmt: skip
+
+
+def test_runs_are_paired_over_prompts_and_a_repeated_label_gets_its_run_number():
+    """`bench ratios`: a drafter of a later run against one of a committed run, and a drafter measured in both
+    runs against itself (label@2)."""
+    first = offline_record(
+        [row("dspark5", "code", [30, 10], [10, 5]), row("dspark", "code", [20, 10], [10, 5])]
+    )
+    second = offline_record([row("dspark2", "code", [24, 12], [8, 6]), row("dspark", "code", [22, 9], [10, 5]),
+                             row("none", "code", [5, 5], [5, 5])])  # fmt: skip
+    rows = rows_of_runs([first, second])
+    assert [r["drafter"] for r in rows] == [
+        "dspark5",
+        "dspark",
+        "dspark2",
+        "dspark@2",
+    ]  # plain decoding dropped
+    pairs = {(r["a"], r["b"]): r["ratio"] for r in ratio_rows(rows)}
+    assert pairs["dspark2", "dspark@2"] == pytest.approx((36 / 14) / (31 / 15))
+    assert pairs["dspark", "dspark@2"] == pytest.approx((30 / 15) / (31 / 15))
+    assert first["results"][1]["drafter"] == "dspark"  # the records themselves are not renamed
+
+
+def test_runs_on_other_prompts_or_without_counts_are_refused():
+    a = offline_record([row("a", "code", [3, 3], [1, 1])])
+    with pytest.raises(ValueError, match="other prompts"):
+        rows_of_runs([a, offline_record([row("b", "code", [3, 3, 3], [1, 1, 1])], per_domain=3)])
+    with pytest.raises(ValueError, match="not `bench offline`"):
+        rows_of_runs([a, {"benchmark": "depth", "results": []}])
+    old = offline_record([{"drafter": "b", "domain": "code", "temperature": 1.0, "tau": 2.0}])
+    with pytest.raises(ValueError, match="per-prompt counts"):
+        rows_of_runs([a, old])
+    with pytest.raises(ValueError, match="no runs"):
+        rows_of_runs([])

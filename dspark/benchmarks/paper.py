@@ -1,4 +1,4 @@
-"""`bench offline | depth | budget | gamma | threshold | calibration | appendix-a`: the paper's quality claims.
+"""`bench offline | ratios | depth | budget | gamma | threshold | calibration | appendix-a`: the paper's quality claims.
 
 Each function parses nothing: it takes the parsed options (dspark/bench.py builds them), calls the
 measurement in dspark/study/ (offline.py, tables.py, plots.py, ...), prints its table and returns the
@@ -9,6 +9,7 @@ JSON record. Table 1 and Fig. 2 (offline), Fig. 3 (depth), the budget curve, Fig
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from dspark import cli
@@ -90,6 +91,47 @@ def bench_offline(args: argparse.Namespace) -> dict:
             "prompts": prompts_label(args.prompts), "prompts_per_domain": args.prompts_per_domain,
             "prompts_measured": counts, "max_new_tokens": args.max_new_tokens, "machine": cpu_description(),
             "tau_only": args.tau_only, "results": rows, "macro_tau_ratios": ratios}  # fmt: skip
+
+
+def bench_ratios(args: argparse.Namespace) -> dict:
+    """Macro-tau ratios with 95% paired intervals between the drafters of several `bench offline --json` runs
+    on the same prompts, e.g. a drafter trained in a later session against drafters whose checkpoints are gone
+    but whose JSON is committed. Prompts pair the runs as within one run (the sampling draws differ); a label
+    that an earlier file already has becomes LABEL@N (N: the file's position), so a drafter measured in both
+    runs is also compared with itself: its ratio, near 1, says how far two runs agree. Measures nothing.
+    """
+    records = []
+    for path in args.runs:
+        try:
+            records.append(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as err:
+            raise UsageError(f"{path}: not a readable JSON file ({err})") from None
+    try:
+        rows = tau_intervals.rows_of_runs(records)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if args.drafters:
+        missing = [d for d in args.drafters if d not in {r["drafter"] for r in rows}]
+        if missing:
+            labels = ", ".join(dict.fromkeys(r["drafter"] for r in rows))
+            raise UsageError(f"no drafter {', '.join(missing)} in these runs (they have: {labels})")
+        rows = sorted(
+            (r for r in rows if r["drafter"] in args.drafters),
+            key=lambda r: args.drafters.index(r["drafter"]),
+        )
+    ratios = tau_intervals.ratio_rows(rows)
+    sources = "\n".join(
+        f"run {i}: {p} ({r.get('machine')})" for i, (p, r) in enumerate(zip(args.runs, records), 1)
+    )
+    table = tables.table1(rows) + "\n" + tables.ratio_table(ratios)
+    print(f"macro-tau ratios across runs, held-out prompts {records[0].get('prompts')}\n{sources}\n\n{table}")
+    write_outputs(args, "ratios", f"{sources}\n\n{table}", lambda out: None)
+    return {
+        "benchmark": "ratios",
+        "runs": [str(p) for p in args.runs],
+        "results": rows,
+        "macro_tau_ratios": ratios,
+    }
 
 
 def bench_depth(args: argparse.Namespace) -> dict:

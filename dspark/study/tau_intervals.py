@@ -10,7 +10,10 @@ domain, the macro averages and their ratio (percentile interval). Rounds are
 not resampled one by one: the rounds of one prompt are strongly correlated.
 
 `prompt_counts` gives what a benchmark row stores to make this possible
-(`bench offline` writes `prompt_tokens` / `prompt_rounds` into every row).
+(`bench offline` writes `prompt_tokens` / `prompt_rounds` into every row);
+`rows_of_runs` pairs the rows of separate runs (`bench ratios`): a drafter
+trained later against those whose checkpoints are gone but whose JSON is
+committed.
 
 What this file does not do: measure anything (dspark/study/offline.py) or
 format tables (dspark/study/tables.py).
@@ -73,4 +76,39 @@ def ratio_rows(rows: list[dict], draws: int = 2000) -> list[dict]:
                 ratio, low, high = macro_tau_ratio(by_drafter[a], by_drafter[b], draws)
                 out.append({"temperature": temperature, "a": a, "b": b, "ratio": ratio, "low": low,
                             "high": high})  # fmt: skip
+    return out
+
+
+def rows_of_runs(records: list[dict]) -> list[dict]:
+    """The rows of several `bench offline` records (their JSON) as one list for `ratio_rows`, so that a drafter
+    measured in one run (a later session's) is compared with those of another on the same prompts. A label
+    already taken by an earlier record becomes `label@N` (N: the record's 1-based position), which also pairs
+    a drafter with its own re-measurement (a ratio near 1 says the runs agree). The pairing is over prompts,
+    as within one run; only the sampling draws differ between runs (independent instead of shared), which
+    widens no interval that a shared draw would have narrowed much (τ's spread is mostly between prompts).
+
+    Raises ValueError when a record is not an offline run with per-prompt counts or the records were
+    measured on different prompts (prompt set, prompts per domain, tokens of generation)."""
+    if not records:
+        raise ValueError("no runs given")
+    keys = ("prompts", "prompts_measured", "max_new_tokens")
+    out: list[dict] = []
+    taken: set[str] = set()
+    for i, record in enumerate(records, start=1):
+        if record.get("benchmark") != "offline":
+            raise ValueError(f"run {i} is a `bench {record.get('benchmark')}` record, not `bench offline`")
+        for key in keys:
+            if record.get(key) != records[0].get(key):
+                raise ValueError(f"run {i} measured other prompts than run 1 ({key}: {record.get(key)!r} "
+                                 f"against {records[0].get(key)!r})")  # fmt: skip
+        rows = [r for r in record["results"] if r["drafter"] != "none"]
+        if any("prompt_tokens" not in r for r in rows):
+            raise ValueError(
+                f"run {i} has no per-prompt counts (measured before `bench offline` stored them)"
+            )
+        names = {
+            r["drafter"]: r["drafter"] if r["drafter"] not in taken else f"{r['drafter']}@{i}" for r in rows
+        }
+        out += [r | {"drafter": names[r["drafter"]]} for r in rows]
+        taken |= set(names.values())
     return out
