@@ -175,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-batches", type=parse_int_list, default=[1, 16],
                    help="request counts at which one drafting pass is timed (default: 1,16)")  # fmt: skip
     option(p, "--study-dir", str(study_dir), "where the study checkpoints are (KIND_LLAYERS.safetensors)")
+    p.add_argument("--with", dest="earlier", nargs="+", default=[], metavar="DEPTH.json",
+                   help="also show the points of these earlier `bench depth --json` runs that are not measured "
+                   "now (checkpoints of another session), with the machine each was timed on")  # fmt: skip
     cli.add_gamma(p)
     add_study_options(p, prompts_per_domain=16)
     cli.add_prompts_file(p)

@@ -274,6 +274,22 @@ def test_bench_study_commands_write_tables_and_figures(small_checkpoint, small_d
     ]
     assert summary["val_c_star"] == [0.5, 0.4, 0.3] and summary["megabytes"] > 0
     assert set(summary["draft_ms"]) == {"1", "2"} and all(ms > 0 for ms in summary["draft_ms"].values())
+    # --with: the points of an earlier session's JSON join the table (a point measured now is not repeated),
+    # each with the machine that timed it; a file of other prompts or temperature is refused
+    earlier = json.loads((tmp_path / "d.json").read_text())
+    moved = [r | {"kind": "dflash", "layers": 5} for r in earlier["results"]]
+    earlier |= {"machine": "Another CPU", "results": earlier["results"] + moved}
+    (tmp_path / "earlier.json").write_text(json.dumps(earlier))
+    assert run_main(bench.main, [*argv, "--draft-batches", "1,2", "--with", str(tmp_path / "earlier.json"),
+                                 "--json", str(tmp_path / "d2.json")]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "timed on" in printed and "| dflash | 5 |" in printed and "Another CPU |" in printed
+    merged = [r for r in json.loads((tmp_path / "d2.json").read_text())["results"] if r["domain"] == "macro"]
+    assert [(r["kind"], r["layers"]) for r in merged] == [("dspark", 1), ("dflash", 5)]
+    assert merged[0]["machine"] != "Another CPU" and merged[1]["draft_ms"] == summary["draft_ms"]
+    (tmp_path / "hot.json").write_text(json.dumps(earlier | {"temperature": 0.5}))
+    assert run_main(bench.main, [*argv, "--with", str(tmp_path / "hot.json")]) == 2
+    assert "temperature 0.5" in capsys.readouterr().err
     # --points names the pairs itself; a malformed one is a usage error
     points = [a for a in argv if a not in ("--kinds", "dspark", "--layers", "1")]
     assert run_main(bench.main, [*points, "--points", "dspark:1", "--draft-batches", "1"]) == 0

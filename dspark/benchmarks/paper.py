@@ -138,9 +138,11 @@ def bench_depth(args: argparse.Namespace) -> dict:
     """tau per domain of drafters trained with 1, 2, ... backbone layers, read from
     STUDY_DIR/<kind>_L<layers>.safetensors (train them with `python -m dspark.train drafter --layers N --out
     ...`), with each checkpoint's validation c*, size and drafting time per pass at --draft-batches requests.
-    With --out: depth.md and depth.png (paper Fig. 3 analogue).
+    With --out: depth.md and depth.png (paper Fig. 3 analogue). --with adds the points of earlier runs' JSON
+    (checkpoints trained in another session), each with the machine that timed its drafting.
     """
     points = args.points or [(kind, n) for kind in args.kinds for n in args.layers]
+    earlier = earlier_depth_rows(args, set(points))  # a bad --with file fails before any measurement
     checkpoints = {(kind, n): Path(args.study_dir) / f"{kind}_L{n}.safetensors" for kind, n in points}
     for (kind, n), path in checkpoints.items():
         if not path.is_file():
@@ -150,14 +152,43 @@ def bench_depth(args: argparse.Namespace) -> dict:
     rows = offline.run_depth(target, checkpoints, study_prompts(args, tokenizer, target),
                              SamplingParams(args.temperature), args.gamma, args.max_new_tokens, tokenizer.eos_id,
                              args.draft_batches)  # fmt: skip
+    rows = [r | {"machine": cpu_description()} if r["domain"] == "macro" else r for r in rows] + earlier
     table = tables.depth_table(rows)
     gamma = args.gamma or "each drafter's own"
     print(f"drafter depth, gamma = {gamma}, T = {args.temperature:g}, tau; drafting ms on {cpu_description()}, "
           f"{dtype_name(target)}\n\n" + table)  # fmt: skip
     write_outputs(args, "depth", table, lambda out: plots.plot_depth(rows, out / "depth.png"))
     return {"benchmark": "depth", "gamma": args.gamma, "temperature": args.temperature,
-            "prompts": prompts_label(args.prompts), "machine": cpu_description(),
+            "prompts": prompts_label(args.prompts), "prompts_per_domain": args.prompts_per_domain,
+            "machine": cpu_description(),
             "dtype": dtype_name(target), "results": rows}  # fmt: skip
+
+
+def earlier_depth_rows(args: argparse.Namespace, measured: set[tuple[str, int]]) -> list[dict]:
+    """The rows of the `bench depth --json` files of --with for the (kind, layers) points not measured now,
+    a later file's point replacing an earlier one's; each macro row names the machine of its drafting ms.
+    Refuses (UsageError) a file that is no depth record or measured other prompts, temperature or γ."""
+    found: dict[tuple[str, int], list[dict]] = {}
+    for path in args.earlier or []:
+        try:
+            record = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as err:
+            raise UsageError(f"--with {path}: not a readable JSON file ({err})") from None
+        if record.get("benchmark") != "depth":
+            raise UsageError(f"--with {path}: a `bench {record.get('benchmark')}` record, not `bench depth`")
+        now = {"prompts": prompts_label(args.prompts), "temperature": args.temperature, "gamma": args.gamma,
+               "prompts_per_domain": args.prompts_per_domain}  # fmt: skip
+        for key, value in now.items():  # (a file written before prompts_per_domain was stored is trusted)
+            if record.get(key, value) != value:
+                raise UsageError(f"--with {path}: measured with {key} {record[key]!r}, this run {value!r}")
+        of_file: dict[tuple[str, int], list[dict]] = {}
+        for r in record["results"]:
+            if r["domain"] == "macro":
+                r = r | {"machine": record.get("machine"),
+                         "draft_ms": {int(n): ms for n, ms in r.get("draft_ms", {}).items()}}  # fmt: skip
+            of_file.setdefault((r["kind"], r["layers"]), []).append(r)
+        found |= {point: rows for point, rows in of_file.items() if point not in measured}
+    return [r for rows in found.values() for r in rows]
 
 
 def bench_budget(args: argparse.Namespace) -> dict:

@@ -87,18 +87,22 @@ def domain_taus(rows: list[dict], summary: dict, domains: list[str], fields: tup
 
 def depth_table(rows: list[dict]) -> str:
     """τ per domain and macro per (kind, layers); with `run_depth`'s extras, the mean validation c*, the
-    checkpoint's MB and the drafting ms per batch size."""
+    checkpoint's MB and the drafting ms per batch size (and, when the points were timed on several machines,
+    each one's)."""
     domains = list(dict.fromkeys(r["domain"] for r in rows if r["domain"] != "macro"))
     summaries = [r for r in rows if r["domain"] == "macro"]
     batches = list(summaries[0].get("draft_ms", {})) if summaries else []
+    machines = list(dict.fromkeys(s.get("machine") for s in summaries))
+    timed_on = len(machines) > 1  # points merged from another session's run: say where each was timed
     header = ["drafter", "layers", "MB", "val c* (mean)", *domains, "macro τ",
-              *(f"draft ms (batch {n})" for n in batches)]  # fmt: skip
+              *(f"draft ms (batch {n})" for n in batches), *(["timed on"] if timed_on else [])]  # fmt: skip
     body = []
     for s in summaries:
         tau = domain_taus(rows, s, domains, ("kind", "layers"))
         c_star = s.get("val_c_star")
         body.append([s["kind"], s["layers"], s.get("megabytes"), f"{macro(c_star):.3f}" if c_star else None, *tau,
-                     s["tau"], *(s["draft_ms"][n] for n in batches)])  # fmt: skip
+                     s["tau"], *(s.get("draft_ms", {}).get(n) for n in batches),
+                     *([s.get("machine")] if timed_on else [])])  # fmt: skip
     return markdown_table(header, body)
 
 
