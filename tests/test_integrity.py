@@ -303,9 +303,10 @@ def test_ctrl_c_while_importing_is_one_line_and_130(small_checkpoint, tmp_path, 
     argv = [sys.executable, "-X", "importtime", "-m", "dspark.generate", "hi", "--checkpoint", str(small_checkpoint),
             "--drafter", "none", "--max-new-tokens", "100"]  # fmt: skip
     env = {**os.environ, "DSPARK_HOME": str(tmp_path)}
-    proc = subprocess.Popen(
-        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    # the child starts with SIGINT's default action even when these tests run in a background job (`pytest &`),
+    # whose children inherit an ignored SIGINT from the shell: Python then keeps it ignored and Ctrl-C does nothing
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     try:
         for line in proc.stderr:
             if line.startswith("import time:") and line.rstrip().split("|")[-1].strip().startswith(after):

