@@ -93,6 +93,14 @@ def bench_offline(args: argparse.Namespace) -> dict:
             "tau_only": args.tau_only, "results": rows, "macro_tau_ratios": ratios}  # fmt: skip
 
 
+def read_record(path: str, option: str = "") -> dict:
+    """An earlier benchmark's --json file, or a one-line UsageError naming it (`option`: the flag that gave it)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise UsageError(f"{option}{path}: not a readable JSON file ({err})") from None
+
+
 def bench_ratios(args: argparse.Namespace) -> dict:
     """Macro-tau ratios with 95% paired intervals between the drafters of several `bench offline --json` runs
     on the same prompts, e.g. a drafter trained in a later session against drafters whose checkpoints are gone
@@ -100,12 +108,7 @@ def bench_ratios(args: argparse.Namespace) -> dict:
     that an earlier file already has becomes LABEL@N (N: the file's position), so a drafter measured in both
     runs is also compared with itself: its ratio, near 1, says how far two runs agree. Measures nothing.
     """
-    records = []
-    for path in args.runs:
-        try:
-            records.append(json.loads(Path(path).read_text()))
-        except (OSError, ValueError) as err:
-            raise UsageError(f"{path}: not a readable JSON file ({err})") from None
+    records = [read_record(path) for path in args.runs]
     try:
         rows = tau_intervals.rows_of_runs(records)
     except ValueError as err:
@@ -170,10 +173,7 @@ def earlier_depth_rows(args: argparse.Namespace, measured: set[tuple[str, int]])
     Refuses (UsageError) a file that is no depth record or measured other prompts, temperature or γ."""
     found: dict[tuple[str, int], list[dict]] = {}
     for path in args.earlier or []:
-        try:
-            record = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as err:
-            raise UsageError(f"--with {path}: not a readable JSON file ({err})") from None
+        record = read_record(path, "--with ")
         if record.get("benchmark") != "depth":
             raise UsageError(f"--with {path}: a `bench {record.get('benchmark')}` record, not `bench depth`")
         now = {"prompts": prompts_label(args.prompts), "temperature": args.temperature, "gamma": args.gamma,
