@@ -277,7 +277,11 @@ def test_bench_study_commands_write_tables_and_figures(small_checkpoint, small_d
     # --with: the points of an earlier session's JSON join the table (a point measured now is not repeated),
     # each with the machine that timed it; a file of other prompts or temperature is refused
     earlier = json.loads((tmp_path / "d.json").read_text())
-    moved = [r | {"kind": "dflash", "layers": 5} for r in earlier["results"]]
+    # (its rows name no machine, as an older file's: the file's own machine timed them)
+    moved = [
+        {k: v for k, v in r.items() if k != "machine"} | {"kind": "dflash", "layers": 5}
+        for r in earlier["results"]
+    ]
     earlier |= {"machine": "Another CPU", "results": earlier["results"] + moved}
     (tmp_path / "earlier.json").write_text(json.dumps(earlier))
     assert run_main(bench.main, [*argv, "--draft-batches", "1,2", "--with", str(tmp_path / "earlier.json"),
@@ -287,6 +291,12 @@ def test_bench_study_commands_write_tables_and_figures(small_checkpoint, small_d
     merged = [r for r in json.loads((tmp_path / "d2.json").read_text())["results"] if r["domain"] == "macro"]
     assert [(r["kind"], r["layers"]) for r in merged] == [("dspark", 1), ("dflash", 5)]
     assert merged[0]["machine"] != "Another CPU" and merged[1]["draft_ms"] == summary["draft_ms"]
+    # a merged file merged again: each point keeps the machine that timed it, not the file's own
+    assert run_main(bench.main, [*argv, "--draft-batches", "1,2", "--with", str(tmp_path / "d2.json"),
+                                 "--json", str(tmp_path / "d3.json")]) == 0  # fmt: skip
+    assert "Another CPU |" in capsys.readouterr().out
+    again = [r for r in json.loads((tmp_path / "d3.json").read_text())["results"] if r["domain"] == "macro"]
+    assert [r["machine"] for r in again] == [r["machine"] for r in merged]
     (tmp_path / "hot.json").write_text(json.dumps(earlier | {"temperature": 0.5}))
     assert run_main(bench.main, [*argv, "--with", str(tmp_path / "hot.json")]) == 2
     assert "temperature 0.5" in capsys.readouterr().err

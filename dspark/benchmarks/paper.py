@@ -183,8 +183,8 @@ def earlier_depth_rows(args: argparse.Namespace, measured: set[tuple[str, int]])
                 raise UsageError(f"--with {path}: measured with {key} {record[key]!r}, this run {value!r}")
         of_file: dict[tuple[str, int], list[dict]] = {}
         for r in record["results"]:
-            if r["domain"] == "macro":
-                r = r | {"machine": record.get("machine"),
+            if r["domain"] == "macro":  # a point that a merge carried over keeps the machine that timed it
+                r = r | {"machine": r.get("machine") or record.get("machine"),
                          "draft_ms": {int(n): ms for n, ms in r.get("draft_ms", {}).items()}}  # fmt: skip
             of_file.setdefault((r["kind"], r["layers"]), []).append(r)
         found |= {point: rows for point, rows in of_file.items() if point not in measured}
