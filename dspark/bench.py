@@ -314,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     if per_domain is not None and per_domain > EVAL_PER_DOMAIN and getattr(args, "prompts", None) is None:
         raise UsageError(f"--prompts-per-domain must be 1..{EVAL_PER_DOMAIN} for the shipped held-out prompts, got "
                          f"{per_domain} (a --prompts file takes up to its own count)")  # fmt: skip
+    cli.refuse_clobber(args)  # --json/--out onto an input (--prompts, a RUN.json, ...) or into the package
     cli.prepare_outputs(getattr(args, "out", None), args.json)  # fail now, not after the measurement
     result = run_benchmark(args)
     ok = result.pop("ok", True)  # False: a check failed (kernels that disagree or do not compile)

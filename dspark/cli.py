@@ -110,6 +110,52 @@ def prepare_outputs(out_dir: str | None, *files: str | None) -> None:
             raise UsageError(f"{f} is a folder; give a file name")
 
 
+OUTPUTS = ("out", "json")  # the options through which a command writes
+MERGED = ("with",)  # `bench depth --with F --json F` rewrites F with F's points kept: an update, not a loss
+
+
+def input_paths(args: argparse.Namespace, skip: Sequence[str] = OUTPUTS + MERGED) -> list[tuple[str, Path]]:
+    """(option, file or folder) for every value of `args` that names something on disk: the command's inputs
+    (a LABEL=PATH value counts by its PATH). Options in `skip` are not inputs."""
+    found = []
+    for name, value in vars(args).items():
+        if name in skip or name == "func":
+            continue
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if not isinstance(v, str) or not v.strip() or v == STDOUT:
+                continue
+            path = v if os.path.exists(v) or "=" not in v else v.split("=", 1)[1]
+            if path and os.path.exists(path):
+                label = "a RUN.json argument" if name == "runs" else "--" + name.replace("_", "-")
+                found.append((f"{label} {v}", paths.resolved(path)))
+    return found
+
+
+def refuse_clobber(
+    args: argparse.Namespace, outputs: Sequence[str] = OUTPUTS, replaced: Sequence[str] = ()
+) -> None:
+    """Refuse, before any work, an output (the options `outputs`) that would destroy what the user has: one of
+    the command's own inputs (the same file, or for an output in `replaced` -- a folder the command replaces
+    whole -- a folder holding one), or anything inside the `dspark` package (its shipped assets: `--ship` is
+    what updates those). One-line UsageError naming both."""
+    inputs = input_paths(args)
+    for option in outputs:
+        dest = getattr(args, option, None)
+        if not isinstance(dest, str) or not dest or dest == STDOUT:
+            continue
+        where, flag = paths.resolved(dest), f"--{option} {dest}"
+        if paths.inside_package(where):
+            raise UsageError(f"{flag} lies inside the dspark package ({paths.ASSETS_DIR.parent}), whose shipped "
+                             "files the commands never overwrite (--ship updates them); write elsewhere")  # fmt: skip
+        for given, source in inputs:
+            if where == source or (where.exists() and source.exists() and os.path.samefile(where, source)):
+                raise UsageError(f"{flag} is this command's input ({given}): writing there would destroy it; "
+                                 "choose another path")  # fmt: skip
+            if option in replaced and where in source.parents:
+                raise UsageError(f"{flag} holds this command's input ({given}), which replacing the folder "
+                                 "would delete; choose another path")  # fmt: skip
+
+
 class NonEmpty(argparse.Action):
     """Store an output path, refusing an empty one: `--out ''` would otherwise mean the default or the
     current folder and `--json ''` no JSON at all, each silently."""
@@ -364,6 +410,8 @@ def add_prompts_file(parser: argparse.ArgumentParser) -> None:
 def prompts_source(spec: str) -> str:
     """--prompts FILE|NAME -> the file to read (a named public set is fetched first); a failed fetch is a
     usage error of one line."""
+    if not spec.strip():
+        raise argparse.ArgumentTypeError("empty path: give a prompts file or a public set's name")
     try:
         return resolve_prompts(spec)
     except FetchError as exc:

@@ -237,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     cli.apply_threads(args)  # 0 (the default): torch's own, one thread per physical core
+    cli.refuse_clobber(args)  # --out onto an input (--responses, --prompts, ...) or into the package
     args.func(args)
 
 
