@@ -4,12 +4,14 @@
 Two formats, told apart by the first non-blank line:
 
 * JSON lines: one object per line with a string `prompt`, an optional `domain` (default "prompts") and an
-  optional `split` ("train", "val", "eval": which part of a training set it is; `train responses` answers
-  train and val, the benchmarks read every record unless asked for one split);
+  optional `split` ("train", "val", "eval": which part of a training set it is; a record without one counts
+  as eval; `train responses` answers train and val, the benchmarks and `generate` read eval);
 * plain text: one prompt per line (blank lines skipped), domain "prompts".
 
-A gzipped file (`.gz`) reads like the file itself. Every problem is one line naming the file and the line
-(numbered from 1): a missing file, an empty one, bad JSON, a record without a text prompt.
+Lines end at "\n" (or "\r\n") only: a form feed, U+0085 or U+2028 inside a prompt is part of it, as in JSON
+text. A UTF-8 byte-order mark at the start is dropped. A gzipped file (`.gz`) reads like the file itself. Every
+problem is one line naming the file and the line (numbered from 1): a missing file, an empty one, bad JSON, a
+record without a text prompt.
 """
 
 from __future__ import annotations
@@ -34,15 +36,23 @@ class PromptRecord:
 
 
 def _lines(path: Path) -> list[str]:
+    """The file's lines, split at "\n" only (a "\r" before it dropped), without a leading byte-order mark."""
     try:
         if path.suffix == ".gz":
-            with gzip.open(path, "rt", encoding="utf-8") as f:
-                return f.read().splitlines()
-        return path.read_text(encoding="utf-8").splitlines()
-    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError, OSError) as exc:
+            with gzip.open(path) as f:
+                raw = f.read()
+        else:
+            raw = path.read_bytes()
+    except (gzip.BadGzipFile, EOFError, OSError) as exc:
         if isinstance(exc, FileNotFoundError | IsADirectoryError | PermissionError):
             raise
         raise ValueError(f"{path}: not a readable text file ({exc})") from None
+    try:
+        text = raw.decode("utf-8-sig")  # -sig: a BOM some editors write is not part of the first line
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ValueError(f"{path} line {line}: not UTF-8 text (byte {raw[exc.start]:#04x})") from None
+    return [line.removesuffix("\r") for line in text.split("\n")]
 
 
 def _record(path: Path, number: int, line: str) -> PromptRecord:
@@ -65,9 +75,9 @@ def _record(path: Path, number: int, line: str) -> PromptRecord:
 def read_prompts(path: str | Path, split: str | None = None) -> list[PromptRecord]:
     """The prompts of `path` in file order (only those of `split` when given: a record without a split counts
     as eval). FileNotFoundError for a missing file, ValueError (one line) for any other problem."""
+    if not str(path).strip():  # Path("") would be the current folder
+        raise ValueError("--prompts: empty path; give a prompts file")
     path = Path(path)
-    if str(path) == "":
-        raise ValueError("--prompts: empty path")
     if not path.exists():
         raise FileNotFoundError(f"prompts file {path} not found")
     if path.is_dir():
@@ -91,7 +101,7 @@ def held_out(records: list[PromptRecord], path: str | Path) -> list[PromptRecord
     """What a benchmark measures on: the eval records of a file that splits its prompts (as `train
     instructions` writes), every record of one that does not. ValueError (one line) when that is none."""
     if any(r.split is not None for r in records):
-        records = [r for r in records if r.split == "eval"]
+        records = [r for r in records if (r.split or "eval") == "eval"]  # no split: eval, as documented
         if not records:
             raise ValueError(f"prompts file {path} has no eval prompts")
     return records
