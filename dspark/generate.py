@@ -31,7 +31,9 @@ hot path on its Triton kernel -- on `--device cpu` in Triton's CPU interpreter
 string and `new_tokens` an integer; for several prompts (or the demo) both are
 lists with one entry per prompt, and `tokens_per_s` is the batch's total.
 With a drafter it also holds `tau` (mean tokens per round, bonus included),
-`rounds` and `acceptance_by_position` (position-wise conditional acceptance).
+`rounds` and `acceptance_by_position` (position-wise conditional acceptance); both
+count committed tokens, so a round that --max-new-tokens or EOS cuts counts only
+the drafts it output.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from dspark.data.tokenizer import Tokenizer
 from dspark.decoding import check_prompts, generate
 from dspark.drafters.registry import get_calibration, get_drafter
 from dspark.sampling import SamplingParams
-from dspark.scheduling.scheduler import POLICY_NAMES
+from dspark.scheduling.scheduler import POLICY_NAMES, make_policy
 from dspark.serving.speculative import SpeculativeResult, speculative_generate
 from dspark.study.gpu import measured_scheduler
 
@@ -106,6 +108,9 @@ def _mark_drafted(tokenizer: Tokenizer, tokens: list[int], from_draft: list[bool
     return "".join(pieces)
 
 
+DEFAULT_THRESHOLD = 0.5  # --policy threshold: verify drafts while their survival estimate is at least this
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.command_parser("python -m dspark.generate", __doc__)
     parser.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt text (none: run the demo)")
@@ -121,8 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
                     gamma_help="draft tokens per round (not mtp)")  # fmt: skip
     parser.add_argument("--policy", choices=POLICY_NAMES, default="fixed",
                         help="verify-length policy (default: %(default)s = verify every draft)")  # fmt: skip
-    parser.add_argument("--threshold", type=cli.number(float, 0, 1), default=0.5,
-                        help="survival threshold of --policy threshold (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--threshold", type=cli.number(float, 0, 1), default=None,
+                        help=f"survival threshold of --policy threshold, refused with any other policy "
+                        f"(default: {DEFAULT_THRESHOLD})")  # fmt: skip
     cli.add_target(parser, tokenizer=True, pretrained=True)
     cli.add_threads(parser)
     cli.add_draft_cost(parser)
@@ -134,8 +140,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def refuse_ignored_options(args: argparse.Namespace) -> None:
-    """Options that only a drafter uses are refused with --drafter none, rather than silently ignored
-    (--gamma is refused by `cli.resolve_gamma`)."""
+    """Options that do nothing with the chosen settings are refused, rather than silently ignored: those only a
+    drafter uses with --drafter none (--gamma is refused by `cli.resolve_gamma`), --threshold with a policy other
+    than threshold, --ignore-draft-cost with a policy that never weighs the drafting time."""
+    if args.threshold is not None and args.policy != "threshold":
+        raise UsageError(f"--threshold is the threshold policy's: add --policy threshold (--policy {args.policy} "
+                         "ignores it)")  # fmt: skip
+    if args.ignore_draft_cost and args.drafter != "none" and not make_policy(args.policy).cost_aware:
+        raise UsageError(f"--ignore-draft-cost is an ablation of the dspark and dspark-async policies: --policy "
+                         f"{args.policy} never weighs the drafting time")  # fmt: skip
     if args.drafter != "none":
         return
     ignored = [flag for flag, given in (("--drafter-checkpoint", args.drafter_checkpoint is not None),
@@ -196,7 +209,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.drafter != "none":
         # STS: the calibration under DSPARK_HOME first, then the one shipped with the drafter
         temperatures = get_calibration(args.drafter, args.drafter_checkpoint, target_name, drafter.max_gamma)
-        scheduler = measured_scheduler(args.policy, drafter, model, gamma, temperatures, args.threshold,
+        threshold = DEFAULT_THRESHOLD if args.threshold is None else args.threshold
+        scheduler = measured_scheduler(args.policy, drafter, model, gamma, temperatures, threshold,
                                        cost_aware=not args.ignore_draft_cost)  # fmt: skip
         if scheduler is not None:
             verify_fn, observe_fn, speculate_fn = scheduler, scheduler.observe, scheduler.speculate

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -76,6 +77,26 @@ def read_cache(path: Path, key: dict, build: Callable[[dict], T | None], refresh
         why = f"no {exc} field" if isinstance(exc, KeyError) else str(exc)
     raise CacheError(f"cache file {path} is unreadable ({why}): pass --refresh to measure it again "
                      f"({refresh}) or delete the file")  # fmt: skip
+
+
+_unsaved: set[str] = set()  # the DSPARK_HOME folders already said to be unwritable (said once each)
+
+
+def write_cache(path: Path, record: dict) -> bool:
+    """Store a measurement's JSON `record` in the cache file `path` (under DSPARK_HOME). A cache that cannot
+    be written costs the cache, not the answer: the measurement is used for this run, the file is not saved,
+    and one note on stderr says so (once per folder). Returns whether it was saved."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(record) + "\n")
+        return True
+    except OSError as exc:
+        if str(path.parent) not in _unsaved:
+            _unsaved.add(str(path.parent))
+            why = exc.strerror or type(exc).__name__
+            print(f"note: cannot save measurements under {path.parent} ({why}); this run uses them unsaved and "
+                  "the next one measures again (set DSPARK_HOME to a writable folder to keep them)", file=sys.stderr)  # fmt: skip
+        return False
 
 
 def dspark_home() -> Path:

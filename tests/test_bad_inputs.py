@@ -21,7 +21,7 @@ import torch
 from test_integrity import broken_calibrations, broken_hf_configs
 from test_outputs import corrupt_cache_homes
 
-from dspark import bench, export, generate, grade, train
+from dspark import bench, export, generate, grade, paths, train
 from dspark.checkpoint import save_checkpoint
 from dspark.cli import run_main
 from dspark.data.tokenizer import Tokenizer
@@ -96,8 +96,6 @@ CASES = [
     ("utf8-prompt-json", "generate", [BAD_UTF8, "--json", *TINY, "--drafter", "none"], {}, "not valid UTF-8"),
     ("threads-negative", "generate", ["hi", "--threads", "-1"], {}, "--threads"),
     ("kernels-env", "generate", ["hi", *TINY, "--drafter", "none"], {"DSPARK_KERNELS": "bogus"}, "DSPARK_KERNELS"),
-    ("home-is-a-file", "generate", ["hi", *TINY, "--drafter", "dspark", "--drafter-checkpoint", "{dspark}",
-                                    "--policy", "dspark"], {"DSPARK_HOME": "{file}/x"}, "{file}"),
     ("config-heads-0", "generate", ["hi", "--checkpoint", "{heads0}"], {}, "n_heads"),
     ("config-mismatch", "generate", ["hi", "--checkpoint", "{wide}"], {}, "size mismatch"),
     # generate: silently accepted or unclear before
@@ -402,3 +400,16 @@ def test_no_color_turns_the_terminal_marks_into_brackets(
     marked = generate._mark_drafted(tokenizer, ids, [i % 2 == 0 for i in range(len(ids))])
     assert ("\033[" in marked) == coloured and ("«" in marked) != coloured
     assert ("\033[" in generate._style("x", 1)) == coloured
+
+
+def test_an_unwritable_home_costs_the_cache_not_the_answer(files, monkeypatch, capsys):
+    """DSPARK_HOME under a file (issue #59): `generate --policy dspark` used to measure its profile and then fail
+    with a bare "Not a directory"; now it answers, measured unsaved, and says so once."""
+    monkeypatch.setenv("DSPARK_HOME", files["file"] + "/x")
+    monkeypatch.setattr(paths, "_unsaved", set(), raising=False)
+    argv = ["hi", "--checkpoint", files["tiny"], "--drafter", "dspark", "--drafter-checkpoint", files["dspark"],
+            "--policy", "dspark", "--max-new-tokens", "8", "--json"]  # fmt: skip
+    assert run_main(generate.main, argv) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["new_tokens"] == 8
+    assert captured.err.count("cannot save measurements") == 1 and len(captured.err.splitlines()) == 1

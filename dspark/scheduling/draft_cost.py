@@ -239,7 +239,7 @@ def cached_draft_cost(key: dict, measure: Callable[[], DraftCost], refresh: bool
     record = {"key": key, "name": cost.name, "seconds_by_requests": cost.seconds_by_requests,
               "seconds_per_token": cost.seconds_per_token, "one_position": cost.one_position,
               "block": cost.block}  # fmt: skip
-    paths.write_text_atomic(path, json.dumps(record) + "\n")
+    paths.write_cache(path, record)
     return cost
 
 

@@ -106,9 +106,7 @@ def cpu_profile(target: Transformer, refresh: bool = False, path: Path | None = 
     context = min(128, target.config.max_seq_len // 2)  # a small model gets a proportionally short context
     room = target.config.max_seq_len - context
     profile = measure_sps(target, [b for b in DEFAULT_POINTS if -(-b // 16) <= room], 16, context)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"key": key, "name": profile.name, "steps_per_second": profile.steps_per_second}
-    paths.write_text_atomic(path, json.dumps(record) + "\n")
+    paths.write_cache(path, {"key": key, "name": profile.name, "steps_per_second": profile.steps_per_second})
     return profile
 
 

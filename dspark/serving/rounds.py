@@ -13,7 +13,8 @@ the numbers every benchmark reports (walkthrough/DESIGN.md section 7):
     output and do not count;
   * position-wise conditional acceptance (`acceptance_by_position`): at draft
     position k, among the rounds that verified position k and accepted 1..k−1,
-    the fraction that accepted k (paper Fig. 2);
+    the fraction that accepted k (paper Fig. 2); over committed tokens too: a
+    round cut after e tokens counts its positions 1..e only;
   * the arrays STS calibration fits on (`calibration_arrays`).
 
 The engine fills one per run (`EngineResult.stats`), `speculative_generate`
@@ -70,11 +71,12 @@ class RoundStats:
         return [h / t if t else None for h, t in zip(hits, tries)]
 
     def acceptance_counts(self, gamma: int) -> tuple[list[int], list[int]]:
-        """(hits, tries) per draft position: the counts behind `acceptance_by_position`."""
+        """(hits, tries) per draft position: the counts behind `acceptance_by_position`. Like τ they count
+        committed tokens: in a round a stop cut after e tokens, drafts past the e-th were never output."""
         hits, tries = [0] * gamma, [0] * gamma
-        for lens, accs in zip(self.verify_lens, self.accepted):
-            for ell, a in zip(lens, accs):
-                for k in range(min(ell, a + 1)):  # positions 1..min(ℓ, a+1) were reached
+        for lens, accs, emits in zip(self.verify_lens, self.accepted, self.emitted):
+            for ell, a, e in zip(lens, accs, emits):
+                for k in range(min(ell, a + 1, e)):  # positions 1..min(ℓ, a+1, e) were reached and output
                     tries[k] += 1
                     hits[k] += k < a
         return hits, tries

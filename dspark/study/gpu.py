@@ -183,9 +183,7 @@ def device_profile(target: Transformer, refresh: bool = False) -> ThroughputProf
     if cached is not None:
         return cached
     profile = measure_device_sps(target, points, plan.sps_requests, context, plan.sps_repeats)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"key": key, "name": profile.name, "steps_per_second": profile.steps_per_second}
-    paths.write_text_atomic(path, json.dumps(record) + "\n")
+    paths.write_cache(path, {"key": key, "name": profile.name, "steps_per_second": profile.steps_per_second})
     return profile
 
 

@@ -28,7 +28,6 @@ parse arguments (`python -m dspark.bench serve|simulate`).
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
@@ -221,8 +220,7 @@ def record_traces(
             )
         record = {"key": key, "gamma": gamma, "verify_lens": rounds.verify_lens, "accepted": rounds.accepted,
                   "confidences": rounds.confidences}  # fmt: skip
-        path.parent.mkdir(parents=True, exist_ok=True)
-        paths.write_text_atomic(path, json.dumps(record) + "\n")
+        paths.write_cache(path, record)
     traces = traces_from_records(record["verify_lens"], record["accepted"], record["confidences"], gamma)
     return traces, get_calibration(drafter_name, target_name=target_name)
 

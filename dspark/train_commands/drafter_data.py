@@ -53,13 +53,14 @@ def cmd_responses(args: argparse.Namespace) -> None:
     learn the target rather than the corpus. Resumes if interrupted.
     """
     from dspark.data.prompt_files import read_prompts
-    from dspark.training.responses import refuse_gzipped_output, regenerate
+    from dspark.training.responses import answered_prompts, refuse_gzipped_output, regenerate
 
     device = cli.device_of(args)
     if args.per_domain == 0 and args.val_per_domain == 0:
         raise UsageError("--per-domain and --val-per-domain are both 0: there is nothing to generate")
-    if args.out:  # before the target loads
+    if args.out:  # before the target loads: not a .gz, nor a file that is not an earlier run's
         refuse_gzipped_output(args.out)
+        answered_prompts(Path(args.out))
     if args.prompts is not None:
         source = read_prompts(args.prompts)  # before the target loads: a bad file is one line at once
     else:

@@ -106,15 +106,23 @@ def refuse_gzipped_output(out_path: Path) -> None:
 
 
 def answered_prompts(out_path: Path) -> set[tuple[str, str, tuple[int, ...]]]:
-    """The (domain, split, prompt ids) already answered in `out_path` (empty when it does not exist)."""
+    """The (domain, split, prompt ids) already answered in `out_path` (empty when it does not exist), which a
+    resumed run skips. ValueError (one line, naming the line) when `out_path` holds anything but response
+    records: the run would append to someone else's file."""
     if not Path(out_path).exists():
         return set()
-    done = set()
-    with open_records(out_path) as f:
-        for line in f:
-            if line.strip():
-                r = json.loads(line)
-                done.add((r["domain"], r["split"], tuple(r["prompt_ids"])))
+    done, number = set(), 0
+    try:
+        with open_records(out_path) as f:
+            for number, line in enumerate(f, start=1):  # noqa: B007 (named in the error below)
+                if line.strip():
+                    r = json.loads(line)
+                    done.add((r["domain"], r["split"], tuple(r["prompt_ids"])))
+                    r["response_ids"]  # noqa: B018
+    except (json.JSONDecodeError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as exc:
+        why = f"no {exc} field" if isinstance(exc, KeyError) else type(exc).__name__
+        raise ValueError(f"{out_path} line {number} is not a response record ({why}), so it is not an earlier "
+                         "run to resume: choose another --out") from None  # fmt: skip
     return done
 
 

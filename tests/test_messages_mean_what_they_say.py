@@ -1,0 +1,96 @@
+"""Numbers and messages mean what they say (issue #59): acceptance by position counts committed tokens as τ does,
+an unwritable cache costs the cache and not the answer, an option that does nothing is refused, and a file that is
+not what a command resumes from is one line, not a traceback."""
+
+import json
+
+import pytest
+import torch
+
+from dspark import generate as generate_cmd
+from dspark import paths, train
+from dspark.checkpoint import load_target
+from dspark.cli import run_main
+from dspark.data.tokenizer import Tokenizer
+from dspark.drafters.registry import get_drafter
+from dspark.sampling import SamplingParams
+from dspark.scheduling import profiler
+from dspark.serving.rounds import RoundStats
+from dspark.serving.speculative import speculative_generate
+
+
+def committed_drafts(stats: RoundStats) -> int:
+    """Drafts that reached the output: min(a, e) per round (e <= a: the stop came inside the accepted drafts)."""
+    return sum(min(a, e) for accs, emits in zip(stats.accepted, stats.emitted) for a, e in zip(accs, emits))
+
+
+def test_a_round_cut_by_the_token_limit_counts_only_what_it_output():
+    stats = RoundStats(
+        verify_lens=[[7, 7]], accepted=[[7, 5]], emitted=[[8, 2]]
+    )  # the last round: 2 of 6 output
+    hits, tries = stats.acceptance_counts(7)
+    assert sum(hits) == committed_drafts(stats) == 9
+    assert tries == [2, 2, 1, 1, 1, 1, 1] and stats.tau == 5.0
+
+
+def test_generate_acceptance_by_position_agrees_with_tau_at_a_token_cut():
+    """The shipped DSpark accepts all 7 drafts of the demo's math prompt (README): a cut at 10 tokens falls inside
+    the second round's accepted drafts, which the old count still credited to positions 3..7."""
+    target = load_target(paths.TARGET_CHECKPOINT)[0]
+    tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
+    drafter = get_drafter("dspark", target)
+    prompt = tokenizer.chat_prompt(generate_cmd.demo_prompts("tiny")["math"])
+    for limit in (3, 10, 17):
+        result = speculative_generate(target, drafter, [prompt], limit, SamplingParams(0.0), 7,
+                                      torch.Generator().manual_seed(0), tokenizer.eos_id)  # fmt: skip
+        stats = result.stats
+        assert sum(map(sum, stats.emitted)) + 1 == len(result.tokens[0]) == limit  # + the prefill's token
+        assert sum(stats.acceptance_counts(7)[0]) == committed_drafts(stats), limit
+
+
+def test_an_unwritable_cache_costs_the_cache_not_the_answer(tmp_path, monkeypatch, tiny_model, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("DSPARK_HOME", str(blocker / "home"))
+    monkeypatch.setattr(paths, "_unsaved", set(), raising=False)
+    first = profiler.cpu_profile(tiny_model)
+    second = profiler.cpu_profile(tiny_model)  # measured again: nothing was saved
+    assert first.steps_per_second and second.steps_per_second
+    err = capsys.readouterr().err
+    assert err.count("cannot save measurements") == 1 and "Not a directory" in err
+    assert blocker.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [(["hi", "--threshold", "0.7"], "--policy threshold"),
+     (["hi", "--policy", "dspark", "--threshold", "0.7"], "--policy dspark ignores it"),
+     (["hi", "--ignore-draft-cost"], "--policy fixed never weighs"),
+     (["hi", "--policy", "threshold", "--ignore-draft-cost"], "--policy threshold never weighs")],
+)  # fmt: skip
+def test_an_option_that_does_nothing_is_refused(argv, says, capsys):
+    assert run_main(generate_cmd.main, argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "\n" not in err
+
+
+def test_train_responses_will_not_resume_a_file_that_is_not_responses(tmp_path, capsys):
+    mine = tmp_path / "notes.jsonl"
+    mine.write_text(json.dumps({"prompt": "my own data"}) + "\n")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "say hi", "split": "train"}) + "\n")
+    argv = [
+        "responses",
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(mine),
+        "--per-domain",
+        "1",
+        "--val-per-domain",
+        "0",
+    ]
+    assert run_main(train.main, argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "notes.jsonl line 1 is not a response record" in err and "\n" not in err and "KeyError" not in err
+    assert mine.read_text() == json.dumps({"prompt": "my own data"}) + "\n"
