@@ -5,19 +5,23 @@
 
 Formats (--format; default: deepspec for the parallel kinds, eagle3 for eagle):
   deepspec     DeepSpec's Qwen3DSparkModel: vLLM `--speculative-config '{"method": "dspark", ...}'`, SGLang
-               `--speculative-algorithm DSPARK`, llama.cpp `--spec-type draft-dspark` (dflash and dspark)
+               `--speculative-algorithm DSPARK`, llama.cpp `--spec-type draft-dspark` (dflash and dspark);
+               the target's whole vocabulary only: DeepSpec sizes lm_head by vocab_size and reads no d2t
   speculators  vllm-project/speculators (dspark, dflash as dspark with markov_rank 0, eagle): `vllm serve DIR`;
-               llama.cpp reads its DSpark too
+               llama.cpp reads its DSpark too; a reduced draft vocabulary (`train drafter --draft-vocab`) fits
   eagle3       EAGLE-3 for a Llama target (`midlayer.*`): vLLM `"method": "eagle3"`, SGLang EAGLE3
 
 The folder holds config.json, model.safetensors (--out-dtype, default bfloat16), README.md (the engine command
 lines, the mask token, the layer ids) and dspark.json (what lets `--drafter-checkpoint DIR` read it back
-exactly). Written atomically: beside --out first, renamed into place at the end.
+exactly). Written atomically: beside --out first, renamed into place at the end. --force replaces only a
+folder this command wrote (its dspark.json says so) or an empty one; the README's command lines quote the
+target and the folder for the shell.
 
 What a format cannot hold is refused in one line: the deepspec and speculators layouts need q/k RMSNorm
 in every drafter layer (`train drafter --qk-norm`) and a vanilla Markov head (no RNN head: the engines do
 not serve it); eagle3 needs EAGLE-3's own layer (`train drafter --kind eagle --eagle3-layer`); no layout
-holds mtp, a drafter reading the target's final hidden state, or a tap on the target's last layer.
+holds mtp, a drafter reading the target's final hidden state, or a tap on the target's last layer; deepspec
+refuses a reduced draft vocabulary (export it with --format speculators).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from dspark.checkpoint import config_path
 from dspark.cli import UsageError, run_main
 from dspark.drafters.registry import DRAFTER_NAMES, default_path, get_drafter
 from dspark.exporting.fields import KNOWN_TARGETS, ExportInfo
-from dspark.exporting.folder import DTYPES, FORMATS, export_drafter
+from dspark.exporting.folder import DTYPES, FORMATS, check_replaceable, export_drafter
 
 
 def parse(argv: list[str] | None):
@@ -51,7 +55,9 @@ def parse(argv: list[str] | None):
     parser.add_argument("--format", choices=tuple(FORMATS), default=None,
                         help="the layout (default: deepspec for dflash/dspark, eagle3 for eagle)")  # fmt: skip
     cli.add_outputs(parser, "the folder to write (required; it must not exist unless --force)", json=None)
-    parser.add_argument("--force", action="store_true", help="replace a folder already at --out")
+    parser.add_argument("--force", action="store_true",
+                        help="replace a folder already at --out: only one this command wrote (its dspark.json says "
+                        "so) or an empty one")  # fmt: skip
     parser.add_argument("--out-dtype", choices=tuple(DTYPES), default="bfloat16",
                         help="dtype of the exported weights (default: %(default)s, what the engines serve)")  # fmt: skip
     parser.add_argument("--target-ref", metavar="ID|DIR",
@@ -77,8 +83,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     if args.out is None:
         raise UsageError("where to? give the folder to write with --out DIR")
+    # before any work: not the shipped assets, nor a folder holding --drafter-checkpoint; and --force replaces
+    # only an earlier export or an empty folder, nothing else
+    cli.refuse_clobber(args, replaced=("out",))
     if Path(args.out).exists() and not args.force:
         raise UsageError(f"{args.out} already exists; pass --force to replace it, or choose another --out")
+    try:
+        check_replaceable(Path(args.out))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     args.dtype = args.dtype or "float32"  # the target's weights are copied (embedding, LM-head rows): exactly
     tokenizer, target, target_name = cli.load_target(args, torch.device("cpu"))
     checkpoint = (

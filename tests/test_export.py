@@ -79,7 +79,8 @@ def exported(drafter, fmt: str, tmp_path: Path) -> Path:
     return writer.export_drafter(drafter, fmt, tmp_path / f"{fmt}-out", ExportInfo(dtype="float32"))
 
 
-CASES = [(kind, v, t, fmt) for kind, v, t in PARALLEL for fmt in ("deepspec", "speculators")]
+CASES = [(kind, v, t, "speculators") for kind, v, t in PARALLEL]
+CASES += [(kind, 0, t, "deepspec") for kind, v, t in PARALLEL if not v]  # deepspec: the whole vocabulary only
 CASES += [("eagle", v, 0, fmt) for v in (0, K) for fmt in ("eagle3", "speculators")]
 
 
@@ -139,7 +140,7 @@ def shapes(folder: Path) -> dict[str, tuple]:
 
 
 def test_deepspec_names_shapes_and_config_fields(target, tmp_path):
-    drafter = parallel(target, "dspark", K, tied=3)
+    drafter = parallel(target, "dspark", 0, tied=3)
     folder = exported(drafter, "deepspec", tmp_path)
     H, V, r, hd, f = CONFIG.dim, CONFIG.vocab_size, 8 + 3, CONFIG.head_dim, torch.float32
     layer = {"input_layernorm.weight": (H,), "self_attn.q_proj.weight": (H, H), "self_attn.k_proj.weight": (24, H),
@@ -148,23 +149,39 @@ def test_deepspec_names_shapes_and_config_fields(target, tmp_path):
              "mlp.gate_proj.weight": (64, H), "mlp.up_proj.weight": (64, H), "mlp.down_proj.weight": (H, 64)}  # fmt: skip
     want = {f"layers.{i}.{k}": (s, f) for i in range(2) for k, s in layer.items()} | {
         "norm.weight": ((H,), f), "fc.weight": ((H, 3 * H), f), "hidden_norm.weight": ((H,), f),
-        "embed_tokens.weight": ((V, H), f), "lm_head.weight": ((K, H), f),
-        "markov_head.markov_w1.weight": ((V, r), f), "markov_head.markov_w2.weight": ((K, r), f),
+        "embed_tokens.weight": ((V, H), f), "lm_head.weight": ((V, H), f),
+        "markov_head.markov_w1.weight": ((V, r), f), "markov_head.markov_w2.weight": ((V, r), f),
         "confidence_head.proj.weight": ((1, H + r), f), "confidence_head.proj.bias": ((1,), f),
-        "d2t": ((K,), torch.int64), "t2d": ((V,), torch.bool),
     }  # fmt: skip
     assert shapes(folder) == want
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["Qwen3DSparkModel"] and config["tie_word_embeddings"] is False
     assert {k: config[k] for k in ("num_hidden_layers", "block_size", "target_layer_ids", "mask_token_id",
                                     "markov_rank", "markov_head_type", "enable_confidence_head",
-                                    "confidence_head_with_markov", "rope_theta", "draft_vocab_size")} == {
+                                    "confidence_head_with_markov", "rope_theta", "vocab_size")} == {
         "num_hidden_layers": 2, "block_size": GAMMA, "target_layer_ids": [0, 1, 2], "mask_token_id": 5,
         "markov_rank": r, "markov_head_type": "vanilla", "enable_confidence_head": True,
-        "confidence_head_with_markov": True, "rope_theta": CONFIG.rope_theta, "draft_vocab_size": K}  # fmt: skip
+        "confidence_head_with_markov": True, "rope_theta": CONFIG.rope_theta, "vocab_size": V}  # fmt: skip
+    assert "draft_vocab_size" not in config
     assert config["num_anchors"] > 0 and config["dflash_config"]["target_layer_ids"] == [0, 1, 2]
     text = (folder / "README.md").read_text()
     assert "vllm serve" in text and "--speculative-algorithm DSPARK" in text and "Mask token: id 5" in text
+
+
+VOCAB_ROWS = ("embed_tokens.weight", "lm_head.weight", "markov_head.markov_w1.weight",
+              "markov_head.markov_w2.weight")  # fmt: skip
+
+
+@pytest.mark.parametrize("kind, tied", [("dflash", 0), ("dspark", 0), ("dspark", 3)])
+def test_every_vocabulary_sized_deepspec_tensor_has_vocab_size_rows(target, tmp_path, kind, tied):
+    """What DeepSpec's Qwen3DSparkModel sizes by config.json's vocab_size (it reads no d2t/t2d)."""
+    folder = exported(parallel(target, kind, 0, tied), "deepspec", tmp_path)
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    got = shapes(folder)
+    assert "d2t" not in got and "t2d" not in got and {"embed_tokens.weight", "lm_head.weight"} <= {*got}
+    assert {name: got[name][0][0] for name in VOCAB_ROWS if name in got} == {
+        name: vocab for name in VOCAB_ROWS if name in got
+    }
 
 
 def test_speculators_and_eagle3_names_and_layer_ids(target, tmp_path):
@@ -192,12 +209,12 @@ def test_speculators_and_eagle3_names_and_layer_ids(target, tmp_path):
     assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3] and config["draft_vocab_size"] == K
 
 
-@pytest.mark.parametrize("fmt", ["deepspec", "speculators"])
-def test_d2t_maps_every_draft_index_to_its_target_id(target, tmp_path, fmt):
+def test_d2t_maps_every_draft_index_to_its_target_id(target, tmp_path):
+    """The speculators layout (deepspec refuses a reduced vocabulary: tests/test_export_guards.py)."""
     from safetensors.torch import load_file
 
     drafter = parallel(target, "dspark", K)
-    w = load_file(exported(drafter, fmt, tmp_path) / "model.safetensors")
+    w = load_file(exported(drafter, "speculators", tmp_path) / "model.safetensors")
     ids = torch.arange(K) + w["d2t"]
     assert w["d2t"].dtype == torch.int64 and torch.equal(ids, drafter.vocab.ids.sort().values)
     assert torch.equal(w["t2d"].nonzero().flatten(), ids) and (ids[1:] > ids[:-1]).all()
@@ -210,7 +227,7 @@ def test_without_dspark_json_the_distribution_is_kept(target, tmp_path):
     """A folder from elsewhere has no dspark.json: the ids come back ascending, q over the target is the same
     and so is every greedy draft (sampled drafts may differ: the inverse CDF walks the ids in another order)."""
     drafter = parallel(target, "dspark", K)
-    folder = exported(drafter, "deepspec", tmp_path)
+    folder = exported(drafter, "speculators", tmp_path)
     (folder / "dspark.json").unlink()
     back = get_drafter("dspark", target, folder)
     assert (back.vocab.ids[1:] > back.vocab.ids[:-1]).all()
@@ -260,12 +277,13 @@ def test_an_interrupted_export_leaves_no_half_written_folder(target, tmp_path, m
 
     monkeypatch.setattr(writer, "save_file", disk_full)
     with pytest.raises(OSError):
-        writer.export_drafter(drafter, "deepspec", tmp_path / "new", ExportInfo())
+        writer.export_drafter(drafter, "speculators", tmp_path / "new", ExportInfo())
     assert list(tmp_path.iterdir()) == []  # neither the folder nor its temporary twin
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "config.json").write_text("{}")
+    (tmp_path / "old" / "dspark.json").write_text('{"written_by": "python -m dspark.export"}')  # an export
     with pytest.raises(OSError):
-        writer.export_drafter(drafter, "deepspec", tmp_path / "old", ExportInfo(), replace=True)
+        writer.export_drafter(drafter, "speculators", tmp_path / "old", ExportInfo(), replace=True)
     assert [p.name for p in tmp_path.iterdir()] == ["old"]  # the old folder, untouched
     assert (tmp_path / "old" / "config.json").read_text() == "{}"
 

@@ -6,9 +6,14 @@ layer fields at the top level with `architectures: ["Qwen3DSparkModel"]`, `num_t
 `target_layer_ids` (this project's tap layers as they are: DeepSpec reads `hidden_states[id + 1]`),
 `mask_token_id`, `num_anchors` (a training setting), `markov_rank` (r + r_t: a tied rank is folded into
 W1/W2), `markov_head_type` "vanilla", `enable_confidence_head` and `confidence_head_with_markov`. DFlash is
-the same model with `markov_rank` 0 and no confidence head (DeepSpec's config/dflash/*.py). A reduced
-vocabulary adds `draft_vocab_size`. Copies of the block fields sit in `dflash_config` / `dspark_config`
-too, where SGLang's and vLLM's DFlash loaders look for them.
+the same model with `markov_rank` 0 and no confidence head (DeepSpec's config/dflash/*.py). Copies of the
+block fields sit in `dflash_config` / `dspark_config` too, where SGLang's and vLLM's DFlash loaders look for
+them.
+
+The target's whole vocabulary only: DeepSpec sizes `lm_head` and `markov_w2` by `vocab_size` and reads no
+`d2t` / `t2d`, so a drafter with a reduced draft vocabulary is refused here (the speculators layout holds
+it). Widening it instead -- zero rows off the draft ids -- would give those ids logit 0, not q = 0: a
+different distribution than the one trained and measured.
 
 The tensors: dspark/drafters/hf_layout.py `parallel_tensors` (with `embed_tokens` and `lm_head`, which
 DeepSpec's checkpoints carry as frozen copies of the target's).
@@ -17,9 +22,22 @@ DeepSpec's checkpoints carry as frozen copies of the target's).
 from __future__ import annotations
 
 from dspark.drafters.hf_layout import parallel_tensors
-from dspark.exporting.fields import ExportInfo, layer_config, mask_note, parallel_checks, readme, vocab_note
+from dspark.exporting.fields import (
+    ExportInfo,
+    layer_config,
+    mask_note,
+    parallel_checks,
+    readme,
+    refuse,
+    shell,
+    speculative_config,
+    vocab_note,
+)
 
 NAME = "deepspec"
+ENGINES = ("Engines: this folder loads in DeepSpec (`Qwen3DSparkModel`), vLLM (`dspark`), SGLang (`DSPARK`) and "
+           "llama.cpp (`draft-dspark`); the layout holds the target's whole vocabulary only (a drafter with a "
+           "reduced draft vocabulary exports as `--format speculators`).")  # fmt: skip
 DEFAULT_ANCHORS = 16  # num_anchors when the checkpoint does not record its training's anchors per sequence
 
 
@@ -36,9 +54,19 @@ def dspark_fields(drafter, info: ExportInfo) -> dict:
     return fields
 
 
+def whole_vocabulary(drafter) -> None:
+    """Refuse a reduced draft vocabulary: DeepSpec's model has vocab_size rows in lm_head and markov_w2."""
+    k = drafter.vocab.size
+    if k:
+        refuse(f"the {NAME} layout holds the target's whole vocabulary (DeepSpec sizes lm_head and markov_w2 by "
+               f"vocab_size, {drafter.vocab.target_vocab}, and reads no d2t/t2d), this drafter scores {k} ids; "
+               "export it with --format speculators (draft_vocab_size, d2t, t2d: what vLLM's qwen3_dspark loads)")  # fmt: skip
+
+
 def build(drafter, info: ExportInfo) -> tuple[dict, dict, str]:
     """(config.json, tensors, README.md) of `drafter` in the DeepSpec layout, or ValueError (one line)."""
     parallel_checks(drafter, NAME)
+    whole_vocabulary(drafter)
     cfg, tc = drafter.config, drafter.target.config
     taps = list(tc.tap_layers)
     anchors = (info.meta.get("train_config") or {}).get("anchors_per_seq") or DEFAULT_ANCHORS
@@ -57,7 +85,7 @@ def build(drafter, info: ExportInfo) -> tuple[dict, dict, str]:
 
 def readme_text(drafter, info: ExportInfo) -> str:
     """README.md: the facts a user serving it needs, and the three engines' command lines."""
-    cfg, d, t = drafter.config, "DRAFTER_DIR", info.target_ref
+    cfg, d, t = drafter.config, shell(info.drafter_dir), shell(info.target_ref)
     head = f"a vanilla Markov head of rank {cfg.rank + cfg.tied_rank} and a confidence head" if cfg.rank else (
         "no sequential head (DFlash: markov_rank 0)")  # fmt: skip
     facts = [
@@ -67,11 +95,12 @@ def readme_text(drafter, info: ExportInfo) -> str:
         f"`target_layer_ids` {list(drafter.target.config.tap_layers)}: DeepSpec's ids, read as hidden_states[id + 1].",
         mask_note(drafter, info),
         vocab_note(drafter),
+        ENGINES,
     ]
     commands = f"""
 vLLM (DSpark, PR #46995; DFlash exported here is the same model with markov_rank 0, so also `dspark`):
 
-    vllm serve {t} --speculative-config '{{"method": "dspark", "model": "{d}", "num_speculative_tokens": {cfg.gamma}}}'
+    vllm serve {t} --speculative-config {speculative_config("dspark", info, cfg.gamma)}
 
 SGLang (PR #30261):
 

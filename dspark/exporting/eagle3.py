@@ -15,7 +15,15 @@ Only an EAGLE drafter built with `--eagle3-layer` has this layer (dspark/drafter
 from __future__ import annotations
 
 from dspark.drafters.hf_layout import eagle3_tensors
-from dspark.exporting.fields import ExportInfo, eagle3_checks, layer_config, readme, vocab_note
+from dspark.exporting.fields import (
+    ExportInfo,
+    eagle3_checks,
+    layer_config,
+    readme,
+    shell,
+    speculative_config,
+    vocab_note,
+)
 
 NAME = "eagle3"
 
@@ -38,12 +46,14 @@ def build(drafter, info: ExportInfo) -> tuple[dict, dict, str]:
         f"`eagle_aux_hidden_state_layer_ids` {aux}: each tap layer + 1 (the engines capture layer inputs).",
         f"Trained to draft up to {cfg.max_gamma} tokens a round (training-time test over {cfg.max_gamma} steps).",
         vocab_note(drafter),
+        "Engines: this folder loads in vLLM (`eagle3`) and SGLang (`EAGLE3`), a reduced draft vocabulary "
+        "included (`d2t`/`t2d`); llama.cpp was not checked.",
     ]
-    d, t, n = "DRAFTER_DIR", info.target_ref, cfg.max_gamma
+    d, t, n = shell(info.drafter_dir), shell(info.target_ref), cfg.max_gamma
     commands = f"""
 vLLM:
 
-    vllm serve {t} --speculative-config '{{"method": "eagle3", "model": "{d}", "num_speculative_tokens": {n}}}'
+    vllm serve {t} --speculative-config {speculative_config("eagle3", info, n)}
 
 SGLang (a chain: top-k 1, {n} steps, {n + 1} tokens verified):
 

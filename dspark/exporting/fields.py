@@ -8,11 +8,14 @@ speculators / EAGLE-3 id i + 1 (those index `hidden_states` directly; vLLM captu
 i + 1). A tap on the target's LAST layer is refused everywhere: `hidden_states[n]` is the final-NORMED
 state in Hugging Face, not the residual this project taps, and the engines do not capture it.
 
-Every refusal is a `ValueError` with one line (the command prints it and exits non-zero).
+Every refusal is a `ValueError` with one line (the command prints it and exits non-zero). The READMEs'
+command lines pass the target and the folder through `shell`: one shell argument each, whatever they hold.
 """
 
 from __future__ import annotations
 
+import json
+import shlex
 from dataclasses import dataclass, field
 
 from dspark.drafters.autoregressive import AutoregressiveDrafter
@@ -40,6 +43,7 @@ class ExportInfo:
     dtype: str = "bfloat16"  # the weights' dtype in the folder
     meta: dict = field(default_factory=dict)  # the drafter checkpoint's training record, when it has one
     note: str = ""  # a sentence on the target's weights (KNOWN_TARGETS), for the README
+    drafter_dir: str = "DRAFTER_DIR"  # the folder as the README's commands name it (export_drafter sets it)
 
 
 def refuse(message: str) -> None:
@@ -137,6 +141,16 @@ def vocab_note(drafter) -> str:
     return (f"Vocabulary: the drafter scores {k} of the target's {drafter.vocab.target_vocab} ids; `lm_head` holds "
             "their rows in ascending id order, `d2t` (int64) maps draft index i to target id i + d2t[i], `t2d` "
             "(bool) marks them.")  # fmt: skip
+
+
+def shell(word: str) -> str:
+    """`word` as one shell argument (a --target-ref or a path may hold spaces, `;`, `$(...)`)."""
+    return shlex.quote(word)
+
+
+def speculative_config(method: str, info: ExportInfo, tokens: int) -> str:
+    """vLLM's `--speculative-config` value naming the drafter folder: JSON, then quoted as one shell argument."""
+    return shell(json.dumps({"method": method, "model": info.drafter_dir, "num_speculative_tokens": tokens}))
 
 
 def readme(title: str, drafter, info: ExportInfo, facts: list[str], commands: str) -> str:

@@ -29,6 +29,8 @@ from dspark.exporting.fields import (
     mask_note,
     parallel_checks,
     readme,
+    shell,
+    speculative_config,
     vocab_note,
 )
 
@@ -72,6 +74,9 @@ def build(drafter, info: ExportInfo) -> tuple[dict, dict, str]:
         f"`aux_hidden_state_layer_ids` {aux}: hidden_states indices, each tap layer + 1.",
         mask_note(drafter, info),
         vocab_note(drafter),
+        "Engines: this speculators folder loads in vLLM, a reduced draft vocabulary included (`draft_vocab_size`, "
+        "`d2t`, `t2d`), and llama.cpp (`draft-dspark`) reads its DSpark; DeepSpec's own loader takes `--format "
+        "deepspec`, whole vocabulary only.",
     ]
     return config, parallel_tensors(drafter), readme("DSpark drafter, speculators layout", drafter, info, facts,
                                                      commands(info, cfg.gamma, "dspark"))  # fmt: skip
@@ -94,6 +99,8 @@ def build_eagle3(drafter: AutoregressiveDrafter, info: ExportInfo) -> tuple[dict
         "(2 x hidden) and add to the raw feature; every norm flag off.",
         f"`eagle_aux_hidden_state_layer_ids` {aux}: hidden_states indices, each tap layer + 1.",
         vocab_note(drafter),
+        "Engines: this speculators folder loads in vLLM, a reduced draft vocabulary included (`d2t`/`t2d`); "
+        "for SGLang export `--format eagle3`.",
     ]
     return config, eagle3_tensors(drafter, "layers.0."), readme("EAGLE-3 drafter, speculators layout", drafter,
                                                                  info, facts, commands(info, cfg.max_gamma, "eagle3"))  # fmt: skip
@@ -101,15 +108,15 @@ def build_eagle3(drafter: AutoregressiveDrafter, info: ExportInfo) -> tuple[dict
 
 def commands(info: ExportInfo, gamma: int, method: str) -> str:
     """vLLM (and for DSpark llama.cpp) command lines for a speculators folder."""
-    d, t = "DRAFTER_DIR", info.target_ref
+    d, t = shell(info.drafter_dir), shell(info.target_ref)
     text = f"""
-vLLM reads the verifier from `speculators_config` (`{t}`), so the folder alone serves:
+vLLM reads the verifier from `speculators_config` (`{info.target_ref}`), so the folder alone serves:
 
     vllm serve {d}
 
 or name both explicitly:
 
-    vllm serve {t} --speculative-config '{{"method": "{method}", "model": "{d}", "num_speculative_tokens": {gamma}}}'
+    vllm serve {t} --speculative-config {speculative_config(method, info, gamma)}
 """
     if method == "dspark":
         text += f"""
