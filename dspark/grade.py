@@ -8,13 +8,18 @@
 Every check runs the solution in a process of its own, in a scratch folder, with a time
 limit (--timeout, seconds, at most 3600), so a solution that crashes, hangs or kills its
 process loses that check's points and nothing else; the verdict is reached here, from the
-values the solution returned. The report has one line per check -- PASS, or FAIL with the
-reason ("not implemented", "crashed: ...", "timed out after Ns", "uses the instructor's
-reference solution ...", or what is wrong) -- with what the solution printed under it,
-each line behind a `|`, and ends with `score: X/Y`, which only this command writes. The
-exit status is 0 whenever grading worked, whatever the score; a bad assignment number, a
-missing file, a bad --timeout or a file that does not import is one line on stderr and
-status 2.
+values the solution returned. When a check ends -- returned, timed out or crashed -- its
+process and every process it started are killed, also those that moved to a session or
+process group of their own (on Linux; what still escapes -- a process orphaned after the
+solution killed its check's supervisor, one another service starts, and off Linux any that
+leaves the process group -- is listed in walkthrough/assignments/INSTRUCTORS.md). The report
+has one line per check -- PASS, or FAIL with the reason ("not implemented", "crashed: ...",
+"timed out after Ns", "uses the instructor's reference solution ..." for a file that is a
+copy of it (comments and layout aside), imports it or reads its files, or what is wrong) --
+with what the solution printed under it, each line behind a `|`, and ends with
+`score: X/Y`, which only this command writes. The exit status is 0 whenever grading
+worked, whatever the score; a bad assignment number, a missing file, a path that is not a
+.py file, a bad --timeout or a file that does not import is one line on stderr and status 2.
 """
 
 from __future__ import annotations
@@ -88,11 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             f"assignment {number} has no check {', '.join(unknown)}; its checks: {', '.join(sorted(names))}"
         )
     path = assignment.reference_path if args.reference else Path(args.solution or assignment.starter_path)
-    if not path.is_file():
-        raise UsageError(f"no solution file at {path}")
-
     try:
-        check_imports(path, args.timeout)
+        check_imports(path, args.timeout)  # also: a missing file, a folder, a file that is not .py
     except SolutionError as exc:
         raise UsageError(str(exc)) from None
     shown = path.resolve().relative_to(Path.cwd()) if path.resolve().is_relative_to(Path.cwd()) else path

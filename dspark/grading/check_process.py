@@ -5,10 +5,11 @@ two pipes' grader ends, non-blocking, and a deadline. `call` pickles one `Call` 
 process and waits for its reply; every wait looks at the deadline (`TimedOut`) and at the
 supervisor (`ProcessEnded`, "the check's process died without a reply (exit status 3)"), and
 a reply too large, unreadable or not fitting its call is `BadReply`; after any of them the
-process is no longer `healthy`. `close` (also on leaving a `with`) kills the check's process
-(by pidfd, wherever it went) and the whole process group (everything it started), reaps the
-supervisor, removes the scratch folder and keeps the last lines the student's code printed
-(`output`), made printable.
+process is no longer `healthy`. `close` (also on leaving a `with`) ends the check's process
+(by pidfd, wherever it went) and every process it started, whatever session or group it moved
+to (the supervisor is their subreaper, and `kill_tree` sweeps what it may have left: see
+dspark/grading/sandbox.py), then the whole process group, reaps the supervisor, removes the
+scratch folder and keeps the last lines the student's code printed (`output`), made printable.
 
 What this file does not do: run the student's code (dspark/grading/sandbox.py) or decide what
 a reply means for the check (dspark/grading/checks.py, framework.py).
@@ -30,7 +31,7 @@ from typing import BinaryIO
 
 from dspark.grading.expect import printable
 from dspark.grading.plain_data import HEADER, BadReply, Call, decode_reply
-from dspark.grading.sandbox import Job, run_supervisor
+from dspark.grading.sandbox import SWEEP_SECONDS, Job, kill_tree, run_supervisor
 
 MAX_REPLY_BYTES = 256 << 20  # one reply: far more than any check's answers
 _POLL = 0.05  # seconds between looks at the supervisor while waiting on a pipe
@@ -52,9 +53,11 @@ class CheckProcess:
         self.scratch = Path(tempfile.mkdtemp(prefix="dspark-grade-"))
         self.output_file = tempfile.TemporaryFile()
         self.reference: list[str] = []  # reference modules the student's code imported
+        self.reference_files: list[str] = []  # files of the reference folder it opened
         self.output = ""  # what it printed, once closed
         self.healthy = True  # False once it timed out, died or sent something unreadable
         self.imported: dict | None = None
+        self._child_pid: int | None = None
         self._child_pidfd: int | None = None
         request_read, self._requests = os.pipe()
         self._replies, reply_write = os.pipe()
@@ -117,9 +120,8 @@ class CheckProcess:
             reply = decode_reply(self._read(size))
         except (TimedOut, ProcessEnded, BadReply) as exc:
             raise self._bad(exc) from None
-        names = reply.get("reference", [])
-        if isinstance(names, list):
-            self.reference = sorted({*self.reference, *(str(n) for n in names)})
+        self.reference = _merged(self.reference, reply.get("reference"))
+        self.reference_files = _merged(self.reference_files, reply.get("reference_files"))
         return reply
 
     def _bad(self, exc: Exception) -> Exception:
@@ -169,6 +171,7 @@ class CheckProcess:
     # -- the processes
     def _watch_child(self, pid: int) -> None:
         """A pidfd for the check's process, so it can be killed even after it left the group."""
+        self._child_pid = pid
         self._child_pidfd = _pidfd(pid)
 
     def _exit_status(self) -> str | None:
@@ -205,7 +208,7 @@ class CheckProcess:
         return f"the check's process died without a reply{how}"
 
     def close(self) -> None:
-        """Kill the check's process group and whatever is left of it; collect the output; clean up."""
+        """End the check's process and every process it started; collect the output; clean up."""
         if self._requests < 0:
             return
         os.close(self._requests)  # the check's process reads EOF and exits
@@ -219,22 +222,42 @@ class CheckProcess:
         self.output_file.close()
 
     def _kill(self) -> None:
-        """SIGKILL the check's process (by pidfd: found even outside its group) and let the supervisor
-        reap it (no zombie left behind); then SIGKILL the whole group, and reap the supervisor."""
+        """Stop the check's process (by pidfd: found even outside its group); SIGKILL every process
+        below the supervisor, or below the check's process should the supervisor have died first
+        (`kill_tree`); SIGKILL the check's process and let the supervisor reap it (no zombie left
+        behind); then SIGKILL the whole group (all there is where /proc is missing), and reap the
+        supervisor."""
+        roots = [self.supervisor]  # not reaped yet: its pid, and its group id, belong to no one else
+        if self._signal_child(signal.SIGSTOP):  # still there (not reaped): its pid is its own
+            roots.append(self._child_pid)
+        kill_tree(roots)
         if self._child_pidfd is not None:
-            try:
-                signal.pidfd_send_signal(self._child_pidfd, signal.SIGKILL)
-            except OSError:
-                pass
+            self._signal_child(signal.SIGKILL)
             os.close(self._child_pidfd)
-            self._await_supervisor(0.5)
-        try:  # the supervisor is not reaped yet, so its group id cannot belong to anyone else
+            self._child_pidfd = None
+        self._await_supervisor(SWEEP_SECONDS)  # it sweeps what is left below it, then exits
+        try:
             os.killpg(self.supervisor, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         os.waitpid(self.supervisor, 0)
         if self._supervisor_fd is not None:
             os.close(self._supervisor_fd)
+
+    def _signal_child(self, number: int) -> bool:
+        """Send signal `number` to the check's process by its pidfd; False if it is gone (or no pidfd)."""
+        if self._child_pidfd is None:
+            return False
+        try:
+            signal.pidfd_send_signal(self._child_pidfd, number)
+        except OSError:
+            return False
+        return True
+
+
+def _merged(names: list[str], more: object) -> list[str]:
+    """`names` and the strings of `more` (a list a reply carried, if it is one), sorted, once each."""
+    return sorted({*names, *(str(n) for n in more)}) if isinstance(more, list) else names
 
 
 def _pidfd(pid: int) -> int | None:

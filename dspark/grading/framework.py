@@ -20,9 +20,13 @@ patch them, and no channel it can reach carries a verdict. A check ends as
     "crashed: the check's process died without a reply (exit status 3)" when it died (os._exit,
     a segfault, a kill), or "... sent back garbage" when what it sent is not a reply;
   * FAIL "timed out after Ns";
-  * FAIL "uses the instructor's reference solution (...)" when the file imports
-    dspark.grading.reference: found in its source before anything runs (then every check
-    fails), or seen being imported while the check ran (that check fails).
+  * FAIL "uses the instructor's reference solution (...)" when the file is a copy of a reference
+    solution (comments and layout aside) or imports dspark.grading.reference: found in its source
+    before anything runs (then every check fails); or when the reference was seen being imported,
+    or one of its files being read, while the check ran (that check fails).
+
+However the check ends, its process and every process it started are killed, also those that
+moved to a session or process group of their own (on Linux; sandbox.py says how).
 
 This file holds `grade`, `run_check` and the report (`CheckResult`, `Report`); the rest is one
 file per part, each importing only those listed above it, and every public name of them is
@@ -30,9 +34,11 @@ re-exported here, so a checks module (dspark/grading/a*.py) imports from this fi
 
   plain_data.py       what crosses the pipes: a `Call` in, a reply out, read as plain data only
   expect.py           `CheckFailed` and the expect_* helpers; one-line, printable messages
-  reference_guard.py  the reference solution found in the source, or seen being imported
+  reference_guard.py  the reference solution found in the source (copied or imported), or seen
+                      being imported or read
   sandbox.py          the check's process: a supervisor in a new session, a scratch folder, the
-                      student's file imported, calls served
+                      student's file imported, calls served; every process below the supervisor
+                      found through /proc and killed
   check_process.py    `CheckProcess`, the grader's handle on it: deadline, replies checked, kill
   checks.py           `Check`, `CheckList`, `Assignment`; `Solution` and `Function`, through
                       which a check calls the student's code
@@ -41,13 +47,16 @@ Grading needs os.fork (Linux, macOS; on Windows, WSL).
 
 What this cannot stop, running as the grader's own user (a container can, see
 walkthrough/assignments/INSTRUCTORS.md): code that finds the grader's process (through /proc)
-and signals it or writes to its terminal, that reads or deletes files by absolute path, or that
-forks a process which leaves the session with setsid(). What this file does not do: define
-checks (dspark/grading/a*.py) or parse a command line (dspark/grade.py).
+and signals it or writes to its terminal, that reads or deletes files by absolute path, that
+kills its supervisor and then orphans a process (re-parented to init, out of reach), that has
+another service start a process (cron, at, systemd-run), or, off Linux, that starts a process
+which leaves the session with setsid(). What this file does not do: define checks
+(dspark/grading/a*.py) or parse a command line (dspark/grade.py).
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import math
 import os
 from collections.abc import Callable, Iterable
@@ -99,24 +108,35 @@ from dspark.grading.reference_guard import (
     REFERENCE_PACKAGE,
     STUDENT_MODULE,
     ReferenceWatch,
+    code_tokens,
     inside,
     is_reference,
+    reference_copy,
     reference_flag,
     reference_imports,
     reference_used,
 )
-from dspark.grading.sandbox import MAX_OUTPUT_BYTES, Job, import_solution
+from dspark.grading.sandbox import (
+    MAX_OUTPUT_BYTES,
+    SWEEP_SECONDS,
+    Job,
+    become_subreaper,
+    descendants,
+    import_solution,
+    kill_tree,
+)
 
 __all__ = [  # this file's names, then those it re-exports, file by file
     "DEFAULT_TIMEOUT", "MAX_TIMEOUT", "SolutionError", "CheckResult", "Report", "run_check", "check_timeout",
-    "check_imports", "grade",
+    "check_solution_file", "check_imports", "grade",
     "MAX_DEPTH", "NOT_PLAIN", "TENSOR", "DTYPES", "BadReply", "NotPlainData", "Probe", "Call", "to_plain",
     "from_plain", "encode_reply", "decode_reply",
     "CheckFailed", "one_line", "printable", "show", "kind", "number", "expect_tensor", "expect_number",
     "expect_equal", "expect_close",
     "STUDENT_MODULE", "REFERENCE_PACKAGE", "REFERENCE_DIR", "is_reference", "inside", "reference_imports",
-    "reference_flag", "ReferenceWatch", "reference_used",
-    "MAX_OUTPUT_BYTES", "Job", "import_solution",
+    "code_tokens", "reference_copy", "reference_flag", "ReferenceWatch", "reference_used",
+    "MAX_OUTPUT_BYTES", "SWEEP_SECONDS", "Job", "import_solution", "become_subreaper", "descendants",
+    "kill_tree",
     "MAX_REPLY_BYTES", "TimedOut", "ProcessEnded", "CheckProcess", "read_output",
     "REPO_ROOT", "ASSIGNMENTS_DIR", "Check", "CheckList", "Assignment", "StudentRaised", "Solution",
     "Function", "function",
@@ -200,8 +220,8 @@ def run_check(check: Check, path: Path, timeout: float, flag: str = "") -> Check
         return CheckResult(check.name, check.points, False, flag)
     with CheckProcess(path, timeout) as process:
         passed, detail = _verdict(lambda: _in_grader(check, Solution(process)), timeout)
-    if process.reference and not inside(path, REFERENCE_DIR):
-        passed, detail = False, reference_used(process.reference)
+    if (process.reference or process.reference_files) and not inside(path, REFERENCE_DIR):
+        passed, detail = False, reference_used(process.reference, process.reference_files)
     return CheckResult(check.name, check.points, passed, detail, process.output)
 
 
@@ -213,11 +233,21 @@ def check_timeout(timeout: float) -> None:
         )
 
 
-def check_imports(path: Path, timeout: float = DEFAULT_TIMEOUT) -> None:
-    """Raise SolutionError unless the file exists and imports within `timeout` seconds."""
-    path = Path(path).resolve()
+def check_solution_file(path: Path) -> None:
+    """Raise SolutionError unless `path` is a file Python can import: one ending in .py."""
+    path = Path(path)
+    if path.is_dir():
+        raise SolutionError(f"{path} is a folder, not a Python file (.py)")
     if not path.is_file():
         raise SolutionError(f"no solution file at {path}")
+    if path.suffix not in importlib.machinery.SOURCE_SUFFIXES:
+        raise SolutionError(f"{path} is not a Python file (.py)")
+
+
+def check_imports(path: Path, timeout: float = DEFAULT_TIMEOUT) -> None:
+    """Raise SolutionError unless the file is a .py file that imports within `timeout` seconds."""
+    check_solution_file(path)
+    path = Path(path).resolve()
     check_timeout(timeout)
     _need_fork()
     with CheckProcess(path, timeout) as process:

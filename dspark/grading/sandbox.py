@@ -7,17 +7,32 @@ other descriptor it inherited, installs the `ReferenceWatch`, imports the studen
 `student_solution` and serves `Call`s: a pickle on one pipe in, a reply (plain data,
 dspark/grading/plain_data.py) on another out, until the grader closes the requests' pipe. Each
 reply says what the call returned or raised (type, message, where in the student's file), the
-probes' logs, and the reference modules imported so far. The supervisor only waits for the
-check's process and exits as it did, so a student that kills its parent kills the supervisor,
-not the grader. Needs os.fork and the POSIX `resource` module (Linux, macOS).
+probes' logs, and the reference modules imported and reference files opened so far. The
+supervisor waits for the check's process, ends every process it left (below), and exits as it
+did, so a student that kills its parent kills the supervisor, not the grader. Needs os.fork and
+the POSIX `resource` module (Linux, macOS).
+
+Ending every process the check's code started, found through /proc: `become_subreaper` makes
+the supervisor the Linux "child subreaper" of everything below it, so a process whose parent
+dies is re-parented to the supervisor, not to init, and no descendant leaves the tree, whatever
+session or process group it moved to (`setsid`, `start_new_session=True`, a double fork).
+`kill_tree` ends such a tree: it stops (SIGSTOP) every live descendant until a scan of /proc
+finds none still running -- a stopped process cannot fork, and no parent dies meanwhile, so none
+is orphaned out of reach -- then kills (SIGKILL) them all, scan after scan, until none is left
+(or SWEEP_SECONDS are up). The supervisor runs it once the check's process has ended, and the
+grader again when it closes the check (dspark/grading/check_process.py). Off Linux (no /proc,
+no prctl) neither finds anything, and only the process group is killed. No tree walk finds a
+process re-parented to init because the subreaper was already dead (the student's code killed
+the supervisor first), nor one another service started (cron, at, systemd-run).
 
 What this file does not do: judge anything (the grader does, dspark/grading/framework.py),
-enforce the time limit or kill what is left (dspark/grading/check_process.py), or stop what
-framework.py's docstring lists (code running as the grader's own user can still reach it).
+enforce the time limit (dspark/grading/check_process.py), or stop what framework.py's
+docstring lists (code running as the grader's own user can still reach it).
 """
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import importlib.util
 import io
@@ -26,8 +41,9 @@ import pickle
 import signal
 import sys
 import tempfile
+import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -44,6 +60,10 @@ except ImportError:  # pragma: no cover
     resource = None
 
 MAX_OUTPUT_BYTES = 64 << 20  # the student's stdout + stderr file (RLIMIT_FSIZE in the check's process)
+SWEEP_SECONDS = 2.0  # the most one `kill_tree` tries: a tree of thousands ends in well under that
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+_GONE = ("Z", "X")  # /proc states of zombies and dead processes: nothing to kill, no children
+_STOPPED = ("T", "t", *_GONE)  # stopped, or traced and stopped: cannot fork
 
 
 def import_solution(path: Path) -> ModuleType:
@@ -52,6 +72,8 @@ def import_solution(path: Path) -> ModuleType:
     if folder not in sys.path:
         sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(STUDENT_MODULE, path)
+    if spec is None or spec.loader is None:  # not a .py file: nothing imports it
+        raise ImportError(f"{path.name} is not a Python file (.py)")
     module = importlib.util.module_from_spec(spec)
     sys.modules[STUDENT_MODULE] = module
     spec.loader.exec_module(module)
@@ -164,6 +186,7 @@ def _serve(module: ModuleType, call: Call, path: Path) -> dict:
 
 def _reply(job: Job, reply: dict, watch: ReferenceWatch) -> None:
     reply["reference"] = watch.report()
+    reply["reference_files"] = watch.files()
     try:
         data = encode_reply(reply)
     except Exception as exc:  # noqa: BLE001 - e.g. a recursion too deep for pickle
@@ -202,9 +225,12 @@ def _exit(code: int) -> NoReturn:
 
 
 def run_supervisor(job: Job) -> NoReturn:
-    """A new session; the check's process in it; then wait for that process and exit as it did."""
+    """A new session; the check's process in it; wait for that process, end every process it left
+    (this one is their subreaper: orphans come here, whatever session they moved to), then exit as
+    the check's process did."""
     try:
         os.setsid()
+        become_subreaper()
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         child = os.fork()
         if child == 0:
@@ -216,12 +242,41 @@ def run_supervisor(job: Job) -> NoReturn:
         for fd in (0, 1, 2):
             os.dup2(null, fd)
         _close_fds_except((0, 1, 2))  # no pipe end: the replies' EOF means the check's process is gone
-        _, status = os.waitpid(child, 0)
+        status = _wait_for(child)
+        _end_descendants()
         if os.WIFSIGNALED(status):
             _die_by(os.WTERMSIG(status))
         os._exit(os.waitstatus_to_exitcode(status))
     finally:
         os._exit(70)
+
+
+def _wait_for(child: int) -> int:
+    """The wait status of `child`; the orphans re-parented here meanwhile are reaped as they end."""
+    while True:
+        pid, status = os.wait()
+        if pid == child:
+            return status
+
+
+def _end_descendants(seconds: float = SWEEP_SECONDS) -> None:
+    """Kill every process still below this one and reap them, within `seconds` (past that, the
+    grader's own `kill_tree` and `killpg` follow)."""
+    end = time.monotonic() + seconds
+    while _has_children() and time.monotonic() < end:
+        kill_tree([os.getpid()], max(0.0, end - time.monotonic()))
+        time.sleep(0.001)  # a killed parent's children take a moment to be re-parented here
+
+
+def _has_children() -> bool:
+    """Reap the children that ended (without waiting); does any remain?"""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
 
 
 def _die_by(number: int) -> NoReturn:
@@ -232,3 +287,98 @@ def _die_by(number: int) -> NoReturn:
         pass
     os.kill(os.getpid(), number)
     os._exit(128 + number)
+
+
+# ---- every process below the supervisor ---------------------------------------------------------------
+def _find_prctl() -> Callable[..., int] | None:
+    """libc's prctl, looked up here, at import in the grader: a lookup (dlsym) in a process forked
+    from a threaded one could wait forever on a lock another thread held. None where missing."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _find_prctl()
+
+
+def become_subreaper() -> bool:
+    """Make this process the subreaper of its descendants (Linux 3.4+); False where impossible."""
+    return _PRCTL is not None and _PRCTL(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state) of every process /proc shows; {} without /proc."""
+    table = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return {}
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()  # after "pid (comm)": the name may hold ") "
+            table[int(name)] = (int(fields[1]), fields[0].decode())
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+    return table
+
+
+def descendants(roots: Iterable[int]) -> dict[int, str]:
+    """pid -> state of every live process below `roots` (their children, theirs, ...)."""
+    children: dict[int, list[int]] = {}
+    table = _processes()
+    for pid, (parent, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    found: dict[int, str] = {}
+    frontier = [pid for root in roots for pid in children.get(root, ())]
+    while frontier:
+        pid = frontier.pop()
+        if pid not in found:
+            found[pid] = table[pid][1]
+            frontier += children.get(pid, ())
+    return {pid: state for pid, state in found.items() if state not in _GONE}
+
+
+def kill_tree(roots: Sequence[int], seconds: float = SWEEP_SECONDS) -> bool:
+    """Freeze every live descendant of `roots` (`_freeze`, for at most half of `seconds`), then
+    SIGKILL them, scan after scan, until none is left; True once none is, False if `seconds` ran
+    out first. The roots themselves are left alone."""
+    end = time.monotonic() + seconds
+    _freeze(roots, until=end - seconds / 2)
+    while tree := descendants(roots):
+        for pid in tree:
+            _signal(pid, signal.SIGKILL)
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.001)  # let the signals land
+    return True
+
+
+def _freeze(roots: Sequence[int], until: float) -> None:
+    """SIGSTOP the descendants of `roots` until none can fork: each is stopped, or asleep in the
+    kernel with the stop pending (state D: the parent of a stopped vfork child waits there for
+    good) -- or until the time `until`."""
+    sent: set[int] = set()
+    while time.monotonic() < until:
+        tree = descendants(roots)
+        running = [
+            p for p, state in tree.items() if state not in _STOPPED and not (state == "D" and p in sent)
+        ]
+        if not running:
+            return
+        for pid in running:
+            _signal(pid, signal.SIGSTOP)
+        sent.update(running)
+        time.sleep(0.001)
+
+
+def _signal(pid: int, number: int) -> None:
+    try:
+        os.kill(pid, number)
+    except (ProcessLookupError, PermissionError):
+        pass
