@@ -12,7 +12,7 @@ The public API, in the order the data flows (README "Architecture"):
     print(tok.decode(result.tokens[0]), result.stats.tau)
 
 Everything else (training, the offline study, the simulator, plots) is imported
-from its subpackage: `dspark.training`, `dspark.study`. Plain decoding is
+from its subpackage: `dspark.training`, `dspark.lab.study`. Plain decoding is
 `dspark.decoding.generate`; it is not re-exported here, because
 `dspark.generate` is the command module (`python -m dspark.generate`).
 """

@@ -26,8 +26,8 @@ The offline-study commands write markdown tables and PNG figures with --out DIR
 (the README's copies live in walkthrough/results/). Every benchmark writes its
 result as JSON with --json PATH (a symlink: into its target), or with --json -
 to stdout, the tables then going to stderr so that stdout is the JSON alone. The measurements themselves
-are library functions (dspark/study/offline.py, pareto.py, kernels.py, ...);
-this file parses the options, dspark/benchmarks/ calls the measurements and prints
+are library functions (dspark/lab/study/offline.py, pareto.py, kernels.py, ...);
+this file parses the options, dspark/lab/benchmarks/ calls the measurements and prints
 (paper.py: the quality claims; speed.py: timings).
 
 Every command that runs a model takes --device cpu|cuda (default: cuda when
@@ -45,7 +45,11 @@ import sys
 from functools import partial
 
 from dspark import cli, paths
-from dspark.benchmarks.paper import (
+from dspark.cli import UsageError, parse_float_list, parse_int_list, parse_name_list, run_main
+from dspark.cli import add_option as option
+from dspark.data.corpus import EVAL_PER_DOMAIN
+from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
+from dspark.lab.benchmarks.paper import (
     bench_appendix_a,
     bench_budget,
     bench_calibration,
@@ -55,7 +59,7 @@ from dspark.benchmarks.paper import (
     bench_ratios,
     bench_threshold,
 )
-from dspark.benchmarks.speed import (
+from dspark.lab.benchmarks.speed import (
     bench_ar,
     bench_gpu,
     bench_kernels,
@@ -65,10 +69,6 @@ from dspark.benchmarks.speed import (
     bench_training,
     parse_training_settings,
 )
-from dspark.cli import UsageError, parse_float_list, parse_int_list, parse_name_list, run_main
-from dspark.cli import add_option as option
-from dspark.data.corpus import EVAL_PER_DOMAIN
-from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.scheduling import profiler
 from dspark.scheduling.scheduler import POLICY_NAMES
 

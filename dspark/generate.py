@@ -53,10 +53,10 @@ from dspark.data.prompt_files import held_out, read_prompts
 from dspark.data.tokenizer import Tokenizer
 from dspark.decoding import check_prompts, generate
 from dspark.drafters.registry import get_calibration, get_drafter
+from dspark.lab.study.gpu import measured_scheduler
 from dspark.sampling import SamplingParams
 from dspark.scheduling.scheduler import POLICY_NAMES, make_policy
 from dspark.serving.speculative import SpeculativeResult, speculative_generate
-from dspark.study.gpu import measured_scheduler
 
 # The demo of a pretrained target: requests as a new user types them, written by hand (not by any generator of
 # the project's). The shipped tiny target knows only its corpus, so its demo takes that corpus's held-out prompts.

@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 
 from dspark.cli import UsageError, number, run_main
-from dspark.grading.catalog import ASSIGNMENTS, get_assignment
-from dspark.grading.framework import (
+from dspark.course.catalog import ASSIGNMENTS, get_assignment
+from dspark.course.framework import (
     DEFAULT_TIMEOUT,
     MAX_TIMEOUT,
     CheckResult,

@@ -13,7 +13,7 @@ never into the package; `--ship` copies the compact result into
 `dspark/assets/`, which is what gets committed (the maintainers' step). Every command
 that runs the target or trains a drafter (responses, features, drafter,
 calibrate) takes --device cpu|cuda; pre-training the tiny target runs on the CPU.
-This file parses the options; dspark/train_commands/ holds the commands' bodies
+This file parses the options; dspark/lab/train_commands/ holds the commands' bodies
 (pretraining.py: data, target; drafter_data.py: instructions, responses, features;
 drafter.py; calibrate.py), which call the library (dspark/training/, dspark/data/).
 """
@@ -34,10 +34,10 @@ from dspark.drafters.autoregressive import AutoregressiveDrafterConfig
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.parallel import ParallelDrafterConfig
 from dspark.drafters.registry import DRAFTER_NAMES
-from dspark.train_commands.calibrate import cmd_calibrate
-from dspark.train_commands.drafter import cmd_drafter
-from dspark.train_commands.drafter_data import cmd_features, cmd_instructions, cmd_responses
-from dspark.train_commands.pretraining import cmd_data, cmd_target
+from dspark.lab.train_commands.calibrate import cmd_calibrate
+from dspark.lab.train_commands.drafter import cmd_drafter
+from dspark.lab.train_commands.drafter_data import cmd_features, cmd_instructions, cmd_responses
+from dspark.lab.train_commands.pretraining import cmd_data, cmd_target
 from dspark.training.drafters import DrafterTrainConfig
 from dspark.training.target import TrainConfig
 

@@ -1,10 +1,10 @@
-"""Chi-square assertion for the losslessness tests; the statistics live in dspark/study/stats.py."""
+"""Chi-square assertion for the losslessness tests; the statistics live in dspark/lab/study/stats.py."""
 
 from __future__ import annotations
 
 import torch
 
-from dspark.study.stats import chi_square, chi_square_critical
+from dspark.lab.study.stats import chi_square, chi_square_critical
 
 
 def assert_matches(counts: torch.Tensor, probs: torch.Tensor, z: float = 4.0) -> None:

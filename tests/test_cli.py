@@ -63,7 +63,7 @@ def test_shared_options_are_declared_only_in_cli():
     (add_argument, add_option, ...)."""
     sources = [ROOT / "dspark" / f"{name}.py" for name in ("generate", "train", "bench")]
     found = []
-    for path in sources + sorted((ROOT / "dspark" / "study").glob("*.py")):
+    for path in sources + sorted((ROOT / "dspark" / "lab" / "study").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call):
                 for arg in node.args:
@@ -71,7 +71,7 @@ def test_shared_options_are_declared_only_in_cli():
                         found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {arg.value}")
     assert not found, "declare these with the helpers in dspark/cli.py:\n" + "\n".join(found)
     # the kernel benchmark is `python -m dspark.bench kernels`; its study module only measures
-    assert "argparse" not in (ROOT / "dspark" / "study" / "kernels.py").read_text()
+    assert "argparse" not in (ROOT / "dspark" / "lab" / "study" / "kernels.py").read_text()
 
 
 def parsers_with_subcommands(parser: argparse.ArgumentParser, name: str):

@@ -20,8 +20,8 @@ from dspark.drafters.autoregressive import AutoregressiveDrafter, Autoregressive
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from dspark.drafters.registry import get_drafter
-from dspark.exporting import folder as writer
-from dspark.exporting.fields import ExportInfo
+from dspark.lab.exporting import folder as writer
+from dspark.lab.exporting.fields import ExportInfo
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 

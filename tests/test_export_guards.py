@@ -18,8 +18,8 @@ from dspark import cli, export
 from dspark.checkpoint import save_checkpoint
 from dspark.cli import run_main
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
-from dspark.exporting import folder as writer
-from dspark.exporting.fields import ExportInfo
+from dspark.lab.exporting import folder as writer
+from dspark.lab.exporting.fields import ExportInfo
 from dspark.model import Transformer
 from dspark.paths import ASSETS_DIR
 from dspark.pretrained.fetch import model_path

@@ -1,4 +1,4 @@
-"""The course graders (dspark/grading/, `python -m dspark.grade`) are trustworthy in both directions.
+"""The course graders (dspark/course/, `python -m dspark.grade`) are trustworthy in both directions.
 
 * The untouched starters score 0, every check saying "not implemented", no traceback.
 * The instructor's reference solutions (the project's own code) and independent
@@ -34,8 +34,8 @@ import pytest
 
 from dspark import grade as grade_command
 from dspark.cli import run_main
-from dspark.grading.catalog import ASSIGNMENTS
-from dspark.grading.framework import grade
+from dspark.course.catalog import ASSIGNMENTS
+from dspark.course.framework import grade
 
 SOLUTIONS = Path(__file__).resolve().parent / "assignments"
 ROOT = Path(__file__).resolve().parents[1]
@@ -254,7 +254,7 @@ def test_patching_the_graders_helpers_changes_nothing(tmp_path):
         """
         import sys
 
-        import dspark.grading.framework  # noqa: F401
+        import dspark.course.framework  # noqa: F401
 
 
         def accept(value=None, *args, **kwargs):
@@ -262,7 +262,7 @@ def test_patching_the_graders_helpers_changes_nothing(tmp_path):
 
 
         for name, module in list(sys.modules.items()):
-            if name.startswith("dspark.grading"):
+            if name.startswith("dspark.course"):
                 for helper in ("expect_close", "expect_equal", "expect_tensor", "expect_number", "number"):
                     if hasattr(module, helper):
                         setattr(module, helper, accept)
@@ -323,18 +323,18 @@ def test_nan_and_inf_answers_never_pass(tmp_path):
 @pytest.mark.parametrize(
     "source, how",
     [
-        ("from dspark.grading.reference.a4_survival import *  # noqa: F403\n", "line 1"),
+        ("from dspark.course.reference.a4_survival import *  # noqa: F403\n", "line 1"),
         (
             "import importlib\n\n"
-            "_answer = importlib.import_module('dspark.grading.' + 'reference.a4_survival')\n"
+            "_answer = importlib.import_module('dspark.course.' + 'reference.a4_survival')\n"
             "globals().update({k: getattr(_answer, k) for k in dir(_answer) if not k.startswith('_')})\n",
-            "imported dspark.grading.reference.a4_survival",
+            "imported dspark.course.reference.a4_survival",
         ),
     ],
     ids=["in-the-source", "at-run-time"],
 )
 def test_importing_the_reference_solution_fails_every_check_it_helped(tmp_path, source, how):
-    import dspark.grading.reference.a4_survival  # noqa: F401 - loaded here too: must not hide the import
+    import dspark.course.reference.a4_survival  # noqa: F401 - loaded here too: must not hide the import
 
     only = ["confidence_label_hand_worked", "ece_hand_worked", "sts_matches_the_reference_search"]
     report = grade(ASSIGNMENTS[4], solution_file(tmp_path, source), only=only)

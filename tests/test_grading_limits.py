@@ -25,8 +25,8 @@ import pytest
 
 from dspark import grade as grade_command
 from dspark.cli import run_main
-from dspark.grading.catalog import ASSIGNMENTS
-from dspark.grading.framework import SolutionError, grade
+from dspark.course.catalog import ASSIGNMENTS
+from dspark.course.framework import SolutionError, grade
 
 REFERENCE_A5 = Path(ASSIGNMENTS[5].reference_path)
 ON_PROC = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds processes through /proc")
@@ -177,7 +177,7 @@ READS = {
 
         import dspark
 
-        _folder = Path(dspark.__file__).parent / "grading" / ("refer" + "ence")
+        _folder = Path(dspark.__file__).parent / "course" / ("refer" + "ence")
         exec(compile((_folder / "a5_scheduling.py").read_text(), "answer", "exec"))
     """,
     "in-a-function": """
@@ -188,7 +188,7 @@ READS = {
 
         def prefix_survival(confidences):
             answer = {}
-            folder = Path(dspark.__file__).parent / "grading" / ("refer" + "ence")
+            folder = Path(dspark.__file__).parent / "course" / ("refer" + "ence")
             exec((folder / "a5_scheduling.py").read_text(), answer)
             return answer["prefix_survival"](confidences)
 

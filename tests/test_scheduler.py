@@ -11,6 +11,7 @@ from stats_helpers import assert_matches
 from test_parallel_drafter import make
 from test_speculative import MICRO, MICRO_LENGTH, MICRO_PROMPT, micro_target_and_law
 
+from dspark.lab.study.counterexample import counterexample
 from dspark.sampling import SamplingParams
 from dspark.scheduling.scheduler import (
     POLICY_NAMES,
@@ -28,7 +29,6 @@ from dspark.scheduling.scheduler import (
 )
 from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.speculative import speculative_generate
-from dspark.study.counterexample import counterexample
 
 
 def linear_profile(fixed: float, per_token: float, max_tokens: int = 64) -> ThroughputProfile:

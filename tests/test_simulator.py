@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from dspark.lab.study.pareto import at_matched_throughput
+from dspark.lab.study.simulator import RequestTrace, simulate, traces_from_records
 from dspark.scheduling.draft_cost import DraftCost
 from dspark.scheduling.scheduler import ThroughputProfile, make_policy
-from dspark.study.pareto import at_matched_throughput
-from dspark.study.simulator import RequestTrace, simulate, traces_from_records
 
 FLAT = ThroughputProfile([1.0] * 64)  # one step per second whatever the batch
 
@@ -78,9 +78,9 @@ def test_recorded_traces_are_replayed_only_for_the_weights_they_came_from(tiny_m
     import torch
     from test_parallel_drafter import make
 
+    from dspark.lab.study import pareto
     from dspark.sampling import SamplingParams
     from dspark.serving.rounds import RoundStats
-    from dspark.study import pareto
 
     monkeypatch.setenv("DSPARK_HOME", str(tmp_path))
     drafter = make(tiny_model, "dspark", gamma=4)

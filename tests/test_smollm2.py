@@ -71,8 +71,8 @@ def test_fp32_greedy_identity(smollm2, kind):
 def test_serve_uses_the_drafters_shipped_for_the_target(smollm2, tmp_path, monkeypatch):
     """`bench serve --model smollm2-135m`: the engine runs the drafter shipped for SmolLM2 (the tiny target's
     would not even load), with its calibration; traces of a named target are cached apart from the tiny one's."""
+    from dspark.lab.study import pareto
     from dspark.scheduling.scheduler import ThroughputProfile
-    from dspark.study import pareto
 
     monkeypatch.setenv("DSPARK_HOME", str(tmp_path))
     assert pareto.trace_path("dspark", 1.0, "smollm2-135m") != pareto.trace_path("dspark", 1.0)

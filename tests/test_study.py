@@ -8,12 +8,12 @@ from test_parallel_drafter import make
 from test_speculative import GREEDY, prompts
 
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
+from dspark.lab.study import plots
+from dspark.lab.study.offline import measure_tau, round_latency, threshold_sweep
+from dspark.lab.study.tables import markdown_table
 from dspark.sampling import SamplingParams
 from dspark.serving.rounds import RoundStats as Rounds
 from dspark.serving.speculative import speculative_generate
-from dspark.study import plots
-from dspark.study.offline import measure_tau, round_latency, threshold_sweep
-from dspark.study.tables import markdown_table
 
 # two fully verified rounds, γ = 3: survivals (0.9, 0.45, 0.405) accepting 2, and (0.4, 0.36, 0.324) accepting 0
 SHORT = [3, 17, 1, 9]  # far from the 64-token context: nothing caps the verify lengths
@@ -82,7 +82,7 @@ def test_markdown_table():
 
 
 def test_wilson_interval_hand_worked():
-    from dspark.study.stats import wilson_interval
+    from dspark.lab.study.stats import wilson_interval
 
     lo, hi = wilson_interval(5, 10)
     assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
@@ -105,8 +105,8 @@ def test_acceptance_counts_are_behind_the_rates():
 def test_repeated_serve_sweeps_are_paired_within_a_repeat():
     """`combine_repeats`: medians per (policy, C), and ratios to plain decoding / MTP-1 taken within the same
     repeat, so a machine twice as fast in one repeat moves nothing; the 95% interval holds the mean."""
-    from dspark.study.pareto import combine_repeats, frontier_report
-    from dspark.study.stats import mean_interval
+    from dspark.lab.study.pareto import combine_repeats, frontier_report
+    from dspark.lab.study.stats import mean_interval
 
     points = []
     for repeat, speed in enumerate([1.0, 2.0, 1.1]):  # the machine's speed drifts between repeats

@@ -1,11 +1,11 @@
-"""The paired bootstrap of macro-τ ratios (dspark/study/tau_intervals.py), on hand-made per-prompt counts."""
+"""The paired bootstrap of macro-τ ratios (dspark/lab/study/tau_intervals.py), on hand-made per-prompt counts."""
 
 from __future__ import annotations
 
 import pytest
 
+from dspark.lab.study.tau_intervals import macro_tau_ratio, prompt_counts, ratio_rows, rows_of_runs
 from dspark.serving.rounds import RoundStats
-from dspark.study.tau_intervals import macro_tau_ratio, prompt_counts, ratio_rows, rows_of_runs
 
 
 def row(drafter: str, domain: str, tokens: list[int], rounds: list[int], temperature: float = 1.0) -> dict:

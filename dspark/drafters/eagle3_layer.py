@@ -18,7 +18,7 @@ RMSNorm(x) and x. The two input norms stay the drafter's own `token_norm` and
 `feature_norm` (EAGLE-3's `input_layernorm` and `hidden_norm`).
 
 What this file does not do: the drafter around it (autoregressive.py) or the
-export to the EAGLE-3 layout (dspark/exporting/eagle3.py).
+export to the EAGLE-3 layout (dspark/lab/exporting/eagle3.py).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ is one `CheckpointError` line. `dspark.json`, written by `python -m dspark.expor
 layouts do not keep: the draft ids' own order (most frequent first, the order sampling walks) and the
 EAGLE drafter's block length.
 
-What this file does not do: write folders (dspark/exporting/), or name tensors (hf_layout.py).
+What this file does not do: write folders (dspark/lab/exporting/), or name tensors (hf_layout.py).
 """
 
 from __future__ import annotations

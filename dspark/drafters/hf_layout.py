@@ -23,7 +23,7 @@ A reduced draft vocabulary is written in ascending target-id order, as `d2t`/`t2
 inverse-CDF sampling walks), so a reader may pass the original order back (`order`) to get the same
 draws for the same uniforms, not only the same distribution.
 
-What this file does not do: config.json, READMEs or files (dspark/exporting/ writes them,
+What this file does not do: config.json, READMEs or files (dspark/lab/exporting/ writes them,
 drafters/exported.py reads them), or check that a folder fits a target (exported.py does).
 """
 

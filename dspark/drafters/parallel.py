@@ -10,7 +10,7 @@ attends bidirectionally inside the block and to the *context features*
 injected as extra keys/values through the layer's own projections:
 K = [W_K H_ctx ; W_K H_blk], V = [W_V H_ctx ; W_V H_blk]. With `qk_norm` each
 head of q and K is RMSNormed before RoPE, as in Qwen3 and DeepSpec's reference
-drafter (the layout vLLM / SGLang load, dspark/exporting/). A block sees the
+drafter (the layout vLLM / SGLang load, dspark/lab/exporting/). A block sees the
 context strictly before its anchor. Per request the drafter caches the
 context keys/values of every committed position, per layer, in its own KV
 cache, rolled back with the target's (committed positions only ever grow).

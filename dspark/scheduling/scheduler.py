@@ -15,7 +15,7 @@ section 3.2.2 and Algorithm 1):
     which depends on x_{r,j}: lossless.
   * `early_stop=False` is the *retrospective* global argmax along the same
     path. It may admit x_{r,j} because of a_{r,j+1}, which depends on x_{r,j}
-    itself: NOT lossless (paper Appendix A; `dspark/study/counterexample.py`).
+    itself: NOT lossless (paper Appendix A; `dspark/lab/study/counterexample.py`).
   * `AsyncPrefixPolicy` (paper section 5.2): the budget K comes from the
     global argmax over the survivals of TWO rounds earlier (already realised,
     so no leak and no trap on a jagged SPS), then the current top-K survivals
