@@ -47,7 +47,6 @@ from functools import partial
 from dspark import cli, paths
 from dspark.cli import UsageError, parse_float_list, parse_int_list, parse_name_list, run_main
 from dspark.cli import add_option as option
-from dspark.data.corpus import EVAL_PER_DOMAIN
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.lab.benchmarks.paper import (
     bench_appendix_a,
@@ -69,6 +68,7 @@ from dspark.lab.benchmarks.speed import (
     bench_training,
     parse_training_settings,
 )
+from dspark.lab.data.corpus import EVAL_PER_DOMAIN
 from dspark.scheduling import profiler
 from dspark.scheduling.scheduler import POLICY_NAMES
 

@@ -28,18 +28,18 @@ from dspark import cli, paths
 from dspark.cli import add_option as option
 from dspark.cli import run_main
 from dspark.config import ModelConfig
-from dspark.data.corpus import MATH_PROBLEMS
 from dspark.data.tokenizer import DEFAULT_VOCAB_SIZE
 from dspark.drafters.autoregressive import AutoregressiveDrafterConfig
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.parallel import ParallelDrafterConfig
 from dspark.drafters.registry import DRAFTER_NAMES
+from dspark.lab.data.corpus import MATH_PROBLEMS
 from dspark.lab.train_commands.calibrate import cmd_calibrate
 from dspark.lab.train_commands.drafter import cmd_drafter
 from dspark.lab.train_commands.drafter_data import cmd_features, cmd_instructions, cmd_responses
 from dspark.lab.train_commands.pretraining import cmd_data, cmd_target
-from dspark.training.drafters import DrafterTrainConfig
-from dspark.training.target import TrainConfig
+from dspark.lab.training.drafters import DrafterTrainConfig
+from dspark.lab.training.target import TrainConfig
 
 PARALLEL, AUTOREGRESSIVE = ParallelDrafterConfig(), AutoregressiveDrafterConfig()  # the drafters' defaults
 

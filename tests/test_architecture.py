@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Lowest first. "pkg.*" is the subpackage: its __init__.py and every module in it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("paths, backend and device", ("dspark.paths", "dspark.backend", "dspark.device", "dspark.interrupt")),
-    ("data", ("dspark.data.*",)),
+    ("data", ("dspark.data.*", "dspark.lab.data.*")),
     (
         "target and plain decoding",
         (
@@ -39,8 +39,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("drafters", ("dspark.drafters.*",)),
     ("verify", ("dspark.verify",)),
     ("scheduling", ("dspark.scheduling.*",)),
-    ("serving", ("dspark.serving.*",)),
-    ("training", ("dspark.training.*",)),
+    ("serving", ("dspark.serving.*", "dspark.lab.step_cost")),
+    ("training", ("dspark.training.*", "dspark.lab.training.*")),
     ("exporting", ("dspark.lab.exporting.*",)),
     ("study", ("dspark.lab", "dspark.lab.study.*", "dspark.course.*")),
     (
@@ -369,7 +369,7 @@ def test_the_core_imports_neither_lab_nor_course():
 
 # The core's size in lines of Python: a ratchet on the way to the goal of at most 3,500 (issue #60). Lower it
 # as code leaves the core; never raise it.
-CORE_LINE_BUDGET = 10026
+CORE_LINE_BUDGET = 7225
 
 
 def test_the_core_stays_within_its_line_budget():

@@ -11,9 +11,9 @@ import torch
 from conftest import TINY
 
 from dspark.checkpoint import CheckpointError, load_target, save_checkpoint
-from dspark.data.corpus import DOMAINS
+from dspark.lab.data.corpus import DOMAINS
+from dspark.lab.training.target import TrainConfig, domain_counts, lr_at, train_target
 from dspark.model import Transformer
-from dspark.training.target import TrainConfig, domain_counts, lr_at, train_target
 
 
 def test_fp16_round_trip_keeps_ties(tmp_path, tiny_model):

@@ -15,7 +15,7 @@ import torch
 
 from dspark import bench, generate, paths, train
 from dspark.cli import run_main
-from dspark.data.corpus import EVAL_PER_DOMAIN
+from dspark.lab.data.corpus import EVAL_PER_DOMAIN
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -369,7 +369,7 @@ def test_engine_measured_cost_is_cached_beside_the_propose_table(tiny_model, tmp
     nothing, minus one in which none drafts), cached under its own key next to the `propose` table whose
     catch-up slope it takes; free for a drafter that drafts nothing; leaves the drafter reset."""
     from dspark.drafters.base import NoDrafter
-    from dspark.serving import step_cost
+    from dspark.lab import step_cost
 
     monkeypatch.setenv("DSPARK_HOME", str(tmp_path))
     monkeypatch.setattr(step_cost, "STEPS", 3)
@@ -394,7 +394,7 @@ def test_engine_measured_cost_is_cached_beside_the_propose_table(tiny_model, tmp
 def test_engine_measured_cost_pairs_and_interleaves_its_runs(tiny_model, monkeypatch):
     """Each round runs every n: plain, then drafting a block of γ, then of one position; T_draft(n, w) is the
     median of the paired differences (never below 0), isotonic over n, one position never dearer than γ."""
-    from dspark.serving import step_cost
+    from dspark.lab import step_cost
 
     calls, fake = [], {(1, None): [4.0, 4.0, 4.0], (1, 4): [5.0, 9.0, 5.0], (1, 1): [4.5, 4.5, 4.0],
                        (2, None): [5.5, 5.0, 5.0], (2, 4): [6.0, 6.0, 8.0], (2, 1): [6.0, 5.2, 5.4]}  # fmt: skip

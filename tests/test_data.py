@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dspark import paths
-from dspark.data.corpus import (
+from dspark.lab.data.corpus import (
     DOMAINS,
     EVAL_PER_DOMAIN,
     Sample,

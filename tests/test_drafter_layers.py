@@ -16,8 +16,9 @@ from dspark.drafters.autoregressive import AutoregressiveDrafter, Autoregressive
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from dspark.drafters.registry import load_drafter, new_drafter
-from dspark.training.drafters import DrafterTrainConfig, train_drafter, unrolled_log_probs
-from dspark.training.feature_cache import FeatureBatch, LiveFeatures
+from dspark.lab.training.drafters import DrafterTrainConfig, train_drafter, unrolled_log_probs
+from dspark.lab.training.feature_cache import LiveFeatures
+from dspark.training.features import FeatureBatch
 from dspark.training.packed_blocks import packed_blocks
 
 

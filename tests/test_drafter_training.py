@@ -10,8 +10,9 @@ import torch
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.registry import load_drafter
-from dspark.training.drafters import DrafterTrainConfig, load_history, train_drafter, unrolled_log_probs
-from dspark.training.feature_cache import FeatureBatch, LiveFeatures
+from dspark.lab.training.drafters import DrafterTrainConfig, load_history, train_drafter, unrolled_log_probs
+from dspark.lab.training.feature_cache import LiveFeatures
+from dspark.training.features import FeatureBatch
 
 
 @pytest.mark.parametrize("kind, unroll, layers, final_hidden",
@@ -117,7 +118,7 @@ def test_an_interrupted_run_resumes_exactly(tmp_path, tiny_model, kind, anchors)
     """Stopped during step 5 (after the validation at step 4), a resumed run ends with the same weights,
     history and validation as the run that never stopped: same batches, same anchors, same optimizer."""
     from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
-    from dspark.training.drafters import trainer_state_path
+    from dspark.lab.training.drafters import trainer_state_path
 
     train, val = live_sets(tiny_model, n=12, shortest=6, n_val=4, seed=0)
 
@@ -153,7 +154,7 @@ def test_snapshots_keep_the_run_and_its_resumption_unchanged(tmp_path, tiny_mode
     """keep_at: a validated copy at the first step reaching each epoch mark; the run itself (final weights and
     its regular validations) is the one without snapshots, and an interrupted run with snapshots resumes to the
     same files."""
-    from dspark.training.drafters import snapshot_path
+    from dspark.lab.training.drafters import snapshot_path
 
     train, val = live_sets(tiny_model, n=9, shortest=5, n_val=3, seed=1)
 

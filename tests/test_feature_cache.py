@@ -13,10 +13,9 @@ from conftest import TINY
 from dspark.config import ModelConfig
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
-from dspark.model import Transformer
-from dspark.training.anchors import anchor_counts, candidate_counts, every_anchor, sample_anchors
-from dspark.training.drafters import DrafterTrainConfig, batch_loss, planned_steps
-from dspark.training.feature_cache import (
+from dspark.lab.training.anchors import anchor_counts, candidate_counts, every_anchor, sample_anchors
+from dspark.lab.training.drafters import DrafterTrainConfig, batch_loss, planned_steps
+from dspark.lab.training.feature_cache import (
     FeatureCache,
     LiveFeatures,
     StaleFeatureCache,
@@ -24,8 +23,9 @@ from dspark.training.feature_cache import (
     ensure_feature_cache,
     live_features,
     response_caches,
-    supervised_target_probs,
 )
+from dspark.model import Transformer
+from dspark.training.features import supervised_target_probs
 
 
 def records(n: int = 10, seed: int = 0) -> list[dict]:
@@ -226,7 +226,7 @@ def test_equal_epochs_give_every_drafter_the_same_anchors(tiny_model):
 
 
 def test_length_bucketed_batches_cover_every_sequence_once_per_pass():
-    from dspark.training.drafters import length_bucketed_batches
+    from dspark.lab.training.drafters import length_bucketed_batches
 
     lengths = torch.randint(1, 200, (103,), generator=torch.Generator().manual_seed(0))
     stream = length_bucketed_batches(lengths, 4, torch.Generator().manual_seed(1), pool=5)

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from dspark.checkpoint import load_target
-from dspark.data.instructions import NearDuplicates, drop_reason, split_of
-from dspark.data.prompt_files import held_out, prompt_ids_by_domain, read_prompts
+from dspark.lab.data.instructions import NearDuplicates, drop_reason, split_of
+from dspark.lab.data.prompt_files import held_out, prompt_ids_by_domain, read_prompts
+from dspark.lab.training import instructions
+from dspark.lab.training.responses import pick_from_file
 from dspark.sampling import nucleus
-from dspark.training import instructions
-from dspark.training.responses import pick_from_file
 
 KEPT = [
     ("chat", "Tell me a fun fact about octopuses."),

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from dspark.data.math_problems import TEMPLATES, generate_problem, generate_problems
+from dspark.lab.data.math_problems import TEMPLATES, generate_problem, generate_problems
 
 EQUATION = re.compile(r"(\d+) ([-+*/]) (\d+) = (\d+)")
 ANSWER = re.compile(r"The answer is (\d+)\.")

@@ -25,10 +25,10 @@ from dspark import bench, paths
 from dspark.checkpoint import load_target, read_checkpoint, save_checkpoint
 from dspark.cli import run_main
 from dspark.drafters.registry import load_drafter
+from dspark.lab import step_cost
 from dspark.pretrained import fetch
 from dspark.pretrained.fetch import KnownModel
 from dspark.scheduling import draft_cost, profiler
-from dspark.serving import step_cost
 
 APPENDIX = ["appendix-a", "--draws", "3"]  # the fastest benchmark that writes --json
 

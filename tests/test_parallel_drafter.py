@@ -15,11 +15,11 @@ from test_speculative import GREEDY, MICRO, MICRO_LENGTH, MICRO_PROMPT, RAGGED, 
 from dspark.decoding import generate
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
+from dspark.lab.training.anchors import every_anchor, sample_anchors
 from dspark.sampling import SamplingParams
 from dspark.serving.speculative import speculative_generate
 from dspark.training import packed_blocks as packed_blocks_module
-from dspark.training.anchors import every_anchor, sample_anchors
-from dspark.training.feature_cache import FeatureBatch
+from dspark.training.features import FeatureBatch
 from dspark.training.packed_blocks import BlockLoss, block_losses, block_visibility, packed_blocks
 
 

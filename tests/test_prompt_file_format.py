@@ -6,7 +6,7 @@ import json
 import pytest
 
 from dspark.cli import prompts_source
-from dspark.data.prompt_files import held_out, read_prompts
+from dspark.lab.data.prompt_files import held_out, read_prompts
 
 
 def test_a_byte_order_mark_is_dropped_and_json_lines_stay_json(tmp_path):

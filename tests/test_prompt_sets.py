@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark.data.prompt_files import held_out, read_prompts
+from dspark.lab.data.prompt_files import held_out, read_prompts
 from dspark.pretrained import fetch, prompt_sets
 from dspark.pretrained.fetch import FetchError, KnownModel
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dspark.checkpoint import load_target
-from dspark.training.responses import answered_prompts, load_responses, pick_prompts, regenerate
+from dspark.lab.training.responses import answered_prompts, load_responses, pick_prompts, regenerate
 
 DOMAIN_SIZES = {"chat": 3, "code": 5, "math": 6}  # unequal on purpose: chat runs out first
 

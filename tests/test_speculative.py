@@ -233,8 +233,8 @@ def test_sampled_output_follows_the_target_exactly(kind, gamma):
 def test_shipped_drafters_are_greedy_identical(name, gamma, tokenizer):
     from dspark import paths
     from dspark.checkpoint import load_target
-    from dspark.data.corpus import load_eval_prompts
     from dspark.drafters.registry import default_path, get_drafter
+    from dspark.lab.data.corpus import load_eval_prompts
 
     if not (paths.TARGET_CHECKPOINT.is_file() and default_path(name).is_file()):
         pytest.skip(f"no shipped {name} drafter")

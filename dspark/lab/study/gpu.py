@@ -46,10 +46,13 @@ from dspark.data.tokenizer import Tokenizer
 from dspark.device import host_sync_counts, model_device
 from dspark.drafters.base import Drafter, NoDrafter
 from dspark.drafters.registry import PARALLEL_KINDS, get_calibration, get_drafter, new_drafter
+from dspark.lab.step_cost import engine_draft_cost
 from dspark.lab.study import kernels as kernel_study
 from dspark.lab.study import offline, pareto
 from dspark.lab.study.tables import markdown_table
 from dspark.lab.study.training_speed import time_training_steps
+from dspark.lab.training.drafters import DrafterTrainConfig
+from dspark.lab.training.feature_cache import LiveFeatures
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduling import profiler
@@ -57,9 +60,6 @@ from dspark.scheduling.scheduler import ThroughputProfile, make_policy
 from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.engine import Engine, Request
 from dspark.serving.speculative import speculative_generate
-from dspark.serving.step_cost import engine_draft_cost
-from dspark.training.drafters import DrafterTrainConfig
-from dspark.training.feature_cache import LiveFeatures
 
 DRAFTERS = ("mtp", "eagle", "dflash", "dspark")
 POLICIES = ("none", "mtp1", "fixed", "dspark")

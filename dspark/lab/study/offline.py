@@ -37,12 +37,12 @@ import torch
 from tqdm import tqdm
 
 from dspark.checkpoint import config_path
-from dspark.data.corpus import eval_prompts_by_domain
-from dspark.data.prompt_files import prompt_ids_by_domain
 from dspark.data.tokenizer import Tokenizer
 from dspark.decoding import generate
 from dspark.device import model_device
 from dspark.drafters.base import Drafter, TargetFeatures
+from dspark.lab.data.corpus import eval_prompts_by_domain
+from dspark.lab.data.prompt_files import prompt_ids_by_domain
 from dspark.lab.study.tau_intervals import prompt_counts
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams, probabilities, sample

@@ -39,9 +39,11 @@ from dspark.data.tokenizer import Tokenizer
 from dspark.device import model_device
 from dspark.drafters.base import Drafter, NoDrafter
 from dspark.drafters.registry import get_calibration, get_drafter
+from dspark.lab.step_cost import engine_draft_cost
 from dspark.lab.study import offline, tables
 from dspark.lab.study.simulator import RequestTrace, simulate, traces_from_records
 from dspark.lab.study.stats import mean_interval
+from dspark.lab.training.feature_cache import weights_fingerprint
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduling.draft_cost import DraftCost, roofline_draft_cost
@@ -50,8 +52,6 @@ from dspark.scheduling.scheduler import ThroughputProfile, make_policy
 from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.engine import Engine, EngineResult, Request
 from dspark.serving.rounds import RoundStats
-from dspark.serving.step_cost import engine_draft_cost
-from dspark.training.feature_cache import weights_fingerprint
 
 
 def drafter_for(policy: str) -> tuple[str, int]:

@@ -12,7 +12,7 @@ Per setting: seconds per step, anchors (= blocks) per second, supervised
 (anchor, draft position) pairs per second. Wall-clock, so it moves with the
 machine's load; the benchmark prints it, no test asserts it.
 
-What this file does not do: train to convergence (dspark/training/drafters.py).
+What this file does not do: train to convergence (dspark/lab/training/drafters.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dataclasses import replace
 import torch
 
 from dspark.lab.study.offline import wait
+from dspark.lab.training.drafters import DrafterTrainConfig, FeatureSource, batch_loss
 from dspark.model import Transformer
-from dspark.training.drafters import DrafterTrainConfig, FeatureSource, batch_loss
 
 
 def time_training_steps(

@@ -2,10 +2,10 @@
 
 `cmd_drafter` refuses option combinations that do not fit the kind, loads the frozen target and the
 feature caches (dspark/lab/train_commands/drafter_data.py), builds the drafter (dspark/drafters/registry.py),
-trains it (dspark/training/drafters.py) and writes the checkpoint under DSPARK_HOME, to --out, or with
+trains it (dspark/lab/training/drafters.py) and writes the checkpoint under DSPARK_HOME, to --out, or with
 --ship into dspark/assets/. `training_in_bf16` decides --bf16 when it is not given.
 
-What this file does not do: the training loop or the losses (dspark/training/drafters.py,
+What this file does not do: the training loop or the losses (dspark/lab/training/drafters.py,
 packed_blocks.py), or calibrate the confidence head (dspark/lab/train_commands/calibrate.py).
 """
 
@@ -24,7 +24,7 @@ from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.registry import default_path, new_drafter
 from dspark.drafters.vocab import most_frequent
 from dspark.lab.train_commands.drafter_data import feature_caches, load_training_target
-from dspark.training.drafters import DrafterTrainConfig
+from dspark.lab.training.drafters import DrafterTrainConfig
 
 
 def training_in_bf16(choice: bool | None, device: torch.device | None = None) -> bool:
@@ -49,8 +49,8 @@ def cmd_drafter(args: argparse.Namespace) -> None:
     test: it is unrolled on its own outputs for --gamma steps. The parallel drafters (dflash, dspark,
     dspark-rnn) train on --anchors packed blocks per sequence; dspark adds the three-term loss of the paper.
     """
-    from dspark.training.drafters import train_drafter, trainer_state_path
-    from dspark.training.responses import load_responses, response_token_counts
+    from dspark.lab.training.drafters import train_drafter, trainer_state_path
+    from dspark.lab.training.responses import load_responses, response_token_counts
 
     if args.keep_at and (min(args.keep_at) <= 0 or (not args.steps and max(args.keep_at) >= args.epochs)):
         raise UsageError(f"--keep-at takes epochs inside the run (0 < E < --epochs {args.epochs:g}); the end of "

@@ -6,7 +6,7 @@ learn the target rather than the corpus; `features` caches the target's features
 which `train drafter` reads. `load_training_target` and `feature_caches` are shared with `train
 drafter` (dspark/lab/train_commands/drafter.py).
 
-What this file does not do: sample, filter or cache anything itself (dspark/training/instructions.py,
+What this file does not do: sample, filter or cache anything itself (dspark/lab/training/instructions.py,
 responses.py, feature_cache.py do) or parse options (dspark/train.py).
 """
 
@@ -26,7 +26,7 @@ def cmd_instructions(args: argparse.Namespace) -> None:
     """
     from collections import Counter
 
-    from dspark.training.instructions import read_kept, sample_instructions
+    from dspark.lab.training.instructions import read_kept, sample_instructions
 
     tokenizer, target, target_name = cli.load_target(
         args, cli.device_of(args)
@@ -52,8 +52,8 @@ def cmd_responses(args: argparse.Namespace) -> None:
     """Answer training/validation prompts of the corpus again with the target, sampled at T = 1, so that drafters
     learn the target rather than the corpus. Resumes if interrupted.
     """
-    from dspark.data.prompt_files import read_prompts
-    from dspark.training.responses import answered_prompts, refuse_gzipped_output, regenerate
+    from dspark.lab.data.prompt_files import read_prompts
+    from dspark.lab.training.responses import answered_prompts, refuse_gzipped_output, regenerate
 
     device = cli.device_of(args)
     if args.per_domain == 0 and args.val_per_domain == 0:
@@ -78,8 +78,8 @@ def cmd_responses(args: argparse.Namespace) -> None:
 def feature_caches(args: argparse.Namespace, target) -> tuple:
     """(train, val) feature sources for `train drafter`/`train features`: the caches under --features-dir,
     (re)built when missing or stale; with --live, live target passes instead."""
-    from dspark.training.feature_cache import LiveFeatures, response_caches
-    from dspark.training.responses import load_responses
+    from dspark.lab.training.feature_cache import LiveFeatures, response_caches
+    from dspark.lab.training.responses import load_responses
 
     if getattr(args, "live", False):
         return tuple(LiveFeatures(target, load_responses(Path(args.responses), s)) for s in ("train", "val"))

@@ -1,7 +1,7 @@
 """`train data | target`: the offline corpus, the tokenizer and the token arrays; the tiny target pre-trained.
 
 Each function parses nothing: it takes the parsed options (dspark/train.py builds them), calls the library
-(dspark/data/corpus.py, tokenizer.py; dspark/training/target.py), prints what it made and, with --ship,
+(dspark/lab/data/corpus.py, tokenizer.py; dspark/lab/training/target.py), prints what it made and, with --ship,
 copies the compact result into dspark/assets/.
 
 What this file does not do: build the corpus or train the model itself (the library does) or parse options
@@ -22,7 +22,8 @@ from dspark import paths
 from dspark.checkpoint import load_target, save_checkpoint
 from dspark.cli import UsageError
 from dspark.config import ModelConfig
-from dspark.data.corpus import (
+from dspark.data.tokenizer import Tokenizer
+from dspark.lab.data.corpus import (
     DOMAINS,
     build_samples,
     build_token_arrays,
@@ -30,8 +31,7 @@ from dspark.data.corpus import (
     eval_prompts,
     write_jsonl,
 )
-from dspark.data.tokenizer import Tokenizer
-from dspark.training.target import TrainConfig, train_target
+from dspark.lab.training.target import TrainConfig, train_target
 
 
 def cmd_data(args: argparse.Namespace) -> None:

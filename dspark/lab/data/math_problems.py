@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import random
 
-import dspark.data.math_money  # noqa: F401 (registers its templates)
-import dspark.data.math_quantities  # noqa: F401
-from dspark.data.math_words import _REGISTRY
+import dspark.lab.data.math_money  # noqa: F401 (registers its templates)
+import dspark.lab.data.math_quantities  # noqa: F401
+from dspark.lab.data.math_words import _REGISTRY
 
 __all__ = ["TEMPLATES", "generate_problem", "generate_problems"]
 

@@ -1,7 +1,7 @@
 """Sample self-written instructions from a chat target (Magpie) into a prompts file.
 
 The target is given its chat template up to the user's turn (and, for code and math, the opening of the
-turn: `dspark.data.instructions.PREFIXES`) and writes the rest of the user's message at temperature 1 with
+turn: `dspark.lab.data.instructions.PREFIXES`) and writes the rest of the user's message at temperature 1 with
 top-p 0.95; `drop_reason` and `NearDuplicates` filter the samples, `split_of` sorts each kept one into
 train / val / eval. The file is JSON lines `{"prompt", "domain", "split", "opening"}`, appended to batch by
 batch; a state file beside it (`OUT.state.json`) records how many batches of each domain are done and why
@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dspark.data.instructions import INSTRUCTION_DOMAINS, PREFIXES, NearDuplicates, drop_reason, split_of
 from dspark.data.tokenizer import Tokenizer
 from dspark.decoding import generate
+from dspark.lab.data.instructions import INSTRUCTION_DOMAINS, PREFIXES, NearDuplicates, drop_reason, split_of
 from dspark.model import Transformer
 from dspark.paths import write_text_atomic
 from dspark.sampling import SamplingParams

@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dspark.data.corpus import DOMAINS
-from dspark.data.prompt_files import PromptRecord
 from dspark.data.tokenizer import Tokenizer
 from dspark.decoding import generate
+from dspark.lab.data.corpus import DOMAINS
+from dspark.lab.data.prompt_files import PromptRecord
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 

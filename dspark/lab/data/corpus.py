@@ -7,7 +7,7 @@ downloading anything:
     (test packages skipped), files in sorted order, bodies de-duplicated. The
     prompt is the signature plus docstring, the response is the body.
   * math: seeded grade-school word problems with step-by-step solutions
-    (`dspark.data.math_problems`).
+    (`dspark.lab.data.math_problems`).
   * chat: English prose from the standard library's docstrings and pydoc's
     topic texts, shaped into user questions and assistant answers.
 
@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 
 from dspark import paths
-from dspark.data.math_problems import generate_problems
 from dspark.data.tokenizer import Tokenizer
+from dspark.lab.data.math_problems import generate_problems
 from dspark.paths import EVAL_PROMPTS_PATH
 
 DOMAINS = ("code", "math", "chat")

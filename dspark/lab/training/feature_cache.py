@@ -35,18 +35,16 @@ import hashlib
 import json
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from dspark import paths
 from dspark.device import model_device
-from dspark.drafters.base import TargetFeatures
 from dspark.model import Transformer
+from dspark.training.features import FeatureBatch
 
 CACHE_VERSION = 2  # 2: lse.npy
 DTYPES = {"float16": (np.float16, torch.float16), "float32": (np.float32, torch.float32)}
@@ -54,29 +52,6 @@ DTYPES = {"float16": (np.float16, torch.float16), "float32": (np.float32, torch.
 
 class StaleFeatureCache(RuntimeError):
     """The cache on disk was made for another target, other taps, other data or another format."""
-
-
-@dataclass
-class FeatureBatch:
-    """A padded batch of training sequences and the frozen target's features of every token."""
-
-    tokens: torch.Tensor  # (B, T) int64, right-padded with 0
-    lengths: torch.Tensor  # (B,) prompt + response tokens of each row
-    prompt_lens: torch.Tensor  # (B,) where each response starts
-    taps: torch.Tensor  # (B, T, n_taps, dim) float32, residual stream after each tap layer
-    last_hidden: torch.Tensor  # (B, T, dim) float32, final-normed hidden state (LM head input)
-    lse: torch.Tensor | None = None  # (B, T) float32 log-sum-exp of the target's logits (None: not known)
-
-    def to(self, device: torch.device) -> FeatureBatch:
-        """The same batch with its tensors on `device`; lengths and prompt lengths stay on the host (the anchor
-        sampler reads them there)."""
-        move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
-        return FeatureBatch(move(self.tokens), self.lengths, self.prompt_lens, move(self.taps),
-                            move(self.last_hidden), move(self.lse))  # fmt: skip
-
-    def flat_features(self) -> TargetFeatures:
-        """Every position of every row, flattened: taps (B·T, n_taps, dim), last_hidden (B·T, dim)."""
-        return TargetFeatures(self.taps.flatten(0, 1), self.last_hidden.flatten(0, 1))
 
 
 def sequence_of(record: dict, max_len: int) -> tuple[list[int], int]:
@@ -121,42 +96,6 @@ def live_features(target: Transformer, records: list[dict]) -> FeatureBatch:
     seqs, prompt_lens = zip(*(sequence_of(r, target.config.max_seq_len) for r in records))
     tokens, lengths = pad_sequences(list(seqs))
     return features_of_tokens(target, tokens, lengths, torch.tensor(prompt_lens, device="cpu"))
-
-
-def supervised_target_probs(
-    target: Transformer, batch: FeatureBatch, ids: torch.Tensor | None = None, chunk: int = 256
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """p_t only where a drafter is supervised: positions j in [P, L-2] of each row, whose next
-    token is a response token (anchors.py). Returns (probs (N + 1, V) fp32, row_of (B, T) long):
-    row_of[b, j] is the row of position j, or N -- an all-zero row -- where j is not supervised.
-    With `ids` (K,) only p_t at those ids is kept, (N + 1, K) -- a draft vocabulary's -- still
-    normalised over the whole vocabulary. Computed `chunk` rows at a time: a (N, V) fp32 tensor is
-    never held (SmolLM2: 49k ids, 200 MB for a batch)."""
-    B, T = batch.tokens.shape
-    device = batch.tokens.device
-    j = torch.arange(T, device=device)[None, :]
-    prompt_lens, lengths = batch.prompt_lens.to(device), batch.lengths.to(device)
-    need = (j >= prompt_lens[:, None]) & (j + 1 < lengths[:, None])  # (B, T)
-    hidden = batch.last_hidden[need]  # (N, dim)
-    pieces = []
-    with torch.no_grad():
-        if ids is not None and batch.lse is not None:  # K head rows and the known normaliser: no softmax
-            rows, lse = target.lm_head.weight[ids], batch.lse[need]  # (K, dim), (N,)
-            for start in range(0, hidden.shape[0], chunk):
-                logits = F.linear(hidden[start : start + chunk].to(rows.dtype), rows).float()  # (n, K)
-                pieces.append((logits - lse[start : start + chunk, None]).exp())
-        else:
-            for start in range(0, hidden.shape[0], chunk):
-                logits = target.lm_head(
-                    hidden[start : start + chunk].to(target.lm_head.weight.dtype)
-                )  # (n, V)
-                log_p = torch.log_softmax(logits.float(), dim=-1)
-                pieces.append((log_p if ids is None else log_p[:, ids]).exp())
-    width = target.config.vocab_size if ids is None else ids.shape[0]
-    probs = torch.cat([*pieces, hidden.new_zeros(1, width, dtype=torch.float32)])  # (N + 1, V or K)
-    row_of = torch.full((B, T), probs.shape[0] - 1, dtype=torch.long, device=device)
-    row_of[need] = torch.arange(probs.shape[0] - 1, device=device)
-    return probs, row_of
 
 
 def weights_fingerprint(*modules: torch.nn.Module) -> str:
@@ -345,7 +284,7 @@ def response_caches(
 ) -> tuple[FeatureCache, FeatureCache]:
     """(train, val) caches of the responses file, under root/<file stem, without .gz>/taps-<layers>/<split> (one per tap
     set, so comparing taps never rebuilds), built or rebuilt as needed."""
-    from dspark.training.responses import load_responses
+    from dspark.lab.training.responses import load_responses
 
     caches = []
     taps = "-".join(map(str, target.config.tap_layers))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from math import gcd
 
-from dspark.data.math_words import _join, _person, _template, _Work
+from dspark.lab.data.math_words import _join, _person, _template, _Work
 
 
 @_template("shopping_change")

@@ -27,7 +27,7 @@ validation responses, with the same anchor sampler; the fp16 checkpoint is
 rewritten at every validation, so an interrupted run leaves its latest weights,
 and the trainer's state beside it lets `resume=True` continue the run exactly.
 
-What this file does not do: regenerate responses (`dspark.training.responses`)
+What this file does not do: regenerate responses (`dspark.lab.training.responses`)
 or build the feature cache.
 """
 
@@ -48,10 +48,10 @@ from dspark.checkpoint import save_checkpoint
 from dspark.device import model_device
 from dspark.drafters.autoregressive import AutoregressiveDrafter
 from dspark.drafters.parallel import ParallelDrafter
+from dspark.lab.training.anchors import anchor_counts, candidate_counts, every_anchor, sample_anchors
 from dspark.model import Transformer
-from dspark.training.anchors import anchor_counts, candidate_counts, every_anchor, sample_anchors
 from dspark.training.distribution_loss import soft_target_loss
-from dspark.training.feature_cache import FeatureBatch, supervised_target_probs
+from dspark.training.features import FeatureBatch, supervised_target_probs
 from dspark.training.packed_blocks import DFLASH_LOSS, BlockLoss, block_losses
 
 

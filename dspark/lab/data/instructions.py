@@ -12,7 +12,7 @@ half of the method, with no model in it:
 * `split_of` puts each kept prompt in train / val / eval by a hash of its text: the same text always lands
   in the same split, and eval is never trained on.
 
-The sampling itself is `dspark/training/instructions.py`.
+The sampling itself is `dspark/lab/training/instructions.py`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ per domain on fixed windows; every `checkpoint_every` steps the run directory
 gets the weights, optimizer state and a log line, so an interrupted run
 resumes where it stopped (`--resume`).
 
-What this file does not do: build data (`dspark.data.corpus`) or drafters.
+What this file does not do: build data (`dspark.lab.data.corpus`) or drafters.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from dspark.checkpoint import read_checkpoint, save_checkpoint
 from dspark.config import ModelConfig
-from dspark.data.corpus import DOMAINS, load_token_array
+from dspark.lab.data.corpus import DOMAINS, load_token_array
 from dspark.model import Transformer
 
 
