@@ -17,10 +17,10 @@ keys/values at positions `lengths[slot] + 0..block_len-1` and then calls
 stale entries beyond the length are never read and get overwritten later.
 
 Everything lives on the `device` given at construction (`Transformer.new_cache` passes
-the model's). The hot paths never call `check_room` or `rollback`, which read the
-lengths back to the host: a pass checks the room in its ragged index
-(`model.RaggedIndex`) and the engine rolls back all requests at once by writing
-`lengths[slots]` on the device.
+the model's). The hot paths never call `rollback`, which reads the length back
+to the host: a pass checks the room in its ragged index (`model.RaggedIndex`)
+and the engine rolls back all requests at once by writing `lengths[slots]` on
+the device.
 
 What this file does not do: attention itself (see `model.py`), or paging.
 """
@@ -92,15 +92,6 @@ class KVCache:
         self._free.sort()
 
     # ---- lengths --------------------------------------------------------------
-    def check_room(self, slots: torch.Tensor, block_lens: torch.Tensor) -> None:
-        """Raise if appending `block_lens` tokens to `slots` would overflow."""
-        if slots.numel() == 0:
-            return
-        # host sync: an overflow must stop here (the ragged index of a pass does the same check, in its one read)
-        worst = to_host((self.lengths[slots] + block_lens).max(), "kv cache: check room")
-        if worst > self.max_seq_len:
-            raise ValueError(f"sequence of {worst} tokens exceeds the context of {self.max_seq_len}")
-
     def advance(self, slots: torch.Tensor, block_lens: torch.Tensor) -> None:
         """Mark `block_lens` more positions of each slot in `slots` as valid."""
         self.lengths[slots] += block_lens
