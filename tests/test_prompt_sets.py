@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from dspark.lab.data.prompt_files import held_out, read_prompts
-from dspark.pretrained import fetch, prompt_sets
-from dspark.pretrained.fetch import FetchError, KnownModel
+from dspark.lab.pretrained import fetch, prompt_sets
+from dspark.lab.pretrained.fetch import FetchError, KnownModel
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEMS = [

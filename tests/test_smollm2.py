@@ -16,7 +16,7 @@ import torch
 from dspark.decoding import generate
 from dspark.drafters.registry import DRAFTER_NAMES, default_path, get_drafter, new_drafter
 from dspark.lab.data.prompt_files import read_prompts
-from dspark.pretrained import load_pretrained
+from dspark.lab.pretrained import load_pretrained
 from dspark.sampling import SamplingParams
 from dspark.serving.speculative import speculative_generate
 

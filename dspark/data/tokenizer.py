@@ -11,7 +11,7 @@ What this file does:
     `<|im_start|>user\n prompt <|im_end|>\n<|im_start|>assistant\n response <|im_end|>`).
 
 What it does not do: no normalisation, no truncation, no padding, no Jinja
-(a pretrained model's template is recognised by `dspark.pretrained`, not run).
+(a pretrained model's template is recognised by `dspark.lab.pretrained`, not run).
 Text is split into pieces and special tokens are inserted as ids, never parsed
 out of user text, so a prompt that happens to contain "<|eos|>" stays plain
 text. Byte-level BPE round-trips every UTF-8 string exactly.

@@ -24,8 +24,8 @@ from dspark.drafters.registry import (
     labelled_specs,
 )
 from dspark.lab.benchmarks.common import dtype_name, load_model, policy_for, study_prompts, write_outputs
+from dspark.lab.pretrained.prompt_sets import prompts_label
 from dspark.lab.study import gpu, offline, plots, tables, tau_intervals
-from dspark.pretrained.prompt_sets import prompts_label
 from dspark.sampling import SamplingParams
 from dspark.scheduling import calibration
 from dspark.scheduling.scheduler import temperatures_and_offsets

@@ -21,7 +21,7 @@ from dspark.checkpoint import config_path
 from dspark.cli import UsageError
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.registry import calibration_path, checkpoint_digest, default_path
-from dspark.pretrained.prompt_sets import prompts_label
+from dspark.lab.pretrained.prompt_sets import prompts_label
 
 
 def calibration_output(args: argparse.Namespace, checkpoint: Path, target_name: str) -> Path:

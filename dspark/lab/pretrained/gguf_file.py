@@ -25,8 +25,14 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from dspark.checkpoint import CheckpointError
 from dspark.data.tokenizer import Tokenizer
+from dspark.lab.pretrained.llama import (
+    Hyperparameters,
+    build_model,
+    chat_format,
+    model_config,
+    unpermute_rotary,
+)
 from dspark.model import Transformer
-from dspark.pretrained.llama import Hyperparameters, build_model, chat_format, model_config, unpermute_rotary
 
 # GGUF tensor name (per block: after "blk.N.") -> state-dict key (after "blocks.N.")
 GGUF_BLOCK_NAMES = {

@@ -23,8 +23,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from dspark.checkpoint import CheckpointError
 from dspark.data.tokenizer import Tokenizer
-from dspark.model import Transformer
-from dspark.pretrained.llama import (
+from dspark.lab.pretrained.llama import (
     Hyperparameters,
     build_model,
     chat_format,
@@ -32,6 +31,7 @@ from dspark.pretrained.llama import (
     model_config,
     rename_hf,
 )
+from dspark.model import Transformer
 
 
 def _json(path: Path) -> dict:
