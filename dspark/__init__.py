@@ -11,8 +11,8 @@ The public API, in the order the data flows (README "Architecture"):
     result = speculative_generate(target, drafter, [tok.chat_prompt("Hi")], 64, SamplingParams(0.0), 7)
     print(tok.decode(result.tokens[0]), result.stats.tau)
 
-Everything else (training, the offline study, the simulator, plots) is imported
-from its subpackage: `dspark.training`, `dspark.lab.study`. Plain decoding is
+Everything else (the training pipelines, the offline study, the simulator, plots) is
+imported from the lab: `dspark.lab.training`, `dspark.lab.study`. Plain decoding is
 `dspark.decoding.generate`; it is not re-exported here, because
 `dspark.generate` is the command module (`python -m dspark.generate`).
 """
