@@ -90,21 +90,21 @@ def read_prompts(path: str | Path, split: str | None = None) -> list[PromptRecor
         records = [_record(path, i, line) for i, line in numbered]
     else:
         records = [PromptRecord(line.strip(), line=i) for i, line in numbered]
-    if split is not None:
-        records = [r for r in records if (r.split or "eval") == split]
-        if not records:
-            raise ValueError(f"prompts file {path} has no {split} prompts")
-    return records
+    return records if split is None else of_split(records, split, path)
+
+
+def of_split(records: list[PromptRecord], split: str, path: str | Path) -> list[PromptRecord]:
+    """The records of `split` (a record without one counts as eval); ValueError (one line) when none is."""
+    kept = [r for r in records if (r.split or "eval") == split]
+    if not kept:
+        raise ValueError(f"prompts file {path} has no {split} prompts")
+    return kept
 
 
 def held_out(records: list[PromptRecord], path: str | Path) -> list[PromptRecord]:
-    """What a benchmark measures on: the eval records of a file that splits its prompts (as `train
-    instructions` writes), every record of one that does not. ValueError (one line) when that is none."""
-    if any(r.split is not None for r in records):
-        records = [r for r in records if (r.split or "eval") == "eval"]  # no split: eval, as documented
-        if not records:
-            raise ValueError(f"prompts file {path} has no eval prompts")
-    return records
+    """What a benchmark measures on: the eval records (as `train instructions` splits a file; every record of a
+    file without splits is eval). ValueError (one line) when that is none."""
+    return of_split(records, "eval", path)
 
 
 def prompt_ids_by_domain(
