@@ -3,7 +3,7 @@
 The public API, in the order the data flows (README "Architecture"):
 
     from dspark import Tokenizer, load_target, get_drafter, get_calibration
-    from dspark import SamplingParams, speculative_generate, VerifyScheduler, make_policy
+    from dspark import SamplingParams, speculative_generate, Scheduler, make_policy
 
     tok = Tokenizer.load(paths.TOKENIZER_PATH)
     target, _ = load_target(paths.TARGET_CHECKPOINT)
@@ -31,12 +31,12 @@ from dspark.sampling import SamplingParams, probabilities, sample
 from dspark.scheduling.scheduler import (
     POLICY_NAMES,
     Policy,
+    Scheduler,
     ThroughputProfile,
     make_policy,
     prefix_schedule,
     prefix_survival,
 )
-from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.engine import Engine, EngineResult, Request
 from dspark.serving.rounds import RoundStats
 from dspark.serving.speculative import SpeculativeResult, speculative_generate
@@ -63,8 +63,8 @@ __all__ = [
     "ThroughputProfile",
     "Tokenizer",
     "Transformer",
+    "Scheduler",
     "VerifyResult",
-    "VerifyScheduler",
     "get_calibration",
     "get_drafter",
     "load_target",

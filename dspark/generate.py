@@ -51,11 +51,12 @@ from dspark.cli import UsageError, run_main
 from dspark.data.tokenizer import Tokenizer
 from dspark.decoding import check_prompts, generate
 from dspark.drafters.registry import get_calibration, get_drafter
+from dspark.lab.cost_aware.scheduler import COST_AWARE
 from dspark.lab.data.corpus import eval_prompts_by_domain
 from dspark.lab.data.prompt_files import held_out, read_prompts
 from dspark.lab.study.gpu import measured_scheduler
 from dspark.sampling import SamplingParams
-from dspark.scheduling.scheduler import POLICY_NAMES, make_policy
+from dspark.scheduling.scheduler import POLICY_NAMES
 from dspark.serving.speculative import SpeculativeResult, speculative_generate
 
 # The demo of a pretrained target: requests as a new user types them, written by hand (not by any generator of
@@ -146,7 +147,7 @@ def refuse_ignored_options(args: argparse.Namespace) -> None:
     if args.threshold is not None and args.policy != "threshold":
         raise UsageError(f"--threshold is the threshold policy's: add --policy threshold (--policy {args.policy} "
                          "ignores it)")  # fmt: skip
-    if args.ignore_draft_cost and args.drafter != "none" and not make_policy(args.policy).cost_aware:
+    if args.ignore_draft_cost and args.drafter != "none" and args.policy not in COST_AWARE:
         raise UsageError(f"--ignore-draft-cost is an ablation of the dspark and dspark-async policies: --policy "
                          f"{args.policy} never weighs the drafting time")  # fmt: skip
     if args.drafter != "none":
@@ -205,21 +206,19 @@ def main(argv: list[str] | None = None) -> None:
     drafter = get_drafter(args.drafter, model, args.drafter_checkpoint, target_name)
     gamma = cli.resolve_gamma(args.gamma, drafter, args.drafter)
     generator = torch.Generator().manual_seed(args.seed)
-    verify_fn = observe_fn = speculate_fn = None
+    scheduler = None
     if args.drafter != "none":
         # STS: the calibration under DSPARK_HOME first, then the one shipped with the drafter
         temperatures = get_calibration(args.drafter, args.drafter_checkpoint, target_name, drafter.max_gamma)
         threshold = DEFAULT_THRESHOLD if args.threshold is None else args.threshold
         scheduler = measured_scheduler(args.policy, drafter, model, gamma, temperatures, threshold,
                                        cost_aware=not args.ignore_draft_cost)  # fmt: skip
-        if scheduler is not None:
-            verify_fn, observe_fn, speculate_fn = scheduler, scheduler.observe, scheduler.speculate
     with kernels_as(args.kernels):
         if args.drafter == "none":
             result = generate(model, prompts, args.max_new_tokens, params, generator, eos_id=tokenizer.eos_id)
         else:
             result = speculative_generate(model, drafter, prompts, args.max_new_tokens, params, gamma, generator,
-                                          tokenizer.eos_id, verify_fn, observe_fn, speculate_fn)  # fmt: skip
+                                          tokenizer.eos_id, scheduler)  # fmt: skip
     replies = [tokenizer.decode(t) for t in result.tokens]
     speculative = isinstance(result, SpeculativeResult)
 

@@ -1,5 +1,5 @@
 """The paper's central path, visible in signatures: drafter -> Proposal (with confidences or None)
--> VerifyScheduler (policy + SPS profile + STS temperatures, all passed in) -> verify lengths.
+-> Scheduler (policy + SPS profile + STS temperatures, all passed in) -> verify lengths.
 Nobody reads a drafter's attributes to learn what it proposed."""
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from dspark.drafters.autoregressive import AutoregressiveDrafter, Autoregressive
 from dspark.drafters.base import Proposal, TargetFeatures
 from dspark.drafters.registry import get_calibration, get_drafter, load_calibration
 from dspark.sampling import SamplingParams
-from dspark.scheduling.scheduler import POLICY_NAMES, make_policy, prefix_schedule, prefix_survival
-from dspark.scheduling.step import VerifyScheduler
+from dspark.scheduling.scheduler import POLICY_NAMES, Scheduler, make_policy, prefix_schedule, prefix_survival
 from dspark.serving.engine import Engine, Request
 
 CONFIDENCE_POLICIES = [n for n in POLICY_NAMES if make_policy(n).needs_confidence]
@@ -60,12 +59,12 @@ def test_confidence_policies_refuse_drafters_without_a_head(tiny_model, policy_n
         else AutoregressiveDrafter(tiny_model, AutoregressiveDrafterConfig("eagle", 4, ffn_hidden=32))
     )
     with pytest.raises(ValueError, match="no trained confidence head"):
-        VerifyScheduler.for_drafter(make_policy(policy_name), drafter, PROFILE)
+        Scheduler.for_drafter(make_policy(policy_name), drafter, PROFILE)
 
 
 def test_policies_that_ignore_confidences_accept_any_drafter(tiny_model):
     for name in sorted(set(POLICY_NAMES) - set(CONFIDENCE_POLICIES)):
-        scheduler = VerifyScheduler.for_drafter(make_policy(name), make(tiny_model, "dflash"), PROFILE)
+        scheduler = Scheduler.for_drafter(make_policy(name), make(tiny_model, "dflash"), PROFILE)
         lengths = scheduler(Proposal(torch.zeros(3, 4, dtype=torch.long), torch.zeros(3, 4, 5)))
         assert lengths.shape == (3,) and bool(((lengths >= 0) & (lengths <= 4)).all())
 
@@ -76,7 +75,7 @@ def test_the_scheduler_uses_the_temperatures_it_is_given():
     conf = torch.tensor([[0.9, 0.8, 0.7, 0.6], [0.6, 0.5, 0.9, 0.9]])
     proposal = Proposal(torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, 5), conf)
     for temps in (None, torch.tensor([0.5, 0.5, 0.5, 0.5]), torch.tensor([3.0, 2.0, 1.0, 1.0])):
-        got = VerifyScheduler(make_policy("dspark"), PROFILE, temps)(proposal)
+        got = Scheduler(make_policy("dspark"), PROFILE, temps)(proposal)
         assert torch.equal(got, prefix_schedule(prefix_survival(conf, temps), PROFILE))
 
 
@@ -85,12 +84,14 @@ def test_the_engine_hands_each_round_s_proposal_to_the_verify_function(tiny_mode
     drafter = make(tiny_model, "dspark", gamma=4)
     seen = []
 
-    def verify_lengths(proposal: Proposal) -> torch.Tensor:
-        seen.append(proposal.confidence.clone())
-        return torch.full((proposal.tokens.shape[0],), 2)
+    class VerifyTwo(Scheduler):
+        def __call__(self, proposal: Proposal) -> torch.Tensor:
+            seen.append(proposal.confidence.clone())
+            return torch.full((proposal.tokens.shape[0],), 2)
 
     ps = prompts(RAGGED[:3], seed=4)
-    result = Engine(tiny_model, drafter, GREEDY, 4, 3, None, verify_lengths).run([Request(p, 9) for p in ps])
+    scheduler = VerifyTwo(make_policy("fixed"), PROFILE)
+    result = Engine(tiny_model, drafter, GREEDY, 4, 3, None, scheduler).run([Request(p, 9) for p in ps])
     recorded = [round_conf for rec in result.records for round_conf in rec.confidences]
     assert len(seen) == result.steps and sum(len(c) for c in seen) == len(recorded)
     assert all(

@@ -14,26 +14,33 @@ from test_speculative import GREEDY, prompts
 
 from dspark.decoding import generate
 from dspark.drafters.base import Proposal
-from dspark.sampling import SamplingParams
-from dspark.scheduling import draft_cost as draft_cost_module
-from dspark.scheduling import step as step_module
-from dspark.scheduling.draft_cost import DraftCost, cpu_draft_cost, measure_draft_cost, roofline_draft_cost
-from dspark.scheduling.profiler import RooflineConfig
-from dspark.scheduling.scheduler import (
-    ThroughputProfile,
-    expected_rate,
-    make_policy,
-    prefix_schedule,
-    prefix_survival,
-    step_rate,
+from dspark.lab.cost_aware import draft_cost as draft_cost_module
+from dspark.lab.cost_aware import scheduler as step_module
+from dspark.lab.cost_aware.draft_cost import (
+    DraftCost,
+    cpu_draft_cost,
+    measure_draft_cost,
+    roofline_draft_cost,
 )
-from dspark.scheduling.step import (
-    VerifyScheduler,
+from dspark.lab.cost_aware.scheduler import (
+    CostAwareScheduler,
     draft_plan,
     drafting_can_pay,
     faded_forecast,
     forecast_parts,
     forecast_survivals,
+    step_rate,
+    with_drafting,
+)
+from dspark.sampling import SamplingParams
+from dspark.scheduling.profiler import RooflineConfig
+from dspark.scheduling.scheduler import (
+    Scheduler,
+    ThroughputProfile,
+    expected_rate,
+    make_policy,
+    prefix_schedule,
+    prefix_survival,
 )
 
 CPU_LIKE = ThroughputProfile([1 / (0.0025 + 0.0001 * B) for B in range(1, 257)])  # ~2.5 ms a pass, flat-ish
@@ -52,11 +59,11 @@ def test_free_drafting_is_the_papers_algorithm_1_to_the_bit():
         proposal = Proposal(torch.zeros(conf.shape, dtype=torch.long), torch.zeros(*conf.shape, 3), conf)
         temps = torch.linspace(0.7, 1.4, 7, dtype=torch.float64)
         for name in ("dspark", "dspark-async"):
-            today = VerifyScheduler(make_policy(name), PROFILE, temps)
-            free = VerifyScheduler(make_policy(name), PROFILE, temps, DraftCost.free())
+            today = CostAwareScheduler(make_policy(name), PROFILE, temps)
+            free = CostAwareScheduler(make_policy(name), PROFILE, temps, DraftCost.free())
             assert torch.equal(today(proposal), free(proposal))
         assert torch.equal(prefix_schedule(prefix_survival(conf), PROFILE), prefix_schedule(prefix_survival(conf),
-                           PROFILE, draft_seconds=0.0))  # fmt: skip
+                           with_drafting(PROFILE, 0.0)))  # fmt: skip
     assert draft_plan([[[0.1] * 7], []], [0, 0], 7, PROFILE, DraftCost.free())[0].all()
     assert step_rate(3.0, 4, PROFILE) == 3.0 * PROFILE.sps(4)
 
@@ -67,11 +74,10 @@ def test_drafting_time_makes_verifying_relatively_cheaper():
     for seed in range(30):
         survivals = prefix_survival(rounds(6, 7, seed))
         free = prefix_schedule(survivals, CPU_LIKE)
-        paid = prefix_schedule(survivals, CPU_LIKE, draft_seconds=0.003)
+        drafting = with_drafting(CPU_LIKE, 0.003)
+        paid = prefix_schedule(survivals, drafting)
         assert bool((paid >= free).all())
-        assert expected_rate(survivals, paid, CPU_LIKE, 0.003) >= expected_rate(
-            survivals, free, CPU_LIKE, 0.003
-        )
+        assert expected_rate(survivals, paid, drafting) >= expected_rate(survivals, free, drafting)
 
 
 def test_drafting_that_cannot_pay_drafts_nothing():
@@ -148,8 +154,8 @@ def test_the_block_is_as_wide_as_the_forecasts_need_where_width_costs():
     by_width = DraftCost(flat, "", 0.0, [f / 4 for f in flat], 7)
     cheap_first = [[0.9, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1]] * 2  # worth one draft, not seven
     mask, width = draft_plan([cheap_first] * 4, [0] * 4, 7, CPU_LIKE, by_width)
-    ell = prefix_schedule(forecast_survivals([cheap_first] * 4, [0] * 4, 7), CPU_LIKE,
-                          draft_seconds=by_width.seconds(4))  # fmt: skip
+    ell = prefix_schedule(forecast_survivals([cheap_first] * 4, [0] * 4, 7), with_drafting(CPU_LIKE,
+                          by_width.seconds(4)))  # fmt: skip
     assert mask.all() and width == int(ell.max()) + step_module.DRAFT_SLACK < 7
     same_at_any_width = DraftCost([f / 4 for f in flat])
     assert draft_plan([cheap_first] * 4, [0] * 4, 7, CPU_LIKE, same_at_any_width)[1] == 7
@@ -162,15 +168,15 @@ def test_the_block_is_as_wide_as_the_forecasts_need_where_width_costs():
     assert drafting_can_pay(4, 7, CPU_LIKE, dear) and not drafting_can_pay(
         4, 7, CPU_LIKE, DraftCost([0.02] * 64)
     )
-    sched = VerifyScheduler(make_policy("dspark"), CPU_LIKE, None, by_width)
-    assert sched.speculate([cheap_first] * 4, [0] * 4, 7).tolist() == [width] * 4
+    sched = CostAwareScheduler(make_policy("dspark"), CPU_LIKE, None, by_width)
+    assert sched.speculate([cheap_first] * 4, [0] * 4, 7) == [width] * 4
 
 
 def test_the_scheduler_remembers_each_requests_first_round_once():
     """`speculate` is called once per step; a request with one round and idle 0 drafted its first round last
     step: remembered once, whether it then drafts again or idles; at most FIRST_ROUNDS are kept."""
     cost = DraftCost([0.0025 * (1 + 0.05 * n) for n in range(1, 65)], "about a target pass")
-    sched = VerifyScheduler(make_policy("dspark"), CPU_LIKE, None, cost)
+    sched = CostAwareScheduler(make_policy("dspark"), CPU_LIKE, None, cost)
     a, b = [0.9] * 7, [0.5] * 7
     sched.speculate([[], []], [0, 0], 7)
     assert sched.first_rounds_seen == 0
@@ -220,19 +226,19 @@ def test_the_async_policy_forecasts_with_its_global_search_on_a_staircase():
     mask, width = draft_plan(history, idle, 7, stairs, cost, early_stop=False)
     assert mask.all() and width == 7
     for name, drafts in (("dspark", False), ("dspark-async", True)):
-        widths = VerifyScheduler(make_policy(name), stairs, None, cost).speculate(history, idle, 7)
-        assert bool(widths.any()) == drafts, name
+        widths = CostAwareScheduler(make_policy(name), stairs, None, cost).speculate(history, idle, 7)
+        assert any(widths) == drafts, name
     # on a smooth profile the two forecasts agree here
     smooth = [draft_plan(history, idle, 7, CPU_LIKE, cost, early_stop=e) for e in (True, False)]
     assert torch.equal(smooth[0][0], smooth[1][0])
 
 
 def test_a_reused_decision_equals_a_fresh_one(monkeypatch):
-    """`VerifyScheduler.speculate` reuses its last decision while the inputs are the same; along an engine-like
+    """`CostAwareScheduler.speculate` reuses its last decision while the inputs are the same; along an engine-like
     sequence of steps (requests draft or idle, new ones arrive, realism moves) it always equals `draft_plan`
     computed afresh, and it does reuse (a lone idle request)."""
     cost = DraftCost([0.0025 * (1 + 0.05 * n) for n in range(1, 65)], "about a target pass")
-    sched = VerifyScheduler(make_policy("dspark"), CPU_LIKE, None, cost)
+    sched = CostAwareScheduler(make_policy("dspark"), CPU_LIKE, None, cost)
     g = torch.Generator().manual_seed(0)
     computed = []
     monkeypatch.setattr(step_module, "draft_plan", lambda *a, **k: computed.append(1) or draft_plan(*a, **k))
@@ -242,8 +248,8 @@ def test_a_reused_decision_equals_a_fresh_one(monkeypatch):
         who, width = draft_plan(
             history, idle, 7, CPU_LIKE, cost, None, sched.realism, list(sched.first_rounds)
         )
-        assert torch.equal(mask, who.long() * width), step
-        for r, drafts in enumerate(mask.tolist()):
+        assert mask == (who.long() * width).tolist(), step
+        for r, drafts in enumerate(mask):
             if drafts:  # a new list, as the engine makes it
                 level = 0.99 if (step // 20 + r) % 3 else 0.3
                 history[r] = [*history[r], [level] * 7][-4:]
@@ -262,7 +268,7 @@ def test_the_forecast_parts_are_kept_while_only_idle_steps_change(monkeypatch):
     """Steps in which only idle counts move (the fade) re-plan from the kept `forecast_parts`; new rounds,
     arrivals and first rounds compute them again; the forecast from kept parts is the fresh one."""
     cost = DraftCost([0.0025 * (1 + 0.05 * n) for n in range(1, 65)], "about a target pass")
-    sched = VerifyScheduler(make_policy("dspark"), CPU_LIKE, None, cost)
+    sched = CostAwareScheduler(make_policy("dspark"), CPU_LIKE, None, cost)
     made = []
     monkeypatch.setattr(
         step_module, "forecast_parts", lambda *a, **k: made.append(1) or forecast_parts(*a, **k)
@@ -291,7 +297,7 @@ def test_rows_that_did_not_draft_verify_nothing():
     drafted = torch.tensor([True, False, True])
     proposal = Proposal(torch.zeros(3, 4, dtype=torch.long), torch.zeros(3, 4, 5), conf, drafted)
     for name in ("fixed", "dspark", "threshold", "mtp1"):
-        lengths = VerifyScheduler(make_policy(name), PROFILE, None, DraftCost([0.001] * 8))(proposal)
+        lengths = CostAwareScheduler(make_policy(name), PROFILE, None, DraftCost([0.001] * 8))(proposal)
         assert lengths[1] == 0 and bool((lengths[[0, 2]] > 0).all()), name
 
 
@@ -419,11 +425,10 @@ def test_engine_measured_cost_pairs_and_interleaves_its_runs(tiny_model, monkeyp
 
 
 # ---- the engine with speculate-or-not ---------------------------------------------------------------
-def run_engine(model, drafter, scheduler, concurrency, requests, params=None, seed=0, speculate=True):
+def run_engine(model, drafter, scheduler, concurrency, requests, params=None, seed=0):
     from dspark.serving.engine import Engine
 
-    engine = Engine(model, drafter, params or GREEDY, drafter.max_gamma, concurrency, None, scheduler,
-                    scheduler.observe, scheduler.speculate if speculate else None)  # fmt: skip
+    engine = Engine(model, drafter, params or GREEDY, drafter.max_gamma, concurrency, None, scheduler)
     return engine.run(requests, torch.Generator().manual_seed(seed))
 
 
@@ -442,7 +447,7 @@ def test_hopeless_drafting_drafts_nothing_and_is_plain_decoding(tiny_model, conc
     drafter = make(tiny_model, "dspark", gamma=4)
     ps, reqs = requests_for(LENGTHS, seed=11)
     for name in ("dspark", "dspark-async"):
-        scheduler = VerifyScheduler.for_drafter(
+        scheduler = CostAwareScheduler.for_drafter(
             make_policy(name), drafter, PROFILE, None, DraftCost([100.0] * 64)
         )
         result = run_engine(tiny_model, drafter, scheduler, concurrency, reqs)
@@ -456,9 +461,12 @@ def test_the_engine_refuses_a_width_beyond_gamma(tiny_model):
 
     drafter = make(tiny_model, "dspark", gamma=4)
     _, reqs = requests_for(LENGTHS, seed=3)
-    engine = Engine(
-        tiny_model, drafter, GREEDY, 4, 2, None, None, None, lambda h, i, g: torch.full((len(h),), 5)
-    )
+
+    class TooWide(Scheduler):
+        def speculate(self, history, idle_steps, gamma):
+            return [5] * len(history)
+
+    engine = Engine(tiny_model, drafter, GREEDY, 4, 2, None, TooWide(make_policy("fixed"), PROFILE))
     with pytest.raises(ValueError, match="widths must be in 0..4"):
         engine.run(reqs)
 
@@ -468,9 +476,11 @@ def test_free_drafting_is_todays_engine(tiny_model):
     _, reqs = requests_for(LENGTHS, seed=3)
     sampled = SamplingParams(1.0)
     outcomes = []
-    for cost, speculate in ((None, False), (DraftCost.free(), True)):
-        scheduler = VerifyScheduler.for_drafter(make_policy("dspark"), drafter, PROFILE, None, cost)
-        result = run_engine(tiny_model, drafter, scheduler, 3, reqs, sampled, seed=5, speculate=speculate)
+    for scheduler in (
+        Scheduler.for_drafter(make_policy("dspark"), drafter, PROFILE),  # the core's: the paper's step
+        CostAwareScheduler.for_drafter(make_policy("dspark"), drafter, PROFILE, None, DraftCost.free()),
+    ):
+        result = run_engine(tiny_model, drafter, scheduler, 3, reqs, sampled, seed=5)
         outcomes.append([(r.tokens, r.verify_lens, r.accepted, r.confidences) for r in result.records])
     assert outcomes[0] == outcomes[1]
 
@@ -484,7 +494,7 @@ def test_mixed_drafting_is_token_identical_to_plain_decoding(tiny_model, concurr
     shares = []
     for base in (0.05, 0.5, 1.0):  # drafting costs: between them, rounds with and without drafts
         cost = DraftCost([base + 0.05 * n for n in range(1, 1025)])
-        scheduler = VerifyScheduler.for_drafter(make_policy("dspark"), drafter, PROFILE, None, cost)
+        scheduler = CostAwareScheduler.for_drafter(make_policy("dspark"), drafter, PROFILE, None, cost)
         result = run_engine(tiny_model, drafter, scheduler, concurrency, reqs)
         shares.append(result.drafted_rounds / sum(len(r.accepted) for r in result.records))
         for p, req, rec in zip(ps, reqs, result.records):
@@ -503,12 +513,14 @@ def test_narrow_blocks_are_token_identical_to_plain_decoding(tiny_model, concurr
     ps, reqs = requests_for(LENGTHS, seed=5)
     steps = []
 
-    def narrow(history, idle, gamma):  # step s: width (1, 2, 3, 4)[s % 4]; every third row idles
-        width = 1 + len(steps) % 4
-        steps.append(width)
-        return torch.tensor([0 if (r + len(steps)) % 3 == 0 else width for r in range(len(history))])
+    class Narrow(Scheduler):  # step s: width (1, 2, 3, 4)[s % 4]; every third row idles; all verified
+        def speculate(self, history, idle, gamma):
+            width = 1 + len(steps) % 4
+            steps.append(width)
+            return [0 if (r + len(steps)) % 3 == 0 else width for r in range(len(history))]
 
-    result = Engine(tiny_model, drafter, GREEDY, 4, concurrency, None, None, None, narrow).run(reqs)
+    narrow = Narrow(make_policy("fixed"), PROFILE)
+    result = Engine(tiny_model, drafter, GREEDY, 4, concurrency, None, narrow).run(reqs)
     widths = {len(c) for rec in result.records for c in rec.confidences}
     assert {1, 2, 3, 4} <= widths or concurrency == 1 and {1, 2, 4} <= widths
     for p, req, rec in zip(ps, reqs, result.records):
@@ -525,12 +537,14 @@ def test_the_decision_never_sees_the_current_round(tiny_model):
         drafter = make(tiny_model, "dspark", gamma=4)
         with torch.no_grad():
             torch.nn.init.normal_(drafter.confidence.weight, std=2.0)
-        scheduler = VerifyScheduler.for_drafter(make_policy("dspark"), drafter, PROFILE, None, MIXED)
         log, propose = [], drafter.propose
 
-        def speculate(history, idle, gamma):
-            log.append(scheduler.speculate(history, idle, gamma).tolist())
-            return torch.tensor(log[-1])
+        class Logged(CostAwareScheduler):
+            def speculate(self, history, idle, gamma):
+                log.append(super().speculate(history, idle, gamma))
+                return log[-1]
+
+        scheduler = Logged.for_drafter(make_policy("dspark"), drafter, PROFILE, None, MIXED)
 
         def perturbed(*args, **kwargs):
             p = propose(*args, **kwargs)
@@ -542,7 +556,7 @@ def test_the_decision_never_sees_the_current_round(tiny_model):
         from dspark.serving.engine import Engine
 
         _, reqs = requests_for(LENGTHS, seed=7)
-        Engine(tiny_model, drafter, GREEDY, 4, 6, None, scheduler, scheduler.observe, speculate).run(reqs)
+        Engine(tiny_model, drafter, GREEDY, 4, 6, None, scheduler).run(reqs)
         return log
 
     base, changed = decisions(False), decisions(True)
@@ -567,18 +581,19 @@ def test_mixed_drafting_follows_the_target_law():
     cost = DraftCost([0.002 * n for n in range(1, 1025)])
     counts, drafted, g = torch.zeros(5**MICRO_LENGTH), [], torch.Generator().manual_seed(7)
     widths = set()
-    for _ in range(40):  # 40 batches of 300: small batches are where some requests draft and others not
-        scheduler = VerifyScheduler.for_drafter(make_policy("dspark"), drafter, profile, None, cost)
 
-        def speculate(history, idle, gamma, scheduler=scheduler):
-            plan = scheduler.speculate(history, idle, gamma)
-            drafted.append((plan > 0).float().mean().item())
-            plan = plan.clamp(max=1 + len(drafted) % 3)  # and narrower blocks (1, 2, 3) from step to step
-            widths.update(plan.tolist())
+    class Narrowed(CostAwareScheduler):
+        def speculate(self, history, idle, gamma):
+            plan = super().speculate(history, idle, gamma)
+            drafted.append(sum(w > 0 for w in plan) / len(plan))
+            plan = [min(w, 1 + len(drafted) % 3) for w in plan]  # and narrower blocks (1, 2, 3) step to step
+            widths.update(plan)
             return plan
 
+    for _ in range(40):  # 40 batches of 300: small batches are where some requests draft and others not
+        scheduler = Narrowed.for_drafter(make_policy("dspark"), drafter, profile, None, cost)
         result = speculative_generate(target, drafter, [MICRO_PROMPT] * 300, MICRO_LENGTH, SamplingParams(1.0), 3,
-                                      g, None, scheduler, scheduler.observe, speculate)  # fmt: skip
+                                      g, None, scheduler)  # fmt: skip
         for toks in result.tokens:
             counts[toks[0] * 25 + toks[1] * 5 + toks[2]] += 1
     assert any(0 < d < 1 for d in drafted)  # some steps mixed drafting and plain rows
@@ -595,7 +610,7 @@ def test_cost_aware_engine_is_device_aware(tiny_model):
     _, reqs = requests_for(LENGTHS, seed=7)
 
     def run():
-        scheduler = VerifyScheduler.for_drafter(make_policy("dspark"), drafter, PROFILE, None, MIXED)
+        scheduler = CostAwareScheduler.for_drafter(make_policy("dspark"), drafter, PROFILE, None, MIXED)
         result = run_engine(tiny_model, drafter, scheduler, 3, reqs, SamplingParams(1.0), seed=2)
         return [(r.tokens, r.verify_lens) for r in result.records], result.drafted_rounds
 
@@ -606,9 +621,9 @@ def test_cost_aware_engine_is_device_aware(tiny_model):
 def test_realism_scales_the_forecasts_and_never_collapses_on_one_round():
     """The scheduler learns how far the survival forecasts overstate the drafts that are then accepted;
     with REALISM_PRIOR tokens of pseudo-evidence, one unlucky round does not stop drafting for good."""
-    from dspark.scheduling.step import REALISM_PRIOR
+    from dspark.lab.cost_aware.scheduler import REALISM_PRIOR
 
-    scheduler = VerifyScheduler(make_policy("dspark"), CPU_LIKE, None, DraftCost([0.001] * 64))
+    scheduler = CostAwareScheduler(make_policy("dspark"), CPU_LIKE, None, DraftCost([0.001] * 64))
     assert scheduler.realism == 1.0
     conf = torch.full((2, 4), 0.9, dtype=torch.float64)
     proposal = Proposal(torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, 5), conf)

@@ -28,6 +28,7 @@ from dspark.sampling import SamplingParams, probabilities, sample
 from dspark.scheduling import calibration
 from dspark.scheduling.scheduler import (
     POLICY_NAMES,
+    Scheduler,
     ThroughputProfile,
     expected_rate,
     greedy_path,
@@ -36,7 +37,6 @@ from dspark.scheduling.scheduler import (
     prefix_survival,
     scheduled_lengths,
 )
-from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.engine import Engine, Request
 from dspark.serving.speculative import speculative_generate
 from dspark.verify import draw_uniforms, verify
@@ -115,9 +115,9 @@ def test_engine_every_policy_with_slot_reuse(tiny_model, policy):
     ps = prompts([4, 11, 2, 25, 7], seed=4)
 
     def run():
-        scheduler = VerifyScheduler.for_drafter(make_policy(policy, threshold=0.3), drafter, PROFILE,
+        scheduler = Scheduler.for_drafter(make_policy(policy, threshold=0.3), drafter, PROFILE,
                                                 TEMPERATURES)  # fmt: skip
-        engine = Engine(tiny_model, drafter, PARAMS["sampled"], 4, 2, None, scheduler, scheduler.observe)
+        engine = Engine(tiny_model, drafter, PARAMS["sampled"], 4, 2, None, scheduler)
         result = engine.run([Request(p, 10) for p in ps], torch.Generator().manual_seed(5))
         recs = result.records
         assert len(result.host_syncs) == result.steps
@@ -177,7 +177,7 @@ def test_scheduler_functions():
                 ell = policy.lengths_from_confidence(conf, TEMPERATURES, 4, PROFILE)
                 policy.observe(ell, ell // 2)
             out.append(ell)
-        out.append(VerifyScheduler(make_policy("fixed"), PROFILE)(_proposal(conf)))
+        out.append(Scheduler(make_policy("fixed"), PROFILE)(_proposal(conf)))
         assert all(t.device.type == "cpu" for t in out if isinstance(t, torch.Tensor))
         return plain(out)
 
@@ -239,8 +239,8 @@ def test_the_meta_trick_catches_a_tensor_made_on_the_default_device(tiny_model):
 # ---- syncs are counted -----------------------------------------------------------------------------
 def test_host_syncs_are_counted_per_engine_step(tiny_model):
     drafter = build("dspark", tiny_model)
-    scheduler = VerifyScheduler.for_drafter(make_policy("dspark"), drafter, PROFILE, TEMPERATURES)
-    engine = Engine(tiny_model, drafter, PARAMS["sampled"], 4, 3, None, scheduler, scheduler.observe)
+    scheduler = Scheduler.for_drafter(make_policy("dspark"), drafter, PROFILE, TEMPERATURES)
+    engine = Engine(tiny_model, drafter, PARAMS["sampled"], 4, 3, None, scheduler)
     before = dev.host_sync_counts()
     result = engine.run([Request(p, 12) for p in prompts([4, 9, 3], seed=8)])
     after = dev.host_sync_counts()

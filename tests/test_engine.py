@@ -11,8 +11,7 @@ from test_speculative import GREEDY, prompts
 from dspark.decoding import generate
 from dspark.drafters.base import NoDrafter
 from dspark.sampling import SamplingParams
-from dspark.scheduling.scheduler import POLICY_NAMES, ThroughputProfile, make_policy
-from dspark.scheduling.step import VerifyScheduler
+from dspark.scheduling.scheduler import POLICY_NAMES, Scheduler, ThroughputProfile, make_policy
 from dspark.serving.engine import Engine, Request
 
 PROFILE = ThroughputProfile([1 / (1.0 + 0.05 * B) for B in range(1, 257)])
@@ -29,8 +28,8 @@ def test_every_request_equals_plain_decoding_alone(tiny_model, policy_name, conc
     drafter = make(tiny_model, "dspark", gamma=4)
     ps = prompts(LENGTHS, seed=11)
     budgets = [5 + 3 * i for i in range(len(ps))]  # different lengths
-    scheduler = VerifyScheduler.for_drafter(make_policy(policy_name, threshold=0.3), drafter, PROFILE)
-    engine = Engine(tiny_model, drafter, GREEDY, 4, concurrency, None, scheduler, scheduler.observe)
+    scheduler = Scheduler.for_drafter(make_policy(policy_name, threshold=0.3), drafter, PROFILE)
+    engine = Engine(tiny_model, drafter, GREEDY, 4, concurrency, None, scheduler)
     result = engine.run([Request(p, n) for p, n in zip(ps, budgets)])
     for p, n, rec in zip(ps, budgets, result.records):
         assert rec.tokens == alone(tiny_model, p, n)

@@ -26,9 +26,10 @@ from dspark.checkpoint import load_target, read_checkpoint, save_checkpoint
 from dspark.cli import run_main
 from dspark.drafters.registry import load_drafter
 from dspark.lab import step_cost
+from dspark.lab.cost_aware import draft_cost
 from dspark.lab.pretrained import fetch
 from dspark.lab.pretrained.fetch import KnownModel
-from dspark.scheduling import draft_cost, profiler
+from dspark.scheduling import profiler
 
 APPENDIX = ["appendix-a", "--draws", "3"]  # the fastest benchmark that writes --json
 

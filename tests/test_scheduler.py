@@ -11,12 +11,14 @@ from stats_helpers import assert_matches
 from test_parallel_drafter import make
 from test_speculative import MICRO, MICRO_LENGTH, MICRO_PROMPT, micro_target_and_law
 
+from dspark.lab.cost_aware.scheduler import with_drafting
 from dspark.lab.study.counterexample import counterexample
 from dspark.sampling import SamplingParams
 from dspark.scheduling.scheduler import (
     POLICY_NAMES,
     AsyncPrefixPolicy,
     GoodputPolicy,
+    Scheduler,
     ThroughputProfile,
     expected_rate,
     greedy_path,
@@ -25,14 +27,25 @@ from dspark.scheduling.scheduler import (
     make_policy,
     prefix_schedule,
     prefix_survival,
-    schedule_rows,
 )
-from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.speculative import speculative_generate
 
 
 def linear_profile(fixed: float, per_token: float, max_tokens: int = 64) -> ThroughputProfile:
     return ThroughputProfile([1 / (fixed + per_token * B) for B in range(1, max_tokens + 1)])
+
+
+class Recording(Scheduler):
+    """The core scheduler, remembering every verify length it chose."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.seen: set[int] = set()
+
+    def __call__(self, proposal):
+        ells = super().__call__(proposal)
+        self.seen.update(ells.tolist())
+        return ells
 
 
 def brute_force_best(survivals: torch.Tensor, profile: ThroughputProfile) -> float:
@@ -134,17 +147,18 @@ def test_lengths_are_prefixes_of_the_greedy_path():
             assert admitted == {tuple(x) for x in greedy_path(survivals)[:n].tolist()}
 
 
-def test_the_host_side_walk_equals_prefix_schedule():
-    """`schedule_rows` (Python lists, for the speculate-or-not forecast) admits exactly what `prefix_schedule`
-    does: ties in survival (equal rows, quantised values, zeros) broken by position then request, early stop
-    or global argmax, with and without a drafting time, on a smooth and a jagged profile."""
+def test_a_step_that_drafts_is_algorithm_1_on_the_profile_with_drafting():
+    """The cost-aware scheduler prices drafting by handing the core's walk `with_drafting(profile, d)`:
+    it admits exactly the greedy path's prefix that a walk on Θ = τ / (1/SPS(B) + d) computed here admits
+    (ties in survival broken by position then request, early stop or global argmax, smooth and jagged
+    profiles); d = 0 is the profile itself, the paper's Θ to the bit."""
     g = torch.Generator().manual_seed(3)
     profiles = [
         linear_profile(0.3, 0.05),
         linear_profile(1.0, 0.002),
         ThroughputProfile([1.0] + [0.6] * 7 + [0.3] * 56),
     ]
-    differs = 0
+    drafting_changed = checked = 0
     for trial in range(300):
         R, gamma = int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(1, 8, (1,), generator=g))
         conf = torch.rand(R, gamma, generator=g)
@@ -153,16 +167,25 @@ def test_the_host_side_walk_equals_prefix_schedule():
         if trial % 5 == 0:
             conf[0] = conf[-1]  # two identical requests
         survivals = prefix_survival(conf)
-        for profile, early_stop, draft_seconds in itertools.product(profiles, (True, False), (0.0, 0.02)):
-            expected = prefix_schedule(survivals, profile, early_stop, draft_seconds=draft_seconds).tolist()
-            got = schedule_rows(survivals.tolist(), profile, early_stop, draft_seconds)
-            assert got == expected, (conf, profile.steps_per_second[:3], early_stop, draft_seconds)
-            differs += (
-                got
-                != prefix_schedule(survivals, profile, not early_stop, draft_seconds=draft_seconds).tolist()
-            )
-    assert differs > 0  # the cases tell the two walks apart somewhere
-    assert schedule_rows([], profiles[0]) == []
+        gains = [float(survivals[r, j]) for r, j in greedy_path(survivals).tolist()]
+        for profile, early_stop, d in itertools.product(profiles, (True, False), (0.0, 0.02)):
+            rates = [(R + sum(gains[:n])) / (1 / profile.sps(R + n) + d) for n in range(len(gains) + 1)]
+            best, n_admit, near_tie = rates[0], 0, False
+            for n in range(1, len(rates)):
+                near_tie |= abs(rates[n] - best) <= 1e-9 * best  # rounding may decide: no claim
+                if rates[n] > best:
+                    best, n_admit = rates[n], n
+                elif early_stop:
+                    break
+            got = prefix_schedule(survivals, with_drafting(profile, d), early_stop)
+            if not near_tie:
+                assert int(got.sum()) == n_admit, (conf, profile.steps_per_second[:3], early_stop, d)
+                checked += 1
+            free = prefix_schedule(survivals, profile, early_stop)
+            drafting_changed += d > 0 and not torch.equal(got, free)
+            if d == 0:
+                assert with_drafting(profile, d) is profile
+    assert drafting_changed > 0 and checked > 3000  # the drafting time changes some decisions; few near-ties
 
 
 def test_edge_cases_no_requests_one_request_zero_confidence():
@@ -246,15 +269,9 @@ def test_policy_driven_sampling_is_lossless(policy_name):
     g = torch.Generator().manual_seed(7)
     for _ in range(12):
         policy = make_policy(policy_name, threshold=0.3)
-        scheduler = VerifyScheduler.for_drafter(policy, drafter, profile)
-
-        def recording(proposal, scheduler=scheduler):
-            ells = scheduler(proposal)
-            lengths_seen.update(ells.tolist())
-            return ells
-
-        result = speculative_generate(target, drafter, [prompt] * 1000, length, params, 3, g, None, recording,
-                                      scheduler.observe)  # fmt: skip
+        scheduler = Recording.for_drafter(policy, drafter, profile)
+        result = speculative_generate(target, drafter, [prompt] * 1000, length, params, 3, g, None, scheduler)
+        lengths_seen.update(scheduler.seen)
         for toks in result.tokens:
             counts[toks[0] * 25 + toks[1] * 5 + toks[2]] += 1
     assert len(lengths_seen) >= 2  # the policy really varied the verify lengths

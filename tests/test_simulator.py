@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from dspark.lab.cost_aware.draft_cost import DraftCost
 from dspark.lab.study.pareto import at_matched_throughput
 from dspark.lab.study.simulator import RequestTrace, simulate, traces_from_records
-from dspark.scheduling.draft_cost import DraftCost
 from dspark.scheduling.scheduler import ThroughputProfile, make_policy
 
 FLAT = ThroughputProfile([1.0] * 64)  # one step per second whatever the batch

@@ -16,6 +16,7 @@ from dspark.drafters.autoregressive import AutoregressiveDrafter, Autoregressive
 from dspark.drafters.base import Drafter, NoDrafter, Proposal
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams, probabilities
+from dspark.scheduling.scheduler import Scheduler, ThroughputProfile, make_policy
 from dspark.serving.speculative import speculative_generate
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -112,16 +113,17 @@ def test_verify_lengths_0_1_gamma_minus_1_gamma(tiny_model, kind, ell):
     fixed = {"0": 0, "1": 1, "gamma-1": gamma - 1, "gamma": gamma}
     g = torch.Generator().manual_seed(9)
 
-    def policy(proposal):
-        R = proposal.tokens.shape[0]
-        if ell == "random":  # a different length per request and per round
-            return torch.randint(0, gamma + 1, (R,), generator=g)
-        return torch.full((R,), fixed[ell], dtype=torch.long)
+    class Lengths(Scheduler):
+        def __call__(self, proposal):
+            R = proposal.tokens.shape[0]
+            if ell == "random":  # a different length per request and per round
+                return torch.randint(0, gamma + 1, (R,), generator=g)
+            return torch.full((R,), fixed[ell], dtype=torch.long)
 
     ps = prompts(RAGGED, seed=1)
     reference = generate(tiny_model, ps, 20, GREEDY).tokens
     result = speculative_generate(tiny_model, make_drafter(kind, tiny_model, gamma), ps, 20, GREEDY, gamma,
-                                  verify_len_fn=policy)  # fmt: skip
+                                  scheduler=Lengths(make_policy("fixed"), ThroughputProfile([1.0])))  # fmt: skip
     assert result.tokens == reference
     assert all(v <= gamma for lens in result.stats.verify_lens for v in lens)
     if ell == "0":

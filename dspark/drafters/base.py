@@ -50,7 +50,7 @@ class Proposal:
         x 49k ids), which greedy verification (it compares ids) never reads.
     confidence (R, γ): c_k in (0, 1) from a trained confidence head, else None.
     drafted (R,) bool: which rows really drafted this step (None: all). The engine fills the rows of
-        requests that did not draft (speculate-or-not, dspark/scheduling/step.py) with zeros; they
+        requests that did not draft (speculate-or-not, dspark/lab/cost_aware/scheduler.py) with zeros; they
         verify nothing."""
 
     def __init__(

@@ -19,7 +19,7 @@ catch-up token (a request that idled appends the tokens committed meanwhile) is
 taken from `measure_draft_cost`. Cached under DSPARK_HOME next to the `propose`
 table (same key, plus the method), measured again on `refresh`.
 
-What this file does not do: decide anything (dspark/scheduling/step.py) or
+What this file does not do: decide anything (dspark/lab/cost_aware/scheduler.py) or
 measure SPS (dspark/scheduling/profiler.py).
 """
 
@@ -30,15 +30,16 @@ import statistics
 import torch
 
 from dspark.drafters.base import Drafter
-from dspark.model import Transformer
-from dspark.sampling import SamplingParams
-from dspark.scheduling.draft_cost import (
+from dspark.lab.cost_aware.draft_cost import (
     DRAFT_POINTS,
     DraftCost,
     cached_draft_cost,
     cpu_draft_cost,
     draft_cost_key,
 )
+from dspark.model import Transformer
+from dspark.sampling import SamplingParams
+from dspark.scheduling.scheduler import Scheduler, ThroughputProfile, make_policy
 from dspark.serving.engine import Engine, Request
 
 STEPS = 12  # engine steps per timed run
@@ -55,13 +56,19 @@ def seconds_per_step(
     prompts = [torch.randint(0, target.config.vocab_size, (prompt_len,), generator=g).tolist()
                for _ in range(requests)]  # fmt: skip
 
-    def who(history: list, idle: list, gamma_: int) -> torch.Tensor:
-        return torch.full((len(history),), drafting, dtype=torch.bool)
+    class DraftButVerifyNothing(Scheduler):
+        """Everybody drafts (or nobody, `drafting` False) and verifies nothing: the step's cost alone."""
 
-    def verify_none(proposal) -> torch.Tensor:
-        return torch.zeros(proposal.tokens.shape[0], dtype=torch.long)
+        def __init__(self) -> None:
+            super().__init__(make_policy("none"), ThroughputProfile([1.0]))
 
-    engine = Engine(target, drafter, SamplingParams(1.0), gamma, requests, None, verify_none, None, who)
+        def speculate(self, history: list, idle_steps: list, gamma_: int) -> list[int]:
+            return [gamma_ if drafting else 0] * len(history)
+
+        def __call__(self, proposal) -> torch.Tensor:
+            return torch.zeros(proposal.tokens.shape[0], dtype=torch.long)
+
+    engine = Engine(target, drafter, SamplingParams(1.0), gamma, requests, None, DraftButVerifyNothing())
     engine.run([Request(p, 3) for p in prompts])  # warm-up
     result = engine.run([Request(p, STEPS + 1) for p in prompts], torch.Generator().manual_seed(0))
     return (result.seconds - result.prefill_seconds) / max(1, result.steps)

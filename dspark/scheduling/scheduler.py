@@ -28,10 +28,10 @@ rate, one length for the whole batch).
 On a GPU, `scheduled_lengths` (used by `PrefixPolicy`) runs survivals, the path and the early
 stop as one Triton kernel (`kernels/prefix_scheduler.py`); this file stays its reference.
 
-`VerifyScheduler` (dspark/scheduling/step.py) binds a policy to its SPS profile
-and the drafter's STS temperatures; the engine hands it each round's `Proposal`.
-Lengths are made on the device of the confidences (STS temperatures are moved
-there); the host is read only where a policy decides in Python (`# host sync`).
+`Scheduler` (the end of this file) binds a policy to its SPS profile and the drafter's
+STS temperatures; the engine asks it each step who drafts and hands it the round's
+`Proposal`. Lengths are made on the device of the confidences (STS temperatures are
+moved there); the host is read only where a policy decides in Python (`# host sync`).
 
 What this file does not do: measure SPS (dspark/scheduling/profiler.py) or calibrate the
 confidences (dspark/scheduling/calibration.py).
@@ -40,13 +40,13 @@ confidences (dspark/scheduling/calibration.py).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
 
 from dspark import backend
 from dspark.device import to_host
+from dspark.drafters.base import Drafter, Proposal
 
 POLICY_NAMES = ("none", "mtp1", "fixed", "threshold", "goodput", "dspark", "dspark-async")
 
@@ -160,84 +160,38 @@ def greedy_path(survivals: torch.Tensor) -> torch.Tensor:
     return torch.stack([r[order], j[order]], dim=1)
 
 
-def step_rate(
-    tokens: float, batch_tokens: int, profile: ThroughputProfile, draft_seconds: float = 0.0
-) -> float:
-    """Expected tokens per second of a step: `tokens` over its target pass of `batch_tokens` plus its
-    drafting time. Without drafting time it is tokens · SPS(B), the paper's Θ, to the last bit."""
-    if draft_seconds == 0:
-        return tokens * profile.sps(batch_tokens)
-    return tokens / (1.0 / profile.sps(batch_tokens) + draft_seconds)
-
-
 def prefix_schedule(
     survivals: torch.Tensor,
     profile: ThroughputProfile,
     early_stop: bool = True,
     budget: int | None = None,
-    draft_seconds: float = 0.0,
 ) -> torch.Tensor:
     """Algorithm 1: (R, γ) survivals -> (R,) verify lengths.
 
-    early_stop=True: admit along the greedy path while Θ strictly improves.
+    early_stop=True: admit along the greedy path while Θ = τ · SPS(B) strictly improves.
     early_stop=False: the retrospective global argmax of Θ along the path (lossy).
-    budget=K: admit exactly the top K of the path (the async variant's second half).
-    draft_seconds: the step's drafting time, already spent; Θ becomes tokens per second of the whole
-    step, τ / (1/SPS(B) + draft_seconds) (0: the paper's τ · SPS(B), computed exactly as before)."""
+    budget=K: admit exactly the top K of the path (the async variant's second half)."""
     R, gamma = survivals.shape
     lengths = torch.zeros(R, dtype=torch.long, device=survivals.device)
     if R == 0 or gamma == 0:
         return lengths
-    path = greedy_path(survivals)
+    path = greedy_path(survivals)  # (R·γ, 2)
     if budget is not None:
         n_admit = max(0, min(int(budget), len(path)))
     else:
         # host sync: the walk runs in Python here (on a GPU the Triton kernel walks on the device instead)
         gains = to_host(survivals[path[:, 0], path[:, 1]], "scheduler: Algorithm 1's walk")
-        n_admit = admitted_count(gains, R, profile, early_stop, draft_seconds)
+        # each request brings its anchor: τ starts at R tokens for B = R
+        tau, best, n_admit = float(R), R * profile.sps(R), 0
+        for n, gain in enumerate(gains, start=1):
+            tau += gain
+            theta = tau * profile.sps(R + n)
+            if theta > best:
+                best, n_admit = theta, n
+            elif early_stop:
+                break
     admitted = path[:n_admit]
     lengths.index_add_(0, admitted[:, 0], torch.ones(n_admit, dtype=torch.long, device=lengths.device))
-    return lengths
-
-
-def admitted_count(
-    gains: Iterable[float],
-    requests: int,
-    profile: ThroughputProfile,
-    early_stop: bool = True,
-    draft_seconds: float = 0.0,
-) -> int:
-    """Algorithm 1's walk: how many drafts of the greedy path to admit, given the survivals along it
-    (`gains`, in path order) and the step's `requests` (each brings its anchor). early_stop: stop at the
-    first draft that does not strictly improve Θ; else the path's global argmax of Θ."""
-    tau, best, n_admit = float(requests), step_rate(requests, requests, profile, draft_seconds), 0
-    for n, gain in enumerate(gains, start=1):
-        tau += gain
-        theta = step_rate(tau, requests + n, profile, draft_seconds)
-        if theta > best:
-            best, n_admit = theta, n
-        elif early_stop:
-            break
-    return n_admit
-
-
-def schedule_rows(
-    survivals: list[list[float]],
-    profile: ThroughputProfile,
-    early_stop: bool = True,
-    draft_seconds: float = 0.0,
-) -> list[int]:
-    """`prefix_schedule` for survivals held on the host as Python lists (R rows of γ, non-increasing along
-    each row): the same greedy path (descending survival, ties by position, then request) and the same walk,
-    without a tensor op -- for decisions made in Python from host-side records (`scheduling/step.py`), where
-    a few dozen small tensor ops would cost more than the numbers they handle."""
-    if not survivals:
-        return []
-    path = sorted((-a, j, r) for r, row in enumerate(survivals) for j, a in enumerate(row))
-    n_admit = admitted_count((-neg for neg, _, _ in path), len(survivals), profile, early_stop, draft_seconds)
-    lengths = [0] * len(survivals)
-    for _, _, r in path[:n_admit]:
-        lengths[r] += 1
     return lengths
 
 
@@ -247,13 +201,11 @@ def scheduled_lengths(
     profile: ThroughputProfile,
     early_stop: bool = True,
     budget: int | None = None,
-    draft_seconds: float = 0.0,
 ) -> torch.Tensor:
     """(R, γ) confidences -> (R,) verify lengths: Algorithm 1 on the calibrated survivals.
     The Triton kernel where `backend.use_kernel` says so and the batch fits its one tile
-    (lengths stay on the device), else `prefix_schedule(prefix_survival(...))`. The kernel
-    knows no drafting time: with `draft_seconds` > 0 the reference runs."""
-    if draft_seconds == 0 and backend.use_kernel(confidences):
+    (lengths stay on the device), else `prefix_schedule(prefix_survival(...))`."""
+    if backend.use_kernel(confidences):
         from kernels import prefix_scheduler  # imports Triton: only when a kernel may run
 
         if prefix_scheduler.fits(*confidences.shape):
@@ -262,17 +214,15 @@ def scheduled_lengths(
             table = profile.table(conf.device)  # (M,)
             return prefix_scheduler.prefix_schedule_triton(conf, temps, table, early_stop, budget)
     survivals = prefix_survival(confidences, temperatures)
-    return prefix_schedule(survivals, profile, early_stop, budget, draft_seconds)
+    return prefix_schedule(survivals, profile, early_stop, budget)
 
 
-def expected_rate(
-    survivals: torch.Tensor, lengths: torch.Tensor, profile: ThroughputProfile, draft_seconds: float = 0.0
-) -> float:
-    """Θ(ℓ) = (Σ_r 1 + Σ_{j<=ℓ_r} a_{r,j}) / (1/SPS(Σ_r 1 + ℓ_r) + draft_seconds) for any verify lengths."""
+def expected_rate(survivals: torch.Tensor, lengths: torch.Tensor, profile: ThroughputProfile) -> float:
+    """Θ(ℓ) = (Σ_r 1 + Σ_{j<=ℓ_r} a_{r,j}) · SPS(Σ_r 1 + ℓ_r) for any verify lengths."""
     R, gamma = survivals.shape
     keep = torch.arange(gamma, device=survivals.device)[None, :] < lengths[:, None]
     tau = R + float((survivals * keep).sum())
-    return step_rate(tau, R + int(lengths.sum()), profile, draft_seconds) if R else 0.0
+    return tau * profile.sps(R + int(lengths.sum())) if R else 0.0
 
 
 # ---- policies -------------------------------------------------------------------------------------
@@ -282,15 +232,9 @@ class Policy:
 
     name = "policy"
     needs_confidence = False
-    cost_aware = False  # does it weigh the drafting time (draft_seconds) and decide who drafts?
-    # does its speculate-or-not forecast search globally (no early stop)? The forecast reads earlier rounds
-    # only, so either way is lossless; a policy whose budget comes from the global search forecasts with it
-    forecast_global = False
 
-    def lengths(
-        self, survivals: torch.Tensor, gamma: int, profile: ThroughputProfile, draft_seconds: float = 0.0
-    ) -> torch.Tensor:
-        """(R,) verify lengths; `draft_seconds`: this step's drafting time (only cost-aware policies use it)."""
+    def lengths(self, survivals: torch.Tensor, gamma: int, profile: ThroughputProfile) -> torch.Tensor:
+        """(R,) verify lengths."""
         raise NotImplementedError
 
     def lengths_from_confidence(
@@ -299,11 +243,10 @@ class Policy:
         temperatures: torch.Tensor | None,
         gamma: int,
         profile: ThroughputProfile,
-        draft_seconds: float = 0.0,
     ) -> torch.Tensor:
         """`lengths` from the raw (R, γ) confidences and STS temperatures (None: uncalibrated).
         Policies that can schedule on the device override this."""
-        return self.lengths(prefix_survival(confidences, temperatures), gamma, profile, draft_seconds)
+        return self.lengths(prefix_survival(confidences, temperatures), gamma, profile)
 
     def observe(self, verify_lens: torch.Tensor, accepted: torch.Tensor) -> None:
         """Called after verification (default: nothing to learn)."""
@@ -315,7 +258,7 @@ class FixedPolicy(Policy):
     def __init__(self, name: str, length: int | None) -> None:
         self.name, self.length = name, length
 
-    def lengths(self, survivals, gamma, profile, draft_seconds=0.0):
+    def lengths(self, survivals, gamma, profile):
         n = gamma if self.length is None else min(self.length, gamma)
         return torch.full((survivals.shape[0],), n, dtype=torch.long, device=survivals.device)
 
@@ -328,7 +271,7 @@ class ThresholdPolicy(Policy):
     def __init__(self, threshold: float = 0.5) -> None:
         self.threshold = threshold
 
-    def lengths(self, survivals, gamma, profile, draft_seconds=0.0):
+    def lengths(self, survivals, gamma, profile):
         return (survivals >= self.threshold).long().cumprod(dim=1).sum(dim=1)
 
 
@@ -341,7 +284,7 @@ class GoodputPolicy(Policy):
     def __init__(self, alpha: float = 0.5, decay: float = 0.9) -> None:
         self.alpha, self.decay = alpha, decay
 
-    def lengths(self, survivals, gamma, profile, draft_seconds=0.0):
+    def lengths(self, survivals, gamma, profile):
         R = survivals.shape[0]
         if R == 0:
             return torch.zeros(0, dtype=torch.long, device=survivals.device)
@@ -361,18 +304,15 @@ class GoodputPolicy(Policy):
 
 
 class PrefixPolicy(Policy):
-    """DSpark's Algorithm 1 with the early stop (lossless); with a drafting time, Θ is per second of
-    the whole step (drafting included), and a VerifyScheduler with a DraftCost decides who drafts."""
+    """DSpark's Algorithm 1 with the early stop (lossless)."""
 
-    name, needs_confidence, cost_aware = "dspark", True, True
+    name, needs_confidence = "dspark", True
 
-    def lengths(self, survivals, gamma, profile, draft_seconds=0.0):
-        return prefix_schedule(survivals, profile, early_stop=True, draft_seconds=draft_seconds)
+    def lengths(self, survivals, gamma, profile):
+        return prefix_schedule(survivals, profile, early_stop=True)
 
-    def lengths_from_confidence(self, confidences, temperatures, gamma, profile, draft_seconds=0.0):
-        return scheduled_lengths(
-            confidences, temperatures, profile, early_stop=True, draft_seconds=draft_seconds
-        )
+    def lengths_from_confidence(self, confidences, temperatures, gamma, profile):
+        return scheduled_lengths(confidences, temperatures, profile, early_stop=True)
 
 
 class AsyncPrefixPolicy(Policy):
@@ -381,37 +321,31 @@ class AsyncPrefixPolicy(Policy):
     current survivals, every request getting at least `min_length` drafts. Until two
     rounds of history exist it falls back to Algorithm 1 with the early stop."""
 
-    name, needs_confidence, cost_aware = "dspark-async", True, True
-    forecast_global = True  # its budget K is a global search: the drafting decision forecasts ℓ̂ the same way
+    name, needs_confidence = "dspark-async", True
 
     def __init__(self, min_length: int = 0, lag: int = 2) -> None:
         self.min_length, self.lag = min_length, lag
-        self.history: deque[tuple[torch.Tensor, float]] = deque(maxlen=lag)  # (survivals, draft seconds)
+        self.history: deque[tuple[torch.Tensor, ThroughputProfile]] = deque(
+            maxlen=lag
+        )  # (survivals, profile)
 
-    def budget(
-        self,
-        old: torch.Tensor,
-        requests: int,
-        gamma: int,
-        profile: ThroughputProfile,
-        draft_seconds: float = 0.0,
-    ) -> int:
-        admitted = prefix_schedule(old, profile, early_stop=False, draft_seconds=draft_seconds).sum()
+    def budget(self, old: torch.Tensor, requests: int, gamma: int, profile: ThroughputProfile) -> int:
+        admitted = prefix_schedule(old, profile, early_stop=False).sum()
         admitted = to_host(admitted, "scheduler: async budget")  # host sync: K is a Python number
         return round(admitted * requests / max(1, old.shape[0]))
 
-    def lengths(self, survivals, gamma, profile, draft_seconds=0.0):
+    def lengths(self, survivals, gamma, profile):
         R = survivals.shape[0]
         if len(self.history) < self.lag:
-            lengths = prefix_schedule(survivals, profile, early_stop=True, draft_seconds=draft_seconds)
+            lengths = prefix_schedule(survivals, profile, early_stop=True)
         else:
-            old, old_draft_seconds = self.history[0]
-            K = self.budget(old, R, gamma, profile, old_draft_seconds)
+            old, old_profile = self.history[0]
+            K = self.budget(old, R, gamma, old_profile)
             m = min(self.min_length, gamma)
             lengths = torch.full((R,), m, dtype=torch.long, device=survivals.device)
             if m < gamma:
                 lengths += prefix_schedule(survivals[:, m:], profile, budget=max(0, K - R * m))
-        self.history.append((survivals.clone(), draft_seconds))
+        self.history.append((survivals.clone(), profile))
         return lengths
 
 
@@ -432,3 +366,59 @@ def make_policy(name: str, threshold: float = 0.5, min_length: int = 0) -> Polic
     if name == "dspark-async":
         return AsyncPrefixPolicy(min_length)
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
+
+
+# ---- the engine's scheduler -----------------------------------------------------------------------
+class Scheduler:
+    """What the engine asks every step: who drafts and how wide (`speculate`), then how many drafts each
+    request verifies (`__call__`); `observe` hears the outcome. A policy bound to the SPS profile and the
+    drafter's STS temperatures. Every request drafts the whole block here (the paper's step); the lab's
+    cost-aware scheduler (dspark/lab/cost_aware/scheduler.py) overrides `speculate`."""
+
+    def __init__(
+        self, policy: Policy, profile: ThroughputProfile, temperatures: torch.Tensor | None = None
+    ) -> None:
+        self.policy, self.profile, self.temperatures = policy, profile, temperatures
+
+    @classmethod
+    def for_drafter(
+        cls, policy: Policy, drafter: Drafter, profile: ThroughputProfile, *args, **kwargs
+    ) -> Scheduler:
+        """Bind `policy` for `drafter` (any further arguments go to the constructor), refusing up front a
+        drafter whose proposals carry no confidences when the policy ranks by them."""
+        if policy.needs_confidence and not drafter.has_confidence:
+            raise ValueError(
+                f"policy {policy.name!r} ranks drafts by confidence, but the {drafter.name!r} drafter has no "
+                "trained confidence head; use dspark or dspark-rnn, or a policy that ignores confidences "
+                "(none, mtp1, fixed, goodput)"
+            )
+        return cls(policy, profile, *args, **kwargs)
+
+    def speculate(self, history: list[list[list[float]]], idle_steps: list[int], gamma: int) -> list[int]:
+        """Per request, the block width it drafts this step (0: a plain decode step), decided before drafting
+        from earlier rounds only: history[r] holds request r's recent drafted rounds' confidences and
+        idle_steps[r] the steps since it last drafted. Here: everybody drafts γ."""
+        return [gamma] * len(history)
+
+    def confidences(self, proposal: Proposal) -> torch.Tensor:
+        """(R, γ) the proposal's confidences, 0 where a request did not draft (never admitted); ones for a
+        drafter without a head, which only confidence-blind policies accept."""
+        R, gamma = proposal.tokens.shape
+        conf = proposal.confidence
+        if conf is None:
+            if self.policy.needs_confidence:
+                raise ValueError(f"policy {self.policy.name!r} needs confidences; this proposal has none")
+            conf = torch.ones(R, gamma, device=proposal.tokens.device)
+        return conf if proposal.drafted is None else conf * proposal.drafted[:, None]
+
+    def __call__(self, proposal: Proposal) -> torch.Tensor:
+        """(R,) verify lengths for this round's proposal; 0 for the rows that did not draft."""
+        gamma = proposal.tokens.shape[1]
+        lengths = self.policy.lengths_from_confidence(
+            self.confidences(proposal), self.temperatures, gamma, self.profile
+        )
+        return lengths if proposal.drafted is None else lengths * proposal.drafted
+
+    def observe(self, verify_lens: torch.Tensor, accepted: torch.Tensor) -> None:
+        """This round's verify lengths and accepted counts (policies that learn from history)."""
+        self.policy.observe(verify_lens, accepted)

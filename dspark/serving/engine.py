@@ -13,9 +13,8 @@ active, each in its own KV-cache slot; every step it
      decision picks; it first appends the context committed since its last call):
      one `Proposal` of tokens, their distributions q and, if the drafter has
      a trained head, confidences;
-  3. hands that Proposal to the verify-length function (a `VerifyScheduler`,
-     dspark/scheduling/scheduler.py) for ℓ_r per request, capped by the
-     context left;
+  3. hands that Proposal to the scheduler (dspark/scheduling/scheduler.py)
+     for ℓ_r per request, capped by the context left;
   4. runs ONE ragged target pass over every request's anchor + ℓ_r drafts --
      flattened tokens with request ids, no padding -- and `verify`s them;
   5. rolls every target cache back to anchor + accepted drafts, emits the
@@ -65,8 +64,8 @@ from dspark.device import generator_uniforms, host_syncs, model_device, to_host,
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams, probabilities, sample_from_probs
-from dspark.scheduling.step import RECENT_ROUNDS
-from dspark.serving.requests import ActiveRequest, EngineResult, Request, RequestRecord
+from dspark.scheduling.scheduler import Scheduler
+from dspark.serving.requests import RECENT_ROUNDS, ActiveRequest, EngineResult, Request, RequestRecord
 from dspark.verify import draw_uniforms, verify, verify_greedy
 
 __all__ = ["Engine", "EngineResult", "Request", "RequestRecord"]
@@ -127,26 +126,21 @@ class Engine:
         gamma: int,
         concurrency: int,
         eos_id: int | None = None,
-        verify_len_fn: Callable[[Proposal], torch.Tensor] | None = None,
-        observe_fn: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
-        speculate_fn: Callable[[list[list[list[float]]], list[int], int], torch.Tensor] | None = None,
+        scheduler: Scheduler | None = None,
     ) -> None:
-        """`verify_len_fn(proposal) -> (R,)` picks ℓ_r (default: all γ), e.g. a
-        `VerifyScheduler`; it must depend only on the proposal and earlier rounds, or
-        losslessness is lost. `observe_fn(verify_lens, accepted)` hears each step's
-        outcome (a VerifyScheduler's `observe`). `speculate_fn(history, idle_steps, γ) -> (R,)`
-        decides before drafting which requests draft this step (default: all) and how wide a
-        block: int64 widths in 0..γ (the drafting requests draft the widest of them), or bool
-        (True: γ), from each one's recent drafted rounds' confidences and its steps since it
-        last drafted (a VerifyScheduler's `speculate`); the others take a plain decode step in
-        the same target pass and their committed tokens wait for the drafter's next call."""
+        """`scheduler` (dspark/scheduling/scheduler.py; None: every request drafts and verifies all γ)
+        decides each step, before drafting, who drafts and how wide a block (`speculate`: widths in 0..γ,
+        the drafting requests draft the widest of them; the others take a plain decode step in the same
+        target pass and their committed tokens wait for the drafter's next call), then ℓ_r from the
+        proposal (`scheduler(proposal) -> (R,)`), and hears each step's outcome (`observe`). It must
+        depend only on the proposal and earlier rounds, or losslessness is lost."""
         if not 0 <= gamma <= drafter.max_gamma:
             raise ValueError(f"gamma must be in 0..{drafter.max_gamma} for drafter {drafter.name!r}")
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         self.target, self.drafter, self.params, self.gamma = target, drafter, params, gamma
         self.concurrency, self.eos_id = concurrency, eos_id
-        self.verify_len_fn, self.observe_fn, self.speculate_fn = verify_len_fn, observe_fn, speculate_fn
+        self.scheduler = scheduler
         self.cache = target.new_cache(concurrency)
         self.drafter.reset(self.cache.n_slots)
 
@@ -266,12 +260,11 @@ class Engine:
 
     def plan(self, active: list[ActiveRequest]) -> list[int]:
         """Step 2a, who drafts, decided from earlier rounds only: per request a block width in 0..γ
-        (default: all γ; `speculate_fn` may narrow it or say 0, a plain decode step for that request)."""
+        (default: all γ; the scheduler may narrow it or say 0, a plain decode step for that request)."""
         gamma = self.gamma
-        if self.speculate_fn is None or gamma == 0:
+        if self.scheduler is None or gamma == 0:
             return [gamma] * len(active)
-        plan = self.speculate_fn([a.recent for a in active], [a.idle for a in active], gamma)
-        widths = (plan.long() * gamma if plan.dtype == torch.bool else plan).tolist()  # host-side
+        widths = self.scheduler.speculate([a.recent for a in active], [a.idle for a in active], gamma)
         if any(not 0 <= w <= gamma for w in widths):
             raise ValueError(f"draft widths must be in 0..{gamma}, got {widths}")
         return widths
@@ -320,9 +313,9 @@ class Engine:
         R = len(slots)
         res = self.target.forward_cached(anchors, slots, torch.ones_like(slots), self.cache, return_taps=True)
         next_token = self.target_tokens(res.logits, generator)  # (R,)
-        if self.observe_fn is not None:
+        if self.scheduler is not None:
             nothing = torch.zeros(R, dtype=torch.long, device=slots.device)
-            self.observe_fn(nothing, nothing)
+            self.scheduler.observe(nothing, nothing)
         # host sync: the round's next tokens (emitting and stopping are decided here)
         outcome = to_host(torch.stack([torch.zeros_like(next_token), next_token], 1).double(),
                           "engine: the round's outcome")  # fmt: skip
@@ -345,8 +338,8 @@ class Engine:
         context, (R, g) = target.config.max_seq_len, proposal.tokens.shape
         drafts = proposal.tokens  # (R, γ)
         wanted = [g] * R
-        if self.verify_len_fn:  # host sync: the lengths decide the shape of the target pass
-            wanted = to_host(self.verify_len_fn(proposal).long(), "engine: verify lengths")
+        if self.scheduler is not None:  # host sync: the lengths decide the shape of the target pass
+            wanted = to_host(self.scheduler(proposal).long(), "engine: verify lengths")
         if any(not 0 <= w <= g for w in wanted):
             raise ValueError(f"verify lengths must be in 0..{g}")
         ells = [min(w, context - n - 1) if d else 0 for w, n, d in zip(wanted, lengths, drafting)]
@@ -367,8 +360,8 @@ class Engine:
             target_probs = torch.zeros(R, g + 1, V, device=device)  # (R, γ+1, V)
             target_probs.view(-1, V)[keep] = probabilities(res.logits, self.params)
             result = verify(drafts, proposal.probs, target_probs, verify_lens, *uniforms)
-        if self.observe_fn is not None:
-            self.observe_fn(verify_lens, result.accepted)
+        if self.scheduler is not None:
+            self.scheduler.observe(verify_lens, result.accepted)
         cache.lengths[slots] -= verify_lens - result.accepted  # roll back: anchor + accepted drafts stay
         outcome = [result.accepted[:, None], result.next_token[:, None], drafts]
         if proposal.confidence is not None:

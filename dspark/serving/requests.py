@@ -23,6 +23,8 @@ import torch
 from dspark.drafters.base import TargetFeatures
 from dspark.serving.rounds import RoundStats
 
+RECENT_ROUNDS = 4  # drafted rounds per request kept for a scheduler's forecast (`ActiveRequest.recent`)
+
 
 @dataclass
 class Request:

@@ -2,7 +2,7 @@
 
 `speculative_generate` runs the serving engine (dspark/serving/engine.py) with every
 prompt admitted at once; each round: the drafter proposes γ tokens after each
-request's anchor, a verify-length function picks ℓ_r (default: all γ, capped
+request's anchor, a scheduler picks ℓ_r (default: all γ, capped
 by the context), ONE ragged target pass scores every request's anchor + ℓ_r
 drafts, `verify` accepts a_r of them and samples the correction/bonus token,
 and the caches roll back to the accepted prefix. Emitted tokens stop at EOS
@@ -21,15 +21,15 @@ admit requests over time (the engine does, when used directly).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from dspark.decoding import GenerationResult, check_max_new_tokens, check_prompts
-from dspark.drafters.base import Drafter, Proposal
+from dspark.drafters.base import Drafter
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
+from dspark.scheduling.scheduler import Scheduler
 from dspark.serving.engine import Engine, Request
 from dspark.serving.rounds import RoundStats
 
@@ -49,23 +49,17 @@ def speculative_generate(
     gamma: int,
     generator: torch.Generator | None = None,
     eos_id: int | None = None,
-    verify_len_fn: Callable[[Proposal], torch.Tensor] | None = None,
-    observe_fn: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
-    speculate_fn: Callable[[list[list[list[float]]], list[int], int], torch.Tensor] | None = None,
+    scheduler: Scheduler | None = None,
 ) -> SpeculativeResult:
     """Generate for every prompt with `drafter` proposing `gamma` tokens per round:
     the serving engine (dspark/serving/engine.py) with every prompt admitted at once.
 
-    `verify_len_fn(proposal) -> (R,)` picks how many drafts each request verifies
-    (default: all γ), e.g. a `VerifyScheduler`; it must depend on nothing but the
-    proposal and earlier rounds, or losslessness is lost.
-    `observe_fn(verify_lens (R,), accepted (R,))` hears every round's outcome
-    (policies that learn from history, dspark/scheduling/scheduler.py)."""
+    `scheduler` (dspark/scheduling/scheduler.py; default: every request verifies all γ)
+    picks who drafts and how many drafts each request verifies; it must depend on
+    nothing but the proposal and earlier rounds, or losslessness is lost."""
     check_max_new_tokens(max_new_tokens)
     check_prompts(prompts, target.config.max_seq_len, target.config.vocab_size)
-    engine = Engine(
-        target, drafter, params, gamma, len(prompts), eos_id, verify_len_fn, observe_fn, speculate_fn
-    )
+    engine = Engine(target, drafter, params, gamma, len(prompts), eos_id, scheduler)
     run = engine.run([Request(p, max_new_tokens) for p in prompts], generator)
     recs = run.records
     return SpeculativeResult(

@@ -15,6 +15,7 @@ import torch
 from dspark.drafters.base import Drafter
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
+from dspark.scheduling.scheduler import FixedPolicy, Scheduler, ThroughputProfile
 from dspark.serving import speculative
 
 
@@ -37,11 +38,7 @@ def speculative_generate(
     eos_id: int | None = None,
     verify_len: int | None = None,
 ) -> list[list[int]]:
-    ell = gamma if verify_len is None else verify_len
-
-    def fixed(proposal) -> torch.Tensor:
-        return torch.full((proposal.tokens.shape[0],), ell, dtype=torch.long)
-
+    fixed = Scheduler(FixedPolicy("fixed", verify_len), ThroughputProfile([1.0]))  # None: all γ
     result = speculative.speculative_generate(
         target, drafter, prompts, max_new_tokens, params, gamma, generator, eos_id, fixed
     )

@@ -24,12 +24,12 @@ from dspark.drafters.registry import (
     labelled_specs,
 )
 from dspark.lab.benchmarks.common import dtype_name, load_model, policy_for, study_prompts, write_outputs
+from dspark.lab.cost_aware.scheduler import CostAwareScheduler
 from dspark.lab.pretrained.prompt_sets import prompts_label
 from dspark.lab.study import gpu, offline, plots, tables, tau_intervals
 from dspark.sampling import SamplingParams
 from dspark.scheduling import calibration
 from dspark.scheduling.scheduler import temperatures_and_offsets
-from dspark.scheduling.step import VerifyScheduler
 
 
 def bench_offline(args: argparse.Namespace) -> dict:
@@ -51,7 +51,7 @@ def bench_offline(args: argparse.Namespace) -> dict:
     checkpoints = {label: path or None for label, path in labelled_specs(args.drafters)}
     policies = {name: policy_for(args.policy, d) for name, d in drafters.items()}
 
-    def scheduler_for(name: str, drafter) -> VerifyScheduler | None:
+    def scheduler_for(name: str, drafter) -> CostAwareScheduler | None:
         """The scheduler `generate --policy` builds (fresh per request: it learns from its rounds)."""
         temperatures = get_calibration(name, checkpoints[name], args.target_name, drafter.max_gamma)
         return gpu.measured_scheduler(policies[name], drafter, target, gammas[name], temperatures,

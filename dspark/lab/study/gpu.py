@@ -46,6 +46,7 @@ from dspark.data.tokenizer import Tokenizer
 from dspark.device import host_sync_counts, model_device
 from dspark.drafters.base import Drafter, NoDrafter
 from dspark.drafters.registry import PARALLEL_KINDS, get_calibration, get_drafter, new_drafter
+from dspark.lab.cost_aware.scheduler import COST_AWARE, CostAwareScheduler
 from dspark.lab.step_cost import engine_draft_cost
 from dspark.lab.study import kernels as kernel_study
 from dspark.lab.study import offline, pareto
@@ -57,7 +58,6 @@ from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduling import profiler
 from dspark.scheduling.scheduler import ThroughputProfile, make_policy
-from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.engine import Engine, Request
 from dspark.serving.speculative import speculative_generate
 
@@ -195,7 +195,7 @@ def measured_scheduler(
     temperatures: torch.Tensor | None,
     threshold: float = 0.5,
     cost_aware: bool = True,
-) -> VerifyScheduler | None:
+) -> CostAwareScheduler | None:
     """The verify-length scheduler `python -m dspark.generate --policy NAME` runs with: the policy on
     this device's measured SPS profile (`device_profile`), the drafter's STS `temperatures`, and for a
     cost-aware policy on a CPU the drafter's measured drafting time (cached; not yet measured on a GPU).
@@ -204,9 +204,9 @@ def measured_scheduler(
         return None
     policy = make_policy(policy_name, threshold=threshold)
     cost = None
-    if policy.cost_aware and cost_aware and model_device(target).type == "cpu":
+    if policy_name in COST_AWARE and cost_aware and model_device(target).type == "cpu":
         cost = engine_draft_cost(target, drafter, gamma)
-    return VerifyScheduler.for_drafter(policy, drafter, device_profile(target), temperatures, cost)
+    return CostAwareScheduler.for_drafter(policy, drafter, device_profile(target), temperatures, cost)
 
 
 # ---- the sections -----------------------------------------------------------------------------------
@@ -337,9 +337,10 @@ def sync_rows(target: Transformer, tokenizer: Tokenizer, plan: Plan, profile: Th
     for policy in POLICIES:
         name, gamma = pareto.drafter_for(policy)
         drafter = NoDrafter(target.config.vocab_size) if name == "none" else get_drafter(name, target)
-        scheduler = VerifyScheduler.for_drafter(make_policy(policy), drafter, profile, get_calibration(name))
-        engine = Engine(target, drafter, params, gamma, plan.sync_concurrency, tokenizer.eos_id, scheduler,
-                        scheduler.observe)  # fmt: skip
+        scheduler = CostAwareScheduler.for_drafter(
+            make_policy(policy), drafter, profile, get_calibration(name)
+        )
+        engine = Engine(target, drafter, params, gamma, plan.sync_concurrency, tokenizer.eos_id, scheduler)
         engine.run(requests[:1])  # warm-up
         before = host_sync_counts()
         measured = None

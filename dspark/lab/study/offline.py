@@ -41,12 +41,13 @@ from dspark.data.tokenizer import Tokenizer
 from dspark.decoding import generate
 from dspark.device import model_device
 from dspark.drafters.base import Drafter, TargetFeatures
+from dspark.lab.cost_aware.scheduler import CostAwareScheduler
 from dspark.lab.data.corpus import eval_prompts_by_domain
 from dspark.lab.data.prompt_files import prompt_ids_by_domain
 from dspark.lab.study.tau_intervals import prompt_counts
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams, probabilities, sample
-from dspark.scheduling.step import VerifyScheduler
+from dspark.scheduling.scheduler import FixedPolicy, Scheduler, ThroughputProfile
 from dspark.serving.rounds import RoundStats
 from dspark.serving.speculative import speculative_generate
 
@@ -88,7 +89,7 @@ def measure_tau(
     if verify_len is not None:
         if not 0 <= verify_len <= gamma:
             raise ValueError(f"verify_len must be in 0..{gamma}")
-        fixed = lambda proposal: torch.full((proposal.tokens.shape[0],), verify_len)  # noqa: E731
+        fixed = Scheduler(FixedPolicy("fixed", verify_len), ThroughputProfile([1.0]))  # (no profile is read)
     for start in range(0, len(prompts), batch_size):
         result = speculative_generate(target, drafter, prompts[start : start + batch_size], max_new_tokens,
                                       params, gamma, torch.Generator().manual_seed(seed + start), eos_id,
@@ -256,7 +257,7 @@ def run_speedup(
     gammas: dict[str, int],
     max_new_tokens: int,
     eos_id: int | None,
-    scheduler_for: Callable[[str, Drafter], VerifyScheduler | None] | None = None,
+    scheduler_for: Callable[[str, Drafter], CostAwareScheduler | None] | None = None,
 ) -> list[dict]:
     """Single stream (one request at a time), per temperature, domain and drafter (drafting `gammas[name]`
     tokens per round): tau, conditional acceptance by position, tokens/s and the speed-up over plain
@@ -286,9 +287,8 @@ def run_speedup(
                 seconds["none"] += base.prefill_seconds + base.decode_seconds
                 for name, drafter in drafters.items():
                     sched = scheduler_for(name, drafter) if scheduler_for else None
-                    hooks = (sched, sched.observe, sched.speculate) if sched else ()
                     r = speculative_generate(target, drafter, [prompt], max_new_tokens, params, gammas[name],
-                                             torch.Generator().manual_seed(i), eos_id, *hooks)  # fmt: skip
+                                             torch.Generator().manual_seed(i), eos_id, sched)  # fmt: skip
                     tokens[name] += r.new_tokens
                     seconds[name] += r.prefill_seconds + r.decode_seconds
                     stats[name].extend(r.stats)
@@ -371,7 +371,7 @@ def run_depth(
     validation c* (its JSON), its size in MB, and the median ms of one drafting pass (`propose`) at each
     of `draft_batches` requests (`measure_draft_cost`: a parallel drafter's one pass, a chain's γ)."""
     from dspark.drafters.registry import load_drafter
-    from dspark.scheduling.draft_cost import measure_draft_cost
+    from dspark.lab.cost_aware.draft_cost import measure_draft_cost
 
     rows = []
     for (kind, layers), path in checkpoints.items():

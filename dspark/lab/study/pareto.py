@@ -39,6 +39,8 @@ from dspark.data.tokenizer import Tokenizer
 from dspark.device import model_device
 from dspark.drafters.base import Drafter, NoDrafter
 from dspark.drafters.registry import get_calibration, get_drafter
+from dspark.lab.cost_aware.draft_cost import DraftCost, roofline_draft_cost
+from dspark.lab.cost_aware.scheduler import COST_AWARE, CostAwareScheduler
 from dspark.lab.step_cost import engine_draft_cost
 from dspark.lab.study import offline, tables
 from dspark.lab.study.simulator import RequestTrace, simulate, traces_from_records
@@ -46,10 +48,8 @@ from dspark.lab.study.stats import mean_interval
 from dspark.lab.training.feature_cache import weights_fingerprint
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
-from dspark.scheduling.draft_cost import DraftCost, roofline_draft_cost
 from dspark.scheduling.profiler import RooflineConfig
 from dspark.scheduling.scheduler import ThroughputProfile, make_policy
-from dspark.scheduling.step import VerifyScheduler
 from dspark.serving.engine import Engine, EngineResult, Request
 from dspark.serving.rounds import RoundStats
 
@@ -110,7 +110,7 @@ def serve_points(
                 else get_drafter(name, target, target_name=target_name)
             )
         cost = None  # measured once per policy (cached), before any engine resets the drafter
-        if cost_aware and make_policy(policy_name).cost_aware and model_device(target).type == "cpu":
+        if cost_aware and policy_name in COST_AWARE and model_device(target).type == "cpu":
             cost = engine_draft_cost(target, drafters[name], gamma)
         setups[policy_name] = (name, gamma, cost, get_calibration(name, target_name=target_name))
     points = []
@@ -120,11 +120,10 @@ def serve_points(
         for policy_name in policies:
             name, gamma, cost, temperatures = setups[policy_name]
             drafter = drafters[name]
-            scheduler = VerifyScheduler.for_drafter(
+            scheduler = CostAwareScheduler.for_drafter(
                 make_policy(policy_name), drafter, profile, temperatures, cost
             )
-            engine = Engine(target, drafter, params, gamma, C, tokenizer.eos_id, scheduler, scheduler.observe,
-                            scheduler.speculate)  # fmt: skip
+            engine = Engine(target, drafter, params, gamma, C, tokenizer.eos_id, scheduler)
             engine.run([Request(prompts[0], 4)] * min(C, 2))  # warm-up
             result = engine.run([Request(p, max_new_tokens, a) for p, a in zip(prompts, arrivals)],
                                 torch.Generator().manual_seed(seed), bar.update)  # fmt: skip

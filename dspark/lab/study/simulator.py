@@ -11,11 +11,11 @@ no model at all.
 
 Closed loop at concurrency C: C requests are active; each step a cost-aware
 policy first decides from earlier rounds which requests draft
-(dspark/scheduling/step.py; the others draft nothing), every active request
+(dspark/lab/cost_aware/scheduler.py; the others draft nothing), every active request
 plays its next recorded round, the policy picks ℓ_r from the (calibrated)
 survivals of the drafting ones, the step takes 1 / SPS(B) + T_draft(n, w)
 seconds for B = Σ_r (1 + ℓ_r), n drafting requests and block width w (`DraftCost`, e.g. the
-H200 roofline of dspark/scheduling/draft_cost.py; a block narrower than γ
+H200 roofline of dspark/lab/cost_aware/draft_cost.py; a block narrower than γ
 replays the recorded round's first positions -- for a parallel drafter, whose
 block attends within itself, an approximation), each request emits
 min(ℓ_r, a_r) + 1 tokens, and a request that reaches its recorded length
@@ -35,9 +35,10 @@ from dataclasses import dataclass
 import torch
 
 from dspark.drafters.base import Proposal
-from dspark.scheduling.draft_cost import DraftCost
+from dspark.lab.cost_aware.draft_cost import DraftCost
+from dspark.lab.cost_aware.scheduler import COST_AWARE, CostAwareScheduler
 from dspark.scheduling.scheduler import Policy, ThroughputProfile
-from dspark.scheduling.step import RECENT_ROUNDS, VerifyScheduler
+from dspark.serving.requests import RECENT_ROUNDS
 
 
 @dataclass
@@ -75,7 +76,7 @@ def simulate(
     pays `draft_cost` (None: drafting is free). Cost-aware policies (`dspark`, `dspark-async`) also weigh
     it and decide who drafts, unless `cost_aware` is False (the ablation: the cost is paid, not seen)."""
     draft_cost = draft_cost or DraftCost.free()
-    decide = cost_aware and policy.cost_aware and not draft_cost.is_free
+    decide = cost_aware and policy.name in COST_AWARE and not draft_cost.is_free
     if not traces:
         raise ValueError("no traces to replay")
     g = torch.Generator().manual_seed(seed)
@@ -84,7 +85,7 @@ def simulate(
     active: list[dict] = []
     clock, steps, verified, rounds, emitted_total, draft_time = 0.0, 0, 0, 0, 0, 0.0
     # the engine's own scheduler: who drafts (forecasts, first-round memory, realism), then the verify lengths
-    scheduler = VerifyScheduler(policy, profile, temperatures, draft_cost if cost_aware else None)
+    scheduler = CostAwareScheduler(policy, profile, temperatures, draft_cost if cost_aware else None)
     tpots: list[float] = []
     while queue or active:
         while queue and len(active) < concurrency:
@@ -93,7 +94,8 @@ def simulate(
             active.append({"trace": trace, "round": 0, "emitted": 1, "start": clock, "recent": [], "idle": 0})
         widths = torch.full((len(active),), gamma, dtype=torch.long)
         if decide:  # from the earlier rounds only, as in the engine
-            widths = scheduler.speculate([s["recent"] for s in active], [s["idle"] for s in active], gamma)
+            history, idle = [s["recent"] for s in active], [s["idle"] for s in active]
+            widths = torch.tensor(scheduler.speculate(history, idle, gamma), dtype=torch.long)
         drafting, width = widths > 0, int(widths.max()) if len(active) else 0
         n_drafting = int(drafting.sum()) if gamma else 0
         conf = torch.tensor([s["trace"].confidences[s["round"] % len(s["trace"].accepted)] for s in active])

@@ -27,7 +27,7 @@ over-prices them a little, never under):
     parallel drafter is one pass over n·γ block tokens, a chain drafter γ
     passes over n tokens.
 
-What this file does not do: decide anything (dspark/scheduling/step.py), or time a whole engine step
+What this file does not do: decide anything (dspark/lab/cost_aware/scheduler.py), or time a whole engine step
 (dspark/lab/step_cost.py).
 """
 

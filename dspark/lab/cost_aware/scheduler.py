@@ -1,12 +1,12 @@
-"""One engine step's scheduling decisions: who drafts (speculate or not), then how many to verify.
+"""The cost-aware scheduler: the drafting time in Θ, and who drafts (speculate or not).
 
-`VerifyScheduler` is what the engine (dspark/serving/engine.py) talks to each
-step. It binds a verify-length policy (dspark/scheduling/scheduler.py) to the
-SPS profile it optimises against, the STS temperatures that calibrate the
-drafter's confidences and, for the cost-aware policies (`dspark`,
-`dspark-async`), the drafting cost (dspark/scheduling/draft_cost.py). Every
-input is an argument: the temperatures and costs here, the earlier rounds in
-`speculate`, the round's `Proposal` in `__call__`, its outcome in `observe`.
+`CostAwareScheduler` is the core's `Scheduler` (dspark/scheduling/scheduler.py)
+with the drafting cost (dspark/lab/cost_aware/draft_cost.py) for the cost-aware
+policies (`dspark`, `dspark-async`; any other policy, or a free cost: the core's
+scheduler, the paper's step). Every input is an argument: the temperatures and
+costs here, the earlier rounds in `speculate`, the round's `Proposal` in
+`__call__`, its outcome in `observe`. This is the project's own extension; the
+paper prices a step by its target pass alone.
 
 **Speculate or not.** Algorithm 1 chooses verify lengths *after* drafting,
 when the drafting pass is already paid. Where drafting is expensive (on this
@@ -49,14 +49,16 @@ is plain decoding. The forecast of a request that has stopped drafting fades
 toward the other requests' (half-life IDLE_HALF_LIFE steps), so it drafts
 again when drafting pays for the others.
 
-**Then Algorithm 1** runs on the drafting requests' real confidences with the
-step's drafting time in Θ = τ / (1/SPS(B) + T_draft): the drafting time is
-already spent, so it only makes verifying relatively cheaper. The early stop is
+**Then Algorithm 1** (the core's, unchanged) runs on the drafting requests' real
+confidences against `WithDrafting(profile, T_draft)`, the profile of a step that
+also drafts: SPS'(B) = 1 / (1/SPS(B) + T_draft), so Θ = τ · SPS'(B) is tokens per
+second of the whole step. The drafting time is already spent, so it only makes
+verifying relatively cheaper. The early stop is
 still what keeps it lossless: admitting draft j of request r depends only on
 survivals ranked above it, never on its own acceptance.
 
-What this file does not do: time anything (profiler.py, draft_cost.py) or run
-the step (dspark/serving/engine.py).
+What this file does not do: time anything (dspark/scheduling/profiler.py,
+draft_cost.py) or run the step (dspark/serving/engine.py).
 """
 
 from __future__ import annotations
@@ -69,18 +71,53 @@ from itertools import accumulate
 import torch
 
 from dspark.device import to_host
-from dspark.drafters.base import Drafter, Proposal
-from dspark.scheduling.draft_cost import DraftCost
-from dspark.scheduling.scheduler import Policy, ThroughputProfile, prefix_survival, schedule_rows, step_rate
+from dspark.drafters.base import Proposal
+from dspark.lab.cost_aware.draft_cost import DraftCost
+from dspark.scheduling.scheduler import (
+    AsyncPrefixPolicy,
+    Policy,
+    Scheduler,
+    ThroughputProfile,
+    prefix_schedule,
+    prefix_survival,
+)
 
 HOST = torch.device("cpu")  # who drafts is a host-side decision made from host-side records
-RECENT_ROUNDS = 4  # drafted rounds per request the forecast averages over
+COST_AWARE = ("dspark", "dspark-async")  # the policies that weigh drafting time and decide who drafts
 FIRST_ROUNDS = 32  # earlier requests' first drafted rounds remembered to forecast a newcomer's
 REALISM_PRIOR = 4.0  # tokens of pseudo-evidence that the forecasts are right, before any round is seen
 IDLE_HALF_LIFE = 4.0  # steps after which an idle request's own forecast counts half (the rest: the others')
 # positions drafted beyond the longest forecast verify length, where a narrower block costs less: a round
 # may beat its forecast, and the position after it is observed, so the forecast can grow again
 DRAFT_SLACK = 1
+
+
+class WithDrafting(ThroughputProfile):
+    """The profile of a step that also drafts for `draft_seconds`: SPS'(B) = 1 / (1/SPS(B) + draft_seconds),
+    so Algorithm 1's Θ = τ · SPS'(B) is tokens per second of the whole step."""
+
+    def __init__(self, base: ThroughputProfile, draft_seconds: float) -> None:
+        super().__init__(base.steps_per_second, f"{base.name} + drafting")
+        self.base, self.draft_seconds = base, draft_seconds
+
+    def sps(self, batch_tokens: int) -> float:
+        return 1.0 / (1.0 / self.base.sps(batch_tokens) + self.draft_seconds)
+
+    def table(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        raise NotImplementedError("the prefix-scheduler kernel knows no drafting time")
+
+
+def with_drafting(profile: ThroughputProfile, draft_seconds: float) -> ThroughputProfile:
+    """`profile` itself when drafting is free (the paper's Θ to the bit), else `WithDrafting`."""
+    return profile if draft_seconds == 0 else WithDrafting(profile, draft_seconds)
+
+
+def step_rate(
+    tokens: float, batch_tokens: int, profile: ThroughputProfile, draft_seconds: float = 0.0
+) -> float:
+    """Expected tokens per second of a step: `tokens` over its target pass of `batch_tokens` plus its
+    drafting time (0: τ · SPS(B), the paper's Θ)."""
+    return tokens * with_drafting(profile, draft_seconds).sps(batch_tokens)
 
 
 def realism_ratio(accepted: float, predicted: float) -> float:
@@ -109,7 +146,7 @@ def drafting_can_pay(requests: int, gamma: int, profile: ThroughputProfile, cost
 class ForecastParts:
     """What a forecast takes from the earlier rounds alone, before the idle steps fade it: it changes only
     when a request drafts, arrives or leaves (or a first round is remembered), not from one idle step to the
-    next, so `VerifyScheduler.speculate` keeps it while the histories are the same lists. Plain Python
+    next, so `CostAwareScheduler.speculate` keeps it while the histories are the same lists. Plain Python
     numbers (R ≤ a few dozen, γ ≤ 16: a tensor op would cost more than the arithmetic it does). `own` is
     None when nothing is known (no request has drafted and no first round is remembered)."""
 
@@ -226,8 +263,8 @@ def draft_plan(
 
     history[r]: the raw confidences c_1..c_w of request r's most recent drafted rounds (at most
     RECENT_ROUNDS, oldest first; empty: it has not drafted yet); idle_steps[r]: steps since it last drafted;
-    realism: accepted drafts per forecast one so far (`VerifyScheduler.realism`), which scales the gains;
-    first_rounds: earlier requests' first drafted rounds (`VerifyScheduler.first_rounds`), a newcomer's forecast;
+    realism: accepted drafts per forecast one so far (`CostAwareScheduler.realism`), which scales the gains;
+    first_rounds: earlier requests' first drafted rounds (`CostAwareScheduler.first_rounds`), a newcomer's forecast;
     early_stop: False forecasts ℓ̂ with the global search (the async policy's, whose budget comes from it): on
     a jagged SPS (CUDA-graph buckets) the early stop halts at the first bucket edge and forecasts ℓ̂ = 0.
     The width is γ unless a narrower block costs less (`DraftCost.width_matters`): then the top k drafting
@@ -235,7 +272,8 @@ def draft_plan(
     parts: a function giving `forecast_parts(history, gamma, temperatures, first_rounds)`, called only where
     a forecast is needed, if the caller keeps them (the same decision, without recomputing what only new
     rounds change); can_pay: `drafting_can_pay(R, gamma, profile, cost)` if the caller knows it.
-    Everything after the one `prefix_survival` call is host-side Python (`schedule_rows` for the walk)."""
+    After the one `prefix_survival` call, the forecast verify lengths are the core's Algorithm 1 on the
+    forecasts against the profile of a step that drafts (`with_drafting`), the rest host-side Python."""
     R = len(history)
     if cost.is_free:
         return torch.ones(R, dtype=torch.bool, device=HOST), gamma
@@ -245,7 +283,8 @@ def draft_plan(
     forecast = faded_forecast(kept, idle_steps)  # (R, γ) rows
     if forecast is None:  # nothing learnt yet: draft the whole block to find out
         return torch.ones(R, dtype=torch.bool, device=HOST), gamma
-    ell = schedule_rows(forecast, profile, early_stop=early_stop, draft_seconds=cost.seconds(R))  # (R,)
+    paid = with_drafting(profile, cost.seconds(R))  # as if everybody drafted
+    ell = prefix_schedule(torch.tensor(forecast, dtype=torch.float64, device=HOST), paid, early_stop).tolist()
     gain = [realism * sum(row[:n]) for row, n in zip(forecast, ell)]  # expected accepted drafts if r drafts
     order = sorted(range(R), key=lambda r: -gain[r])  # stable: ties keep the request order
     cum_gain = [0.0, *accumulate(gain[r] for r in order)]
@@ -265,11 +304,10 @@ def draft_plan(
     return mask, (widths[k] if k else 0)
 
 
-class VerifyScheduler:
-    """What the engine asks every step: who drafts (`speculate`), then how many drafts each request
-    verifies (`__call__`); `observe` hears the outcome. A policy bound to the SPS profile, the STS
-    temperatures and -- for cost-aware policies -- the drafting cost (None or free: the paper's
-    Algorithm 1, every request drafts)."""
+class CostAwareScheduler(Scheduler):
+    """The core's `Scheduler` that also weighs the drafting time: who drafts (`speculate`, `draft_plan`) and,
+    when some request drafted, Algorithm 1 against the profile of a step that drafts. Only the cost-aware
+    policies (COST_AWARE) see the cost; for any other policy, or a free cost (None), it is the paper's step."""
 
     def __init__(
         self,
@@ -278,21 +316,22 @@ class VerifyScheduler:
         temperatures: torch.Tensor | None = None,
         draft_cost: DraftCost | None = None,
     ) -> None:
-        self.policy, self.profile, self.temperatures = policy, profile, temperatures
-        self.draft_cost = draft_cost if policy.cost_aware and draft_cost is not None else DraftCost.free()
+        super().__init__(policy, profile, temperatures)
+        seen = policy.name in COST_AWARE and draft_cost is not None
+        self.draft_cost = draft_cost if seen else DraftCost.free()
         self.accepted_total = self.predicted_total = 0.0  # over every drafted round: realised vs forecast
         self._predicted: torch.Tensor | None = None  # (R,) this round's survival-predicted accepted drafts
-        self._last_decision: tuple | None = None  # (inputs, history lists, mask) of the last `speculate`
+        self._last_decision: tuple | None = None  # (inputs, history lists, widths) of the last `speculate`
         self._parts: tuple | None = None  # ((γ, first rounds' version), history lists, their ForecastParts)
         self.first_rounds: deque[list[float]] = deque(maxlen=FIRST_ROUNDS)  # earlier requests' first rounds
         self.first_rounds_seen = 0  # how many were ever remembered (the memory's version)
         # (R, γ) -> drafting_can_pay, which the profile and the cost fix for the scheduler's life
         self._can_pay: dict[tuple[int, int], bool] = {}
 
-    def speculate(self, history: list[list[list[float]]], idle_steps: list[int], gamma: int) -> torch.Tensor:
-        """(R,) int64: how many positions each request drafts this step (0: it does not draft; the drafting
-        ones all draft the same block width), from their recent drafted rounds only (`draft_plan`): never
-        from this step's drafts, so the decision keeps the output exact.
+    def speculate(self, history: list[list[list[float]]], idle_steps: list[int], gamma: int) -> list[int]:
+        """Per request, how many positions it drafts this step (0: it does not draft; the drafting ones all
+        draft the same block width), from their recent drafted rounds only (`draft_plan`): never from this
+        step's drafts, so the decision keeps the output exact.
         Called once per step: a request with one round that drafted last step (idle 0) has just finished
         its first drafted round, which is remembered to forecast later newcomers (`first_rounds`).
 
@@ -332,11 +371,12 @@ class VerifyScheduler:
             self.temperatures,
             self.realism,
             list(self.first_rounds),
-            early_stop=not self.policy.forecast_global,
+            # the async policy's budget is a global search: its forecast searches the same way
+            early_stop=not isinstance(self.policy, AsyncPrefixPolicy),
             parts=parts,
             can_pay=self._can_pay[R, gamma],
         )
-        widths = mask.long() * width  # (R,)
+        widths = [width if m else 0 for m in mask.tolist()]
         self._last_decision = (key, list(history), widths)
         return widths
 
@@ -347,45 +387,18 @@ class VerifyScheduler:
         draft are those whose recent confidences were high), which never collapses on one unlucky round."""
         return realism_ratio(self.accepted_total, self.predicted_total)
 
-    @classmethod
-    def for_drafter(
-        cls,
-        policy: Policy,
-        drafter: Drafter,
-        profile: ThroughputProfile,
-        temperatures: torch.Tensor | None = None,
-        draft_cost: DraftCost | None = None,
-    ) -> VerifyScheduler:
-        """Bind `policy` for `drafter`, refusing up front a drafter whose proposals carry
-        no confidences when the policy ranks by them."""
-        if policy.needs_confidence and not drafter.has_confidence:
-            raise ValueError(
-                f"policy {policy.name!r} ranks drafts by confidence, but the {drafter.name!r} drafter has no "
-                "trained confidence head; use dspark or dspark-rnn, or a policy that ignores confidences "
-                "(none, mtp1, fixed, goodput)"
-            )
-        return cls(policy, profile, temperatures, draft_cost)
-
     def __call__(self, proposal: Proposal) -> torch.Tensor:
         """(R,) verify lengths for this round's proposal; 0 for the rows that did not draft."""
+        if self.draft_cost.is_free:  # the paper's scheduler (on the device kernel where it applies)
+            return super().__call__(proposal)
         R, gamma = proposal.tokens.shape
-        conf = proposal.confidence
-        if conf is None:
-            if self.policy.needs_confidence:
-                raise ValueError(f"policy {self.policy.name!r} needs confidences; this proposal has none")
-            conf = torch.ones(R, gamma, device=proposal.tokens.device)  # ignored by these policies
         drafted = proposal.drafted
         # host sync (only when some rows did not draft): a count for the cost table
         n_drafting = R if drafted is None else to_host(drafted.sum(), "step: drafting requests")
-        if drafted is not None:
-            conf = conf * drafted[:, None]  # survival 0: never admitted
-        if self.draft_cost.is_free:  # the paper's scheduler (on the device kernel where it applies)
-            lengths = self.policy.lengths_from_confidence(conf, self.temperatures, gamma, self.profile)
-            return lengths if drafted is None else lengths * drafted
-        # cost-aware (the kernel knows no drafting time): the survivals once, for the lengths and for realism
-        survivals = prefix_survival(conf, self.temperatures)  # (R, γ)
-        draft_seconds = self.draft_cost.seconds(n_drafting, gamma)  # the block drafted was γ wide
-        lengths = self.policy.lengths(survivals, gamma, self.profile, draft_seconds)
+        # the kernel knows no drafting time: the survivals once, for the lengths and for realism
+        survivals = prefix_survival(self.confidences(proposal), self.temperatures)  # (R, γ)
+        paid = with_drafting(self.profile, self.draft_cost.seconds(n_drafting, gamma))  # the block was γ wide
+        lengths = self.policy.lengths(survivals, gamma, paid)
         lengths = lengths if drafted is None else lengths * drafted
         keep = torch.arange(gamma, device=survivals.device)[None, :] < lengths[:, None]
         self._predicted = (survivals * keep).sum(dim=1)  # (R,) what the survivals predicted: 0 where no draft
@@ -393,7 +406,7 @@ class VerifyScheduler:
 
     def observe(self, verify_lens: torch.Tensor, accepted: torch.Tensor) -> None:
         """This round's verify lengths and accepted counts (policies that learn from history; realism)."""
-        self.policy.observe(verify_lens, accepted)
+        super().observe(verify_lens, accepted)
         predicted, self._predicted = self._predicted, None  # None: nobody drafted this round
         if predicted is not None:  # host sync (cost-aware only): two sums for the realism ratio
             self.accepted_total += float(accepted.sum())
