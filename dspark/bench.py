@@ -44,10 +44,9 @@ import json
 import sys
 from functools import partial
 
-from dspark import cli, paths
-from dspark.cli import UsageError, parse_float_list, parse_int_list, parse_name_list, run_main
-from dspark.cli import add_option as option
+from dspark import paths
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
+from dspark.lab import cli
 from dspark.lab.benchmarks.paper import (
     bench_appendix_a,
     bench_budget,
@@ -68,6 +67,8 @@ from dspark.lab.benchmarks.speed import (
     bench_training,
     parse_training_settings,
 )
+from dspark.lab.cli import UsageError, parse_float_list, parse_int_list, parse_name_list, run_main
+from dspark.lab.cli import add_option as option
 from dspark.lab.data.corpus import EVAL_PER_DOMAIN
 from dspark.scheduling import profiler
 from dspark.scheduling.scheduler import POLICY_NAMES

@@ -32,10 +32,10 @@ from pathlib import Path
 
 import torch
 
-from dspark import cli
 from dspark.checkpoint import config_path
-from dspark.cli import UsageError, run_main
 from dspark.drafters.registry import DRAFTER_NAMES, default_path, get_drafter
+from dspark.lab import cli
+from dspark.lab.cli import UsageError, run_main
 from dspark.lab.exporting.fields import KNOWN_TARGETS, ExportInfo
 from dspark.lab.exporting.folder import DTYPES, FORMATS, check_replaceable, export_drafter
 

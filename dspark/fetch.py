@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import sys
 
-from dspark import cli
-from dspark.cli import UsageError, run_main
+from dspark.lab import cli
+from dspark.lab.cli import UsageError, run_main
 from dspark.lab.pretrained.fetch import KNOWN_MODELS, fetch_model
 from dspark.lab.pretrained.prompt_sets import PROMPT_SETS, prompt_set_path
 

@@ -28,7 +28,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from dspark.cli import UsageError, number, run_main
 from dspark.course.catalog import ASSIGNMENTS, get_assignment
 from dspark.course.framework import (
     DEFAULT_TIMEOUT,
@@ -38,6 +37,7 @@ from dspark.course.framework import (
     check_imports,
     grade,
 )
+from dspark.lab.cli import UsageError, number, run_main
 
 OUTPUT_PREFIX = "      | "  # before each line the solution printed: never mistaken for the report
 

@@ -24,15 +24,16 @@ import argparse
 import sys
 from functools import partial
 
-from dspark import cli, paths
-from dspark.cli import add_option as option
-from dspark.cli import run_main
+from dspark import paths
 from dspark.config import ModelConfig
 from dspark.data.tokenizer import DEFAULT_VOCAB_SIZE
 from dspark.drafters.autoregressive import AutoregressiveDrafterConfig
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.parallel import ParallelDrafterConfig
 from dspark.drafters.registry import DRAFTER_NAMES
+from dspark.lab import cli
+from dspark.lab.cli import add_option as option
+from dspark.lab.cli import run_main
 from dspark.lab.data.corpus import MATH_PROBLEMS
 from dspark.lab.train_commands.calibrate import cmd_calibrate
 from dspark.lab.train_commands.drafter import cmd_drafter

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from dspark import bench, generate, paths, train
-from dspark.cli import run_main
+from dspark.lab.cli import run_main
 from dspark.lab.data.corpus import EVAL_PER_DOMAIN
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ SHARED_OPTIONS = {"--threads", "--checkpoint", "--gamma", "--temperature", "--ma
 
 
 def test_shared_options_are_declared_only_in_cli():
-    """generate, train and bench (and the study modules they call) take these options from dspark/cli.py's
+    """generate, train and bench (and the study modules they call) take these options from dspark/lab/cli.py's
     helpers instead of declaring them again: no option string of SHARED_OPTIONS in any call there
     (add_argument, add_option, ...)."""
     sources = [ROOT / "dspark" / f"{name}.py" for name in ("generate", "train", "bench")]
@@ -69,7 +69,7 @@ def test_shared_options_are_declared_only_in_cli():
                 for arg in node.args:
                     if isinstance(arg, ast.Constant) and arg.value in SHARED_OPTIONS:
                         found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {arg.value}")
-    assert not found, "declare these with the helpers in dspark/cli.py:\n" + "\n".join(found)
+    assert not found, "declare these with the helpers in dspark/lab/cli.py:\n" + "\n".join(found)
     # the kernel benchmark is `python -m dspark.bench kernels`; its study module only measures
     assert "argparse" not in (ROOT / "dspark" / "lab" / "study" / "kernels.py").read_text()
 

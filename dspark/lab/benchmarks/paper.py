@@ -12,8 +12,6 @@ import argparse
 import json
 from pathlib import Path
 
-from dspark import cli
-from dspark.cli import UsageError
 from dspark.device import cpu_description
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.registry import (
@@ -23,7 +21,9 @@ from dspark.drafters.registry import (
     get_drafter,
     labelled_specs,
 )
+from dspark.lab import cli
 from dspark.lab.benchmarks.common import dtype_name, load_model, policy_for, study_prompts, write_outputs
+from dspark.lab.cli import UsageError
 from dspark.lab.pretrained.prompt_sets import prompts_label
 from dspark.lab.study import gpu, offline, plots, tables, tau_intervals
 from dspark.sampling import SamplingParams

@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dspark import cli, paths
-from dspark.cli import UsageError
+from dspark import paths
+from dspark.lab import cli
+from dspark.lab.cli import UsageError
 
 
 def cmd_instructions(args: argparse.Namespace) -> None:

@@ -20,9 +20,9 @@ import torch
 
 from dspark import paths
 from dspark.checkpoint import load_target, save_checkpoint
-from dspark.cli import UsageError
 from dspark.config import ModelConfig
 from dspark.data.tokenizer import Tokenizer
+from dspark.lab.cli import UsageError
 from dspark.lab.data.corpus import (
     DOMAINS,
     build_samples,
