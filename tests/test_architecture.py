@@ -19,7 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Lowest first. "pkg.*" is the subpackage: its __init__.py and every module in it.
+# Lowest first. "pkg.*" is the subpackage: its __init__.py and every module in it, except a module that a layer
+# names exactly (or a longer "pkg.*" holds).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("paths, backend and device", ("dspark.paths", "dspark.backend", "dspark.device", "dspark.interrupt")),
     ("data", ("dspark.data.*", "dspark.lab.data.*")),
@@ -111,15 +112,15 @@ def collect(root: Path) -> tuple[dict[str, Path], list[Import]]:
 
 
 def layer_of(module: str, layers=LAYERS) -> int | None:
+    """The layer naming `module` exactly, else the one whose "pkg.*" is the longest package holding it."""
+    held_by = []  # (length of the package, layer)
     for index, (_, patterns) in enumerate(layers):
-        for pattern in patterns:
-            if pattern.endswith(".*"):
-                package = pattern[:-2]
-                if module == package or module.startswith(package + "."):
-                    return index
-            elif module == pattern:
-                return index
-    return None
+        if module in patterns:
+            return index
+        held_by += [
+            (len(p), index) for p in patterns if p.endswith(".*") and (module + ".").startswith(p[:-1])
+        ]
+    return max(held_by, key=lambda held: held[0])[1] if held_by else None
 
 
 def _top(name: str) -> str:
@@ -325,6 +326,14 @@ def test_checker_reports_violations(tmp_path):
     assert any("dspark.high -> dspark.low -> dspark.high" in c and "dspark/low.py:5" in c for c in cycles)
 
     assert len(problems(tmp_path, layers)) == 5
+
+
+def test_an_exact_name_outranks_a_package_pattern():
+    layers = (("low", ("dspark.pkg.*",)), ("high", ("dspark.pkg.command", "dspark.pkg.sub.*")))
+    assert layer_of("dspark.pkg.a", layers) == 0
+    assert layer_of("dspark.pkg.command", layers) == 1  # named exactly, though inside dspark.pkg
+    assert layer_of("dspark.pkg.sub.b", layers) == 1  # the longest package holding it
+    assert layer_of("dspark.other", layers) is None
 
 
 # The core is dspark/ minus these parts and the `python -m` entry points, which are the only modules of
