@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # Lowest first. "pkg.*" is the subpackage: its __init__.py and every module in it, except a module that a layer
-# names exactly (or a longer "pkg.*" holds).
+# names exactly (or a longer "pkg.*" holds): dspark.course.command is a command, not part of "dspark.course.*".
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("paths, backend and device", ("dspark.paths", "dspark.backend", "dspark.device", "dspark.interrupt")),
     ("data", ("dspark.data.*", "dspark.lab.data.*")),
@@ -49,6 +49,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "dspark.lab.cli",
             "dspark.lab.benchmarks.*",
             "dspark.lab.train_commands.*",
+            "dspark.lab.commands.*",
+            "dspark.course.command",
             "dspark.generate",
             "dspark.train",
             "dspark.bench",
@@ -408,3 +410,45 @@ def test_readme_architecture_names_every_module():
     stale = sorted(named - on_disk)
     assert not missing, f"the README's Architecture tree does not name {missing}"
     assert not stale, f"the README's Architecture tree names files that do not exist: {stale}"
+
+
+# `python -m dspark.<name>` keeps its name, but the command lives in the lab (or the course): each of these files
+# only imports its `main` and runs it, so that no command's body creeps back into the core.
+SHIMS = {"bench": "dspark.lab.commands.bench", "train": "dspark.lab.commands.train",
+         "export": "dspark.lab.commands.export", "fetch": "dspark.lab.commands.fetch",
+         "grade": "dspark.course.command"}  # fmt: skip
+MAX_SHIM_LINES = 10
+RUN = "if __name__ == '__main__':\n    sys.exit(run_main(main))"
+
+
+def shim_problems(path: Path, body: str) -> list[str]:
+    """What in `path` is more than a docstring, imports (one of them `from <body> import main`) and RUN."""
+    text = path.read_text(encoding="utf-8")
+    lines = len(text.splitlines())
+    found = [f"{path.name}: {lines} lines, over {MAX_SHIM_LINES}"] if lines > MAX_SHIM_LINES else []
+    tree = ast.parse(text)
+    if ast.get_docstring(tree) is not None:
+        tree.body = tree.body[1:]
+    for node in tree.body:
+        if not isinstance(node, (ast.Import, ast.ImportFrom)) and ast.unparse(node) != RUN:
+            found.append(
+                f"{path.name}:{node.lineno}: `{ast.unparse(node).splitlines()[0]}`: the body belongs in {body}"
+            )
+    mains = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == body and not n.level
+             and [(a.name, a.asname) for a in n.names] == [("main", None)]]  # fmt: skip
+    return found if mains else [*found, f"{path.name}: no `from {body} import main`"]
+
+
+def test_the_command_files_only_run_their_main():
+    found = [p for name, body in SHIMS.items() for p in shim_problems(ROOT / "dspark" / f"{name}.py", body)]
+    assert not found, "\n".join(found)
+    assert set(SHIMS) | {"generate"} == {m.removeprefix("dspark.") for m in ENTRY_POINTS}
+
+
+def test_the_shim_checker_sees_a_body(tmp_path):
+    shim = tmp_path / "bench.py"
+    shim.write_text('"""doc"""\n\nimport sys\n\nfrom dspark.lab.cli import run_main\nfrom x.y import main\n\n'
+                    'X = 1\n\n\ndef helper():\n    pass\n\n\n' + RUN + "\n")  # fmt: skip
+    found = shim_problems(shim, "x.z")
+    assert len(found) == 4, found  # too long, X = 1, def helper, and no `from x.z import main`
+    assert "over 10" in found[0] and "X = 1" in found[1] and "def helper" in found[2] and "x.z" in found[3]

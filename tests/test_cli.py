@@ -15,6 +15,8 @@ import torch
 
 from dspark import bench, generate, paths, train
 from dspark.lab.cli import run_main
+from dspark.lab.commands import bench as bench_command
+from dspark.lab.commands import train as train_command
 from dspark.lab.data.corpus import EVAL_PER_DOMAIN
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +63,8 @@ def test_shared_options_are_declared_only_in_cli():
     """generate, train and bench (and the study modules they call) take these options from dspark/lab/cli.py's
     helpers instead of declaring them again: no option string of SHARED_OPTIONS in any call there
     (add_argument, add_option, ...)."""
-    sources = [ROOT / "dspark" / f"{name}.py" for name in ("generate", "train", "bench")]
+    commands = ROOT / "dspark" / "lab" / "commands"
+    sources = [ROOT / "dspark" / "generate.py", commands / "train.py", commands / "bench.py"]
     found = []
     for path in sources + sorted((ROOT / "dspark" / "lab" / "study").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -85,8 +88,9 @@ def parsers_with_subcommands(parser: argparse.ArgumentParser, name: str):
 def test_threads_has_one_default_everywhere():
     """0 = torch's default (one thread per physical core) in generate and every train / bench subcommand."""
     defaults = {}
-    for module in (generate, train, bench):
-        for name, parser in parsers_with_subcommands(module.build_parser(), module.__name__):
+    parsers = {"dspark.generate": generate, "dspark.train": train_command, "dspark.bench": bench_command}
+    for command, module in parsers.items():
+        for name, parser in parsers_with_subcommands(module.build_parser(), command):
             for action in parser._actions:
                 if "--threads" in action.option_strings:
                     defaults[name] = action.default

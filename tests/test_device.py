@@ -433,7 +433,7 @@ def test_cpu_description_names_the_vector_instructions(monkeypatch):
 def test_drafter_training_picks_bf16_only_where_the_cpu_has_it(monkeypatch):
     """`train drafter` without --bf16/--no-bf16 trains in bf16 autocast only on a CPU with BF16 (or AMX)
     instructions: elsewhere torch emulates bf16 and a step is many times slower than fp32."""
-    from dspark import train
+    from dspark.lab.commands import train
     from dspark.lab.train_commands import drafter as train_drafter
 
     avx512 = "model name\t: AMD EPYC 9R14\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n"

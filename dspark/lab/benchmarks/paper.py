@@ -1,7 +1,7 @@
 """`bench offline | ratios | depth | budget | gamma | threshold | calibration | appendix-a`: the paper's quality claims.
 
-Each function parses nothing: it takes the parsed options (dspark/bench.py builds them), calls the
-measurement in dspark/lab/study/ (offline.py, tables.py, plots.py, ...), prints its table and returns the
+Each function parses nothing: it takes the parsed options (dspark/lab/commands/bench.py builds them), calls
+the measurement in dspark/lab/study/ (offline.py, tables.py, plots.py, ...), prints its table and returns the
 JSON record. Table 1 and Fig. 2 (offline), Fig. 3 (depth), the budget curve, Fig. 4 (gamma), Fig. 5 (threshold), Fig. 6
 (calibration), Appendix A.
 """

@@ -7,7 +7,7 @@ which `train drafter` reads. `load_training_target` and `feature_caches` are sha
 drafter` (dspark/lab/train_commands/drafter.py).
 
 What this file does not do: sample, filter or cache anything itself (dspark/lab/training/instructions.py,
-responses.py, feature_cache.py do) or parse options (dspark/train.py).
+responses.py, feature_cache.py do) or parse options (dspark/lab/commands/train.py).
 """
 
 from __future__ import annotations
