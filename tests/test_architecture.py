@@ -19,7 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Lowest first. "pkg.*" is the subpackage: its __init__.py and every module in it.
+# Lowest first. "pkg.*" is the subpackage: its __init__.py and every module in it, except a module that a layer
+# names exactly (or a longer "pkg.*" holds): dspark.course.command is a command, not part of "dspark.course.*".
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("paths, backend and device", ("dspark.paths", "dspark.backend", "dspark.device", "dspark.interrupt")),
     ("data", ("dspark.data.*", "dspark.lab.data.*")),
@@ -45,9 +46,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "commands",
         (
-            "dspark.cli",
+            "dspark.lab.cli",
             "dspark.lab.benchmarks.*",
             "dspark.lab.train_commands.*",
+            "dspark.lab.commands.*",
+            "dspark.course.command",
             "dspark.generate",
             "dspark.train",
             "dspark.bench",
@@ -111,15 +114,15 @@ def collect(root: Path) -> tuple[dict[str, Path], list[Import]]:
 
 
 def layer_of(module: str, layers=LAYERS) -> int | None:
+    """The layer naming `module` exactly, else the one whose "pkg.*" is the longest package holding it."""
+    held_by = []  # (length of the package, layer)
     for index, (_, patterns) in enumerate(layers):
-        for pattern in patterns:
-            if pattern.endswith(".*"):
-                package = pattern[:-2]
-                if module == package or module.startswith(package + "."):
-                    return index
-            elif module == pattern:
-                return index
-    return None
+        if module in patterns:
+            return index
+        held_by += [
+            (len(p), index) for p in patterns if p.endswith(".*") and (module + ".").startswith(p[:-1])
+        ]
+    return max(held_by, key=lambda held: held[0])[1] if held_by else None
 
 
 def _top(name: str) -> str:
@@ -327,10 +330,18 @@ def test_checker_reports_violations(tmp_path):
     assert len(problems(tmp_path, layers)) == 5
 
 
-# The core is dspark/ minus these parts and the `python -m` entry points (and their shared options, cli.py),
-# which are the only modules of dspark/ that may import them.
+def test_an_exact_name_outranks_a_package_pattern():
+    layers = (("low", ("dspark.pkg.*",)), ("high", ("dspark.pkg.command", "dspark.pkg.sub.*")))
+    assert layer_of("dspark.pkg.a", layers) == 0
+    assert layer_of("dspark.pkg.command", layers) == 1  # named exactly, though inside dspark.pkg
+    assert layer_of("dspark.pkg.sub.b", layers) == 1  # the longest package holding it
+    assert layer_of("dspark.other", layers) is None
+
+
+# The core is dspark/ minus these parts and the `python -m` entry points, which are the only modules of
+# dspark/ that may import them (their shared options live in the lab: dspark/lab/cli.py).
 OUTSIDE_CORE = ("dspark.lab", "dspark.course")
-ENTRY_POINTS = {"dspark.cli", "dspark.generate", "dspark.train", "dspark.bench", "dspark.grade", "dspark.fetch",
+ENTRY_POINTS = {"dspark.generate", "dspark.train", "dspark.bench", "dspark.grade", "dspark.fetch",
                 "dspark.export"}  # fmt: skip
 
 
@@ -399,3 +410,45 @@ def test_readme_architecture_names_every_module():
     stale = sorted(named - on_disk)
     assert not missing, f"the README's Architecture tree does not name {missing}"
     assert not stale, f"the README's Architecture tree names files that do not exist: {stale}"
+
+
+# `python -m dspark.<name>` keeps its name, but the command lives in the lab (or the course): each of these files
+# only imports its `main` and runs it, so that no command's body creeps back into the core.
+SHIMS = {"bench": "dspark.lab.commands.bench", "train": "dspark.lab.commands.train",
+         "export": "dspark.lab.commands.export", "fetch": "dspark.lab.commands.fetch",
+         "grade": "dspark.course.command"}  # fmt: skip
+MAX_SHIM_LINES = 10
+RUN = "if __name__ == '__main__':\n    sys.exit(run_main(main))"
+
+
+def shim_problems(path: Path, body: str) -> list[str]:
+    """What in `path` is more than a docstring, imports (one of them `from <body> import main`) and RUN."""
+    text = path.read_text(encoding="utf-8")
+    lines = len(text.splitlines())
+    found = [f"{path.name}: {lines} lines, over {MAX_SHIM_LINES}"] if lines > MAX_SHIM_LINES else []
+    tree = ast.parse(text)
+    if ast.get_docstring(tree) is not None:
+        tree.body = tree.body[1:]
+    for node in tree.body:
+        if not isinstance(node, (ast.Import, ast.ImportFrom)) and ast.unparse(node) != RUN:
+            found.append(
+                f"{path.name}:{node.lineno}: `{ast.unparse(node).splitlines()[0]}`: the body belongs in {body}"
+            )
+    mains = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == body and not n.level
+             and [(a.name, a.asname) for a in n.names] == [("main", None)]]  # fmt: skip
+    return found if mains else [*found, f"{path.name}: no `from {body} import main`"]
+
+
+def test_the_command_files_only_run_their_main():
+    found = [p for name, body in SHIMS.items() for p in shim_problems(ROOT / "dspark" / f"{name}.py", body)]
+    assert not found, "\n".join(found)
+    assert set(SHIMS) | {"generate"} == {m.removeprefix("dspark.") for m in ENTRY_POINTS}
+
+
+def test_the_shim_checker_sees_a_body(tmp_path):
+    shim = tmp_path / "bench.py"
+    shim.write_text('"""doc"""\n\nimport sys\n\nfrom dspark.lab.cli import run_main\nfrom x.y import main\n\n'
+                    'X = 1\n\n\ndef helper():\n    pass\n\n\n' + RUN + "\n")  # fmt: skip
+    found = shim_problems(shim, "x.z")
+    assert len(found) == 4, found  # too long, X = 1, def helper, and no `from x.z import main`
+    assert "over 10" in found[0] and "X = 1" in found[1] and "def helper" in found[2] and "x.z" in found[3]

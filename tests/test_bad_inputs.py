@@ -23,8 +23,8 @@ from test_outputs import corrupt_cache_homes
 
 from dspark import bench, export, generate, grade, paths, train
 from dspark.checkpoint import save_checkpoint
-from dspark.cli import run_main
 from dspark.data.tokenizer import Tokenizer
+from dspark.lab.cli import run_main
 from dspark.model import Transformer
 
 ROOT = Path(__file__).resolve().parents[1]

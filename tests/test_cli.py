@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from dspark import bench, generate, paths, train
-from dspark.cli import run_main
+from dspark.lab.cli import run_main
+from dspark.lab.commands import bench as bench_command
+from dspark.lab.commands import train as train_command
 from dspark.lab.data.corpus import EVAL_PER_DOMAIN
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,10 +60,11 @@ SHARED_OPTIONS = {"--threads", "--checkpoint", "--gamma", "--temperature", "--ma
 
 
 def test_shared_options_are_declared_only_in_cli():
-    """generate, train and bench (and the study modules they call) take these options from dspark/cli.py's
+    """generate, train and bench (and the study modules they call) take these options from dspark/lab/cli.py's
     helpers instead of declaring them again: no option string of SHARED_OPTIONS in any call there
     (add_argument, add_option, ...)."""
-    sources = [ROOT / "dspark" / f"{name}.py" for name in ("generate", "train", "bench")]
+    commands = ROOT / "dspark" / "lab" / "commands"
+    sources = [ROOT / "dspark" / "generate.py", commands / "train.py", commands / "bench.py"]
     found = []
     for path in sources + sorted((ROOT / "dspark" / "lab" / "study").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -69,7 +72,7 @@ def test_shared_options_are_declared_only_in_cli():
                 for arg in node.args:
                     if isinstance(arg, ast.Constant) and arg.value in SHARED_OPTIONS:
                         found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {arg.value}")
-    assert not found, "declare these with the helpers in dspark/cli.py:\n" + "\n".join(found)
+    assert not found, "declare these with the helpers in dspark/lab/cli.py:\n" + "\n".join(found)
     # the kernel benchmark is `python -m dspark.bench kernels`; its study module only measures
     assert "argparse" not in (ROOT / "dspark" / "lab" / "study" / "kernels.py").read_text()
 
@@ -85,8 +88,9 @@ def parsers_with_subcommands(parser: argparse.ArgumentParser, name: str):
 def test_threads_has_one_default_everywhere():
     """0 = torch's default (one thread per physical core) in generate and every train / bench subcommand."""
     defaults = {}
-    for module in (generate, train, bench):
-        for name, parser in parsers_with_subcommands(module.build_parser(), module.__name__):
+    parsers = {"dspark.generate": generate, "dspark.train": train_command, "dspark.bench": bench_command}
+    for command, module in parsers.items():
+        for name, parser in parsers_with_subcommands(module.build_parser(), command):
             for action in parser._actions:
                 if "--threads" in action.option_strings:
                     defaults[name] = action.default

@@ -323,7 +323,7 @@ def test_device_choice():
 def test_cuda_without_cuda_is_one_line(argv, capsys):
     import importlib
 
-    from dspark.cli import run_main
+    from dspark.lab.cli import run_main
 
     module = importlib.import_module(f"dspark.{argv[0]}")
     code = run_main(module.main, [*argv[1:], "--device", "cuda"])
@@ -333,7 +333,7 @@ def test_cuda_without_cuda_is_one_line(argv, capsys):
 
 def test_generate_on_an_explicit_cpu_device(small_checkpoint, capsys):
     from dspark import generate as generate_cmd
-    from dspark.cli import run_main
+    from dspark.lab.cli import run_main
 
     argv = [
         "Hello",
@@ -352,7 +352,7 @@ def test_generate_on_an_explicit_cpu_device(small_checkpoint, capsys):
 # ---- the GPU benchmark's dry run -------------------------------------------------------------------
 def test_bench_gpu_dry_run(tmp_path, capsys, monkeypatch):
     from dspark import bench
-    from dspark.cli import run_main
+    from dspark.lab.cli import run_main
 
     # its SPS profile and drafting costs are measured into a DSPARK_HOME of its own: timed while the rest of
     # the suite runs, they would poison the developer's cache (and every later benchmark that reads it)
@@ -433,7 +433,7 @@ def test_cpu_description_names_the_vector_instructions(monkeypatch):
 def test_drafter_training_picks_bf16_only_where_the_cpu_has_it(monkeypatch):
     """`train drafter` without --bf16/--no-bf16 trains in bf16 autocast only on a CPU with BF16 (or AMX)
     instructions: elsewhere torch emulates bf16 and a step is many times slower than fp32."""
-    from dspark import train
+    from dspark.lab.commands import train
     from dspark.lab.train_commands import drafter as train_drafter
 
     avx512 = "model name\t: AMD EPYC 9R14\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n"
@@ -449,7 +449,7 @@ def test_drafter_training_picks_bf16_only_where_the_cpu_has_it(monkeypatch):
 def test_a_pretrained_target_defaults_to_bf16_only_where_bf16_is_native(monkeypatch):
     """--model without --dtype: bfloat16 on a GPU or a CPU with BF16 instructions, float32 on a CPU that would
     emulate bf16; the shipped tiny target is always float32."""
-    from dspark import cli
+    from dspark.lab import cli
 
     cpu, gpu = torch.device("cpu"), torch.device("meta")  # (any non-CPU device stands for the GPU)
     for native in (True, False):

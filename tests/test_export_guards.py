@@ -14,10 +14,11 @@ import pytest
 import torch
 from test_export import CONFIG, K, eagle, parallel
 
-from dspark import cli, export
+from dspark import export
 from dspark.checkpoint import save_checkpoint
-from dspark.cli import run_main
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
+from dspark.lab import cli
+from dspark.lab.cli import run_main
 from dspark.lab.exporting import folder as writer
 from dspark.lab.exporting.fields import ExportInfo
 from dspark.lab.pretrained.fetch import model_path

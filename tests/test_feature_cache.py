@@ -245,8 +245,8 @@ def test_train_features_and_drafter_commands(small_checkpoint, tmp_path, capsys)
     --taps gets its own cache; a drafter trained on other taps is refused by this target."""
     from dspark import train
     from dspark.checkpoint import CheckpointError, load_target
-    from dspark.cli import UsageError
     from dspark.drafters.registry import load_drafter
+    from dspark.lab.cli import UsageError
 
     g = torch.Generator().manual_seed(0)
     with open(tmp_path / "r.jsonl", "w") as f:

@@ -33,9 +33,9 @@ from pathlib import Path
 import pytest
 
 from dspark import grade as grade_command
-from dspark.cli import run_main
 from dspark.course.catalog import ASSIGNMENTS
 from dspark.course.framework import grade
+from dspark.lab.cli import run_main
 
 SOLUTIONS = Path(__file__).resolve().parent / "assignments"
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from dspark import grade as grade_command
-from dspark.cli import run_main
 from dspark.course.catalog import ASSIGNMENTS
 from dspark.course.framework import SolutionError, grade
+from dspark.lab.cli import run_main
 
 REFERENCE_A5 = Path(ASSIGNMENTS[5].reference_path)
 ON_PROC = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds processes through /proc")

@@ -30,9 +30,9 @@ from test_speculative import GREEDY, make_drafter, prompts
 
 from dspark import generate, paths, train
 from dspark.checkpoint import CheckpointError, config_path
-from dspark.cli import run_main
 from dspark.decoding import generate as plain_generate
 from dspark.drafters.registry import calibration_path, get_calibration, load_calibration
+from dspark.lab.cli import run_main
 from dspark.lab.pretrained.hf_dir import hyperparameters
 from dspark.lab.pretrained.llama import build_model, check_memory, parameter_count
 from dspark.sampling import sample

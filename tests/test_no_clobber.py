@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from dspark import bench, cli, paths, train
-from dspark.cli import run_main
+from dspark import bench, paths, train
+from dspark.lab import cli
+from dspark.lab.cli import run_main
 
 
 def refused(main, argv, capsys) -> str:

@@ -23,9 +23,9 @@ import torch
 
 from dspark import bench, paths
 from dspark.checkpoint import load_target, read_checkpoint, save_checkpoint
-from dspark.cli import run_main
 from dspark.drafters.registry import load_drafter
 from dspark.lab import step_cost
+from dspark.lab.cli import run_main
 from dspark.lab.cost_aware import draft_cost
 from dspark.lab.pretrained import fetch
 from dspark.lab.pretrained.fetch import KnownModel

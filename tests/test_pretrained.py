@@ -15,8 +15,8 @@ import torch
 
 from dspark import generate
 from dspark.checkpoint import CheckpointError
-from dspark.cli import run_main
 from dspark.data.tokenizer import Tokenizer
+from dspark.lab.cli import run_main
 from dspark.lab.pretrained import fetch, llama, load_pretrained
 from dspark.lab.pretrained.fetch import FetchError, KnownModel
 from dspark.lab.pretrained.gguf_file import load_gguf

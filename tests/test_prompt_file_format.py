@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dspark.cli import prompts_source
+from dspark.lab.cli import prompts_source
 from dspark.lab.data.prompt_files import held_out, read_prompts
 
 

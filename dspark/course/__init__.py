@@ -6,6 +6,7 @@ limit) and reports them, from parts its docstring maps (`checks.py`, `expect.py`
 lists the assignments; `a1_verification.py`, `a2_round.py` (with its test doubles in
 `a2_fixtures.py`), `a3_markov.py`, `a4_survival.py` and `a5_scheduling.py` hold each
 assignment's checks; `reference/` holds the instructor's solutions: the starters'
-signatures implemented with the project's own code. walkthrough/assignments/INSTRUCTORS.md
-says how the graders are validated (tests/test_grading.py, planted bugs in tests/assignments/).
+signatures implemented with the project's own code; `command.py` is the command itself
+(dspark/grade.py runs it). walkthrough/assignments/INSTRUCTORS.md says how the graders are
+validated (tests/test_grading.py, planted bugs in tests/assignments/).
 """

@@ -51,7 +51,7 @@ and signals it or writes to its terminal, that reads or deletes files by absolut
 kills its supervisor and then orphans a process (re-parented to init, out of reach), that has
 another service start a process (cron, at, systemd-run), or, off Linux, that starts a process
 which leaves the session with setsid(). What this file does not do: define checks
-(dspark/course/a*.py) or parse a command line (dspark/grade.py).
+(dspark/course/a*.py) or parse a command line (dspark/course/command.py).
 """
 
 from __future__ import annotations

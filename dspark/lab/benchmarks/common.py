@@ -7,8 +7,9 @@ from pathlib import Path
 
 import torch
 
-from dspark import cli, paths
+from dspark import paths
 from dspark.data.tokenizer import Tokenizer
+from dspark.lab import cli
 from dspark.lab.study import offline, pareto, plots
 from dspark.model import Transformer
 from dspark.scheduling.scheduler import make_policy

@@ -1,7 +1,7 @@
 """`bench offline | ratios | depth | budget | gamma | threshold | calibration | appendix-a`: the paper's quality claims.
 
-Each function parses nothing: it takes the parsed options (dspark/bench.py builds them), calls the
-measurement in dspark/lab/study/ (offline.py, tables.py, plots.py, ...), prints its table and returns the
+Each function parses nothing: it takes the parsed options (dspark/lab/commands/bench.py builds them), calls
+the measurement in dspark/lab/study/ (offline.py, tables.py, plots.py, ...), prints its table and returns the
 JSON record. Table 1 and Fig. 2 (offline), Fig. 3 (depth), the budget curve, Fig. 4 (gamma), Fig. 5 (threshold), Fig. 6
 (calibration), Appendix A.
 """
@@ -12,8 +12,6 @@ import argparse
 import json
 from pathlib import Path
 
-from dspark import cli
-from dspark.cli import UsageError
 from dspark.device import cpu_description
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.registry import (
@@ -23,7 +21,9 @@ from dspark.drafters.registry import (
     get_drafter,
     labelled_specs,
 )
+from dspark.lab import cli
 from dspark.lab.benchmarks.common import dtype_name, load_model, policy_for, study_prompts, write_outputs
+from dspark.lab.cli import UsageError
 from dspark.lab.cost_aware.scheduler import CostAwareScheduler
 from dspark.lab.pretrained.prompt_sets import prompts_label
 from dspark.lab.study import gpu, offline, plots, tables, tau_intervals

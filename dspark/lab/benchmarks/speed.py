@@ -15,12 +15,13 @@ from pathlib import Path
 import torch
 
 import kernels
-from dspark import cli, paths
-from dspark.cli import UsageError
+from dspark import paths
 from dspark.device import cpu_description, model_device
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.registry import get_drafter, new_drafter
+from dspark.lab import cli
 from dspark.lab.benchmarks.common import load_model, report_points, write_outputs
+from dspark.lab.cli import UsageError
 from dspark.lab.data.corpus import DOMAINS, EVAL_PER_DOMAIN
 from dspark.lab.step_cost import engine_draft_cost
 from dspark.lab.study import gpu, offline, pareto, plots, tables

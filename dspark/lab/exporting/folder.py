@@ -9,7 +9,7 @@ folder and leaves the destination as it was; with `replace`, a folder already th
 the same way and deleted only after the new one is in place -- and only a folder this command wrote (its
 dspark.json says `"written_by": "python -m dspark.export"`) or an empty one: anything else is refused.
 
-What this file does not do: parse the command line (dspark/export.py) or name tensors.
+What this file does not do: parse the command line (dspark/lab/commands/export.py) or name tensors.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ fit about 8 minutes of an H200 (`Plan.expected_s` says how long); `DRY_PLAN` (`-
 section on the CPU at tiny sizes in seconds, kernels in Triton's interpreter (skipped without
 Triton), so the test suite can run this whole file.
 
-What this file does not do: parse arguments or print tables (dspark/bench.py), or time anything on a
-CPU that means anything (the dry run checks the plumbing, not speed).
+What this file does not do: parse arguments or print tables (dspark/lab/commands/bench.py), or time anything
+on a CPU that means anything (the dry run checks the plumbing, not speed).
 """
 
 from __future__ import annotations

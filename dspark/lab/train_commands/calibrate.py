@@ -16,11 +16,12 @@ from pathlib import Path
 
 import torch
 
-from dspark import cli, paths
+from dspark import paths
 from dspark.checkpoint import config_path
-from dspark.cli import UsageError
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.registry import calibration_path, checkpoint_digest, default_path
+from dspark.lab import cli
+from dspark.lab.cli import UsageError
 from dspark.lab.pretrained.prompt_sets import prompts_label
 
 

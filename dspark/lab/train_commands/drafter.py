@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 
 from dspark import paths
-from dspark.cli import UsageError
 from dspark.device import cpu_has_bf16, model_device
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.registry import default_path, new_drafter
 from dspark.drafters.vocab import most_frequent
+from dspark.lab.cli import UsageError
 from dspark.lab.train_commands.drafter_data import feature_caches, load_training_target
 from dspark.lab.training.drafters import DrafterTrainConfig
 

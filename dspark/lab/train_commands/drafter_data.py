@@ -7,7 +7,7 @@ which `train drafter` reads. `load_training_target` and `feature_caches` are sha
 drafter` (dspark/lab/train_commands/drafter.py).
 
 What this file does not do: sample, filter or cache anything itself (dspark/lab/training/instructions.py,
-responses.py, feature_cache.py do) or parse options (dspark/train.py).
+responses.py, feature_cache.py do) or parse options (dspark/lab/commands/train.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dspark import cli, paths
-from dspark.cli import UsageError
+from dspark import paths
+from dspark.lab import cli
+from dspark.lab.cli import UsageError
 
 
 def cmd_instructions(args: argparse.Namespace) -> None:

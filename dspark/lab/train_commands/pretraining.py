@@ -1,11 +1,11 @@
 """`train data | target`: the offline corpus, the tokenizer and the token arrays; the tiny target pre-trained.
 
-Each function parses nothing: it takes the parsed options (dspark/train.py builds them), calls the library
-(dspark/lab/data/corpus.py, tokenizer.py; dspark/lab/training/target.py), prints what it made and, with --ship,
+Each function parses nothing: it takes the parsed options (dspark/lab/commands/train.py builds them), calls the
+library (dspark/lab/data/corpus.py, tokenizer.py; dspark/lab/training/target.py), prints what it made and, with --ship,
 copies the compact result into dspark/assets/.
 
 What this file does not do: build the corpus or train the model itself (the library does) or parse options
-(dspark/train.py).
+(dspark/lab/commands/train.py).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import torch
 
 from dspark import paths
 from dspark.checkpoint import load_target, save_checkpoint
-from dspark.cli import UsageError
 from dspark.config import ModelConfig
 from dspark.data.tokenizer import Tokenizer
+from dspark.lab.cli import UsageError
 from dspark.lab.data.corpus import (
     DOMAINS,
     build_samples,
