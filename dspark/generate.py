@@ -48,12 +48,13 @@ import torch
 from dspark.backend import KERNEL_MODES, kernel_mode, kernels_as
 from dspark.data.tokenizer import Tokenizer
 from dspark.decoding import check_prompts, generate
-from dspark.drafters.registry import get_calibration, get_drafter
+from dspark.drafters.registry import get_calibration
 from dspark.lab import cli
 from dspark.lab.cli import UsageError, run_main
 from dspark.lab.cost_aware.scheduler import COST_AWARE
 from dspark.lab.data.corpus import eval_prompts_by_domain
 from dspark.lab.data.prompt_files import held_out, read_prompts
+from dspark.lab.exporting.exported import get_drafter
 from dspark.lab.study.gpu import measured_scheduler
 from dspark.sampling import SamplingParams
 from dspark.scheduling.scheduler import POLICY_NAMES

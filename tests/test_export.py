@@ -18,9 +18,9 @@ from dspark.config import ModelConfig
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
-from dspark.drafters.registry import get_drafter
 from dspark.lab.cli import run_main
 from dspark.lab.exporting import folder as writer
+from dspark.lab.exporting.exported import get_drafter
 from dspark.lab.exporting.fields import ExportInfo
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams

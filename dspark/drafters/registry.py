@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -29,7 +30,6 @@ from dspark.checkpoint import CheckpointError, config_path, mismatch, read_check
 from dspark.device import model_device
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import Drafter, NoDrafter
-from dspark.drafters.exported import load_exported
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from dspark.model import Transformer, cast_keeping_rope
@@ -70,9 +70,10 @@ def labelled_specs(specs: list[str]) -> list[tuple[str, str]]:
 
 
 def load_drafter(path: str | Path, target: Transformer) -> Drafter:
-    """Rebuild a trained drafter for `target` from its checkpoint (or an exported folder), on the target's device."""
+    """Rebuild a trained drafter for `target` from its checkpoint, on the target's device."""
     if Path(path).is_dir():  # a folder in a serving engine's layout (python -m dspark.export, DeepSpec)
-        return load_exported(path, target)
+        raise CheckpointError(f"{path} is a folder in a serving engine's layout: the lab reads it "
+                              "(dspark.lab.exporting.exported.load_any), as every command does")  # fmt: skip
     record, tensors = read_checkpoint(path)
     config, other_target = record["config"], trained_for(record)
     if isinstance(config, dict) and "kind" not in config and "vocab_size" in config:
@@ -204,9 +205,14 @@ def find_calibration(
 
 
 def get_drafter(
-    name: str, target: Transformer, path: str | Path | None = None, target_name: str = "tiny"
+    name: str,
+    target: Transformer,
+    path: str | Path | None = None,
+    target_name: str = "tiny",
+    load: Callable[[Path, Transformer], Drafter] = load_drafter,
 ) -> Drafter:
-    """`none`, or a trained drafter from `path` (default: the one shipped for `target_name`)."""
+    """`none`, or a trained drafter from `path` (default: the one shipped for `target_name`), read by `load`
+    (the commands pass the lab's, which also reads exported folders)."""
     if name not in DRAFTER_NAMES:
         raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
     if name == "none":
@@ -219,7 +225,7 @@ def get_drafter(
         raise CheckpointError(
             f"no trained {name} drafter at {path}; train one with `python -m dspark.train drafter --kind {name}`"
         )
-    drafter = load_drafter(path, target)
+    drafter = load(path, target)
     if drafter.name != name:
         raise CheckpointError(
             f"{path} holds a {drafter.name} drafter, not {name}; pass --drafter {drafter.name}"

@@ -18,13 +18,13 @@ from dspark.drafters.registry import (
     default_path,
     find_calibration,
     get_calibration,
-    get_drafter,
     labelled_specs,
 )
 from dspark.lab import cli
 from dspark.lab.benchmarks.common import dtype_name, load_model, policy_for, study_prompts, write_outputs
 from dspark.lab.cli import UsageError
 from dspark.lab.cost_aware.scheduler import CostAwareScheduler
+from dspark.lab.exporting import exported
 from dspark.lab.pretrained.prompt_sets import prompts_label
 from dspark.lab.study import gpu, offline, plots, tables, tau_intervals
 from dspark.sampling import SamplingParams
@@ -280,7 +280,7 @@ def bench_calibration(args: argparse.Namespace) -> dict:
         if args.drafter_checkpoint
         else default_path(args.drafter, args.target_name)
     )
-    drafter = get_drafter(args.drafter, target, path)
+    drafter = exported.get_drafter(args.drafter, target, path)
     if not drafter.has_confidence:
         raise UsageError(
             f"{args.drafter} has no trained confidence head to calibrate (use dspark, dspark-rnn)"

@@ -32,9 +32,10 @@ from pathlib import Path
 import torch
 
 from dspark.checkpoint import config_path
-from dspark.drafters.registry import DRAFTER_NAMES, default_path, get_drafter
+from dspark.drafters.registry import DRAFTER_NAMES, default_path
 from dspark.lab import cli
 from dspark.lab.cli import UsageError
+from dspark.lab.exporting.exported import get_drafter
 from dspark.lab.exporting.fields import KNOWN_TARGETS, ExportInfo
 from dspark.lab.exporting.folder import DTYPES, FORMATS, check_replaceable, export_drafter
 

@@ -15,13 +15,12 @@ The target's whole vocabulary only: DeepSpec sizes `lm_head` and `markov_w2` by 
 it). Widening it instead -- zero rows off the draft ids -- would give those ids logit 0, not q = 0: a
 different distribution than the one trained and measured.
 
-The tensors: dspark/drafters/hf_layout.py `parallel_tensors` (with `embed_tokens` and `lm_head`, which
+The tensors: dspark/lab/exporting/hf_layout.py `parallel_tensors` (with `embed_tokens` and `lm_head`, which
 DeepSpec's checkpoints carry as frozen copies of the target's).
 """
 
 from __future__ import annotations
 
-from dspark.drafters.hf_layout import parallel_tensors
 from dspark.lab.exporting.fields import (
     ExportInfo,
     layer_config,
@@ -33,6 +32,7 @@ from dspark.lab.exporting.fields import (
     speculative_config,
     vocab_note,
 )
+from dspark.lab.exporting.hf_layout import parallel_tensors
 
 NAME = "deepspec"
 ENGINES = ("Engines: this folder loads in DeepSpec (`Qwen3DSparkModel`), vLLM (`dspark`), SGLang (`DSPARK`) and "

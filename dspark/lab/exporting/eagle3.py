@@ -14,7 +14,6 @@ Only an EAGLE drafter built with `--eagle3-layer` has this layer (dspark/drafter
 
 from __future__ import annotations
 
-from dspark.drafters.hf_layout import eagle3_tensors
 from dspark.lab.exporting.fields import (
     ExportInfo,
     eagle3_checks,
@@ -24,6 +23,7 @@ from dspark.lab.exporting.fields import (
     speculative_config,
     vocab_note,
 )
+from dspark.lab.exporting.hf_layout import eagle3_tensors
 
 NAME = "eagle3"
 

@@ -14,13 +14,12 @@ decoder layer's config nested as `transformer_layer_config`, `draft_vocab_size`,
   * EAGLE-3: "eagle3" with `layers.0.*` names, `eagle_aux_hidden_state_layer_ids` = tap + 1 and every
     norm flag off (`norm_before_residual` ...: the layer adds its attention to the raw feature).
 
-The tensors are the DeepSpec / EAGLE-3 ones (dspark/drafters/hf_layout.py): same names in speculators.
+The tensors are the DeepSpec / EAGLE-3 ones (dspark/lab/exporting/hf_layout.py): same names in speculators.
 """
 
 from __future__ import annotations
 
 from dspark.drafters.autoregressive import AutoregressiveDrafter
-from dspark.drafters.hf_layout import eagle3_tensors, parallel_tensors
 from dspark.lab.exporting.deepspec import dspark_fields
 from dspark.lab.exporting.fields import (
     ExportInfo,
@@ -33,6 +32,7 @@ from dspark.lab.exporting.fields import (
     speculative_config,
     vocab_note,
 )
+from dspark.lab.exporting.hf_layout import eagle3_tensors, parallel_tensors
 
 NAME = "speculators"
 

@@ -24,8 +24,20 @@ import torch
 from dspark.checkpoint import CheckpointError, mismatch
 from dspark.config import ModelConfig
 from dspark.data.tokenizer import ChatFormat, chatml, plain
-from dspark.drafters.hf_layout import BLOCK_NAMES
 from dspark.model import Transformer, rope_table
+
+# Llama block tensor names: Hugging Face suffix -> this project's module path (per layer)
+BLOCK_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn.wq.weight",
+    "self_attn.k_proj.weight": "attn.wk.weight",
+    "self_attn.v_proj.weight": "attn.wv.weight",
+    "self_attn.o_proj.weight": "attn.wo.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn.w_gate.weight",
+    "mlp.up_proj.weight": "ffn.w_up.weight",
+    "mlp.down_proj.weight": "ffn.w_down.weight",
+}
 
 # Context the KV cache is sized for when the caller does not choose one: a real model's own context (8k for
 # SmolLM2) would cost 30 layers x 2 x 3 heads x 64 x 8192 x 2 B = 190 MB of bf16 cache per request.

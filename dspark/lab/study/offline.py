@@ -341,7 +341,8 @@ def load_labelled_drafters(
 ) -> dict[str, Drafter]:
     """`label=PATH` pairs (or a bare name of a drafter shipped for `target_name`) -> {label: drafter}; labels
     must be non-empty and distinct (`labelled_specs`)."""
-    from dspark.drafters.registry import get_drafter, labelled_specs, load_drafter
+    from dspark.drafters.registry import get_drafter, labelled_specs
+    from dspark.lab.exporting.exported import load_any
 
     out = {}
     for label, path in labelled_specs(specs):
@@ -350,7 +351,7 @@ def load_labelled_drafters(
                 raise FileNotFoundError(
                     f"no drafter checkpoint at {path} (train it with `python -m dspark.train drafter`)"
                 )
-            out[label] = load_drafter(path, target)
+            out[label] = load_any(path, target)
         else:
             out[label] = get_drafter(label, target, target_name=target_name)
     return out
@@ -370,12 +371,12 @@ def run_depth(
     `gamma` tokens per round (None: its own block size). The macro row also holds the checkpoint's
     validation c* (its JSON), its size in MB, and the median ms of one drafting pass (`propose`) at each
     of `draft_batches` requests (`measure_draft_cost`: a parallel drafter's one pass, a chain's γ)."""
-    from dspark.drafters.registry import load_drafter
     from dspark.lab.cost_aware.draft_cost import measure_draft_cost
+    from dspark.lab.exporting.exported import load_any
 
     rows = []
     for (kind, layers), path in checkpoints.items():
-        drafter = load_drafter(path, target)
+        drafter = load_any(path, target)
         g = drafter.max_gamma if gamma is None else gamma  # the Engine refuses a γ the drafter cannot draft
         for domain, prompts in by_domain.items():
             rounds = measure_tau(target, drafter, prompts, params, g, max_new_tokens, eos_id)

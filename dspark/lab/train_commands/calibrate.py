@@ -63,7 +63,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     then reports on prompts 0..39.
     """
 
-    from dspark.drafters.registry import get_drafter
+    from dspark.lab.exporting.exported import get_drafter
     from dspark.lab.study import offline
     from dspark.sampling import SamplingParams
     from dspark.scheduling import calibration

@@ -37,10 +37,12 @@ from safetensors.torch import load_file
 
 from dspark.checkpoint import CheckpointError
 from dspark.device import model_device
+from dspark.drafters import registry
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import Drafter
-from dspark.drafters.hf_layout import draft_ids, head_rows, load_eagle3, load_parallel
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
+from dspark.drafters.registry import load_drafter
+from dspark.lab.exporting.hf_layout import draft_ids, head_rows, load_eagle3, load_parallel
 from dspark.model import Transformer, cast_keeping_rope
 
 HEAD_KINDS = {
@@ -217,3 +219,15 @@ def load_exported(folder: str | Path, target: Transformer) -> Drafter:
     check_borrowed(tensors, drafter, folder)
     drafter = drafter.to(model_device(target))
     return cast_keeping_rope(drafter, target.embed.weight.dtype).eval()
+
+
+def load_any(path: str | Path, target: Transformer) -> Drafter:
+    """A drafter from a checkpoint (the core's `load_drafter`) or from a folder in a serving engine's layout."""
+    return load_exported(path, target) if Path(path).is_dir() else load_drafter(path, target)
+
+
+def get_drafter(
+    name: str, target: Transformer, path: str | Path | None = None, target_name: str = "tiny"
+) -> Drafter:
+    """The core's `get_drafter` for the commands: `path` may also be an exported folder (`load_any`)."""
+    return registry.get_drafter(name, target, path, target_name, load=load_any)

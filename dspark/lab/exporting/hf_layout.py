@@ -24,7 +24,7 @@ inverse-CDF sampling walks), so a reader may pass the original order back (`orde
 draws for the same uniforms, not only the same distribution.
 
 What this file does not do: config.json, READMEs or files (dspark/lab/exporting/ writes them,
-drafters/exported.py reads them), or check that a folder fits a target (exported.py does).
+exported.py reads them), or check that a folder fits a target (exported.py does).
 """
 
 from __future__ import annotations
@@ -35,19 +35,8 @@ from dspark.checkpoint import CheckpointError, mismatch
 from dspark.drafters.autoregressive import AutoregressiveDrafter
 from dspark.drafters.parallel import ParallelDrafter
 from dspark.drafters.vocab import DraftVocabulary
+from dspark.lab.pretrained.llama import BLOCK_NAMES  # Llama block tensor names: HF suffix -> ours
 
-# Llama block tensor names: Hugging Face suffix -> this project's module path (per layer)
-BLOCK_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn.wq.weight",
-    "self_attn.k_proj.weight": "attn.wk.weight",
-    "self_attn.v_proj.weight": "attn.wv.weight",
-    "self_attn.o_proj.weight": "attn.wo.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn.w_gate.weight",
-    "mlp.up_proj.weight": "ffn.w_up.weight",
-    "mlp.down_proj.weight": "ffn.w_down.weight",
-}
 # this project's per-layer key -> the Hugging Face suffix (Llama's, plus Qwen3's per-head q/k norms)
 LAYER_NAMES = {ours: hf for hf, ours in BLOCK_NAMES.items()} | {
     "attn.q_norm.weight": "self_attn.q_norm.weight",
