@@ -1,6 +1,6 @@
 """Ctrl-C while a `python -m dspark.<command>` is still starting: `interrupted` and exit status 130.
 
-`cli.run_main` turns a KeyboardInterrupt inside a command into that line, but a
+`dspark.lab.cli.run_main` turns a KeyboardInterrupt inside a command into that line, but a
 command spends its first second or two importing torch -- in `dspark/__init__.py`
 and at the top of the command's module, before `run_main` runs -- and an
 interrupt there used to end in a traceback. Importing this module (the package's

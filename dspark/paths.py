@@ -130,6 +130,6 @@ def runs_dir() -> Path:
 
 def inside_package(path: str | Path) -> bool:
     """Whether `path` lies inside the installed `dspark` package (its shipped assets): the commands read those
-    files and never write them but through `--ship` (`cli.refuse_clobber` refuses an --out or --json there)."""
+    files and never write them but through `--ship` (`dspark.lab.cli.refuse_clobber` refuses an --out or --json there)."""
     package, where = ASSETS_DIR.parent, Path(path).resolve()
     return where == package or package in where.parents

@@ -11,7 +11,7 @@ from stats_helpers import assert_matches
 from test_parallel_drafter import make
 from test_speculative import MICRO, MICRO_LENGTH, MICRO_PROMPT, micro_target_and_law
 
-from dspark.lab.cost_aware.scheduler import with_drafting
+from dspark.lab.cost_aware.scheduler import forecast_lengths, with_drafting
 from dspark.lab.study.counterexample import counterexample
 from dspark.sampling import SamplingParams
 from dspark.scheduling.scheduler import (
@@ -151,7 +151,8 @@ def test_a_step_that_drafts_is_algorithm_1_on_the_profile_with_drafting():
     """The cost-aware scheduler prices drafting by handing the core's walk `with_drafting(profile, d)`:
     it admits exactly the greedy path's prefix that a walk on Θ = τ / (1/SPS(B) + d) computed here admits
     (ties in survival broken by position then request, early stop or global argmax, smooth and jagged
-    profiles); d = 0 is the profile itself, the paper's Θ to the bit."""
+    profiles); d = 0 is the profile itself, the paper's Θ to the bit. The lab's host-side `forecast_lengths`
+    (lists, for the speculate-or-not forecast) admits exactly what `prefix_schedule` does, ties included."""
     g = torch.Generator().manual_seed(3)
     profiles = [
         linear_profile(0.3, 0.05),
@@ -178,6 +179,8 @@ def test_a_step_that_drafts_is_algorithm_1_on_the_profile_with_drafting():
                 elif early_stop:
                     break
             got = prefix_schedule(survivals, with_drafting(profile, d), early_stop)
+            # the lab's host-side forecast sorts the same path on lists and walks it with the same function
+            assert forecast_lengths(survivals.tolist(), with_drafting(profile, d), early_stop) == got.tolist()
             if not near_tie:
                 assert int(got.sum()) == n_admit, (conf, profile.steps_per_second[:3], early_stop, d)
                 checked += 1

@@ -40,6 +40,7 @@ confidences (dspark/scheduling/calibration.py).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -160,6 +161,24 @@ def greedy_path(survivals: torch.Tensor) -> torch.Tensor:
     return torch.stack([r[order], j[order]], dim=1)
 
 
+def admitted_count(
+    gains: Iterable[float], requests: int, profile: ThroughputProfile, early_stop: bool = True
+) -> int:
+    """Algorithm 1's walk: how many drafts of the greedy path to admit, given their survivals in path order
+    (`gains`) and the step's `requests`. early_stop: stop at the first draft that does not strictly improve
+    Θ = τ · SPS(B); else the path's global argmax of Θ."""
+    # each request brings its anchor: τ starts at R tokens for B = R
+    tau, best, n_admit = float(requests), requests * profile.sps(requests), 0
+    for n, gain in enumerate(gains, start=1):
+        tau += gain
+        theta = tau * profile.sps(requests + n)
+        if theta > best:
+            best, n_admit = theta, n
+        elif early_stop:
+            break
+    return n_admit
+
+
 def prefix_schedule(
     survivals: torch.Tensor,
     profile: ThroughputProfile,
@@ -181,15 +200,7 @@ def prefix_schedule(
     else:
         # host sync: the walk runs in Python here (on a GPU the Triton kernel walks on the device instead)
         gains = to_host(survivals[path[:, 0], path[:, 1]], "scheduler: Algorithm 1's walk")
-        # each request brings its anchor: τ starts at R tokens for B = R
-        tau, best, n_admit = float(R), R * profile.sps(R), 0
-        for n, gain in enumerate(gains, start=1):
-            tau += gain
-            theta = tau * profile.sps(R + n)
-            if theta > best:
-                best, n_admit = theta, n
-            elif early_stop:
-                break
+        n_admit = admitted_count(gains, R, profile, early_stop)
     admitted = path[:n_admit]
     lengths.index_add_(0, admitted[:, 0], torch.ones(n_admit, dtype=torch.long, device=lengths.device))
     return lengths

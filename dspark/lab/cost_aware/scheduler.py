@@ -78,7 +78,7 @@ from dspark.scheduling.scheduler import (
     Policy,
     Scheduler,
     ThroughputProfile,
-    prefix_schedule,
+    admitted_count,
     prefix_survival,
 )
 
@@ -97,7 +97,8 @@ class WithDrafting(ThroughputProfile):
     so Algorithm 1's Θ = τ · SPS'(B) is tokens per second of the whole step."""
 
     def __init__(self, base: ThroughputProfile, draft_seconds: float) -> None:
-        super().__init__(base.steps_per_second, f"{base.name} + drafting")
+        # made every step: the base's table is shared, not copied or checked again
+        self.steps_per_second, self.name, self._tables = base.steps_per_second, f"{base.name} + drafting", {}
         self.base, self.draft_seconds = base, draft_seconds
 
     def sps(self, batch_tokens: int) -> float:
@@ -246,6 +247,18 @@ def forecast_survivals(
     return None if rows is None else torch.tensor(rows, dtype=torch.float64, device=HOST).reshape(-1, gamma)
 
 
+def forecast_lengths(forecast: list[list[float]], profile: ThroughputProfile, early_stop: bool) -> list[int]:
+    """(R,) verify lengths of the core's Algorithm 1 (`admitted_count`, the same walk) on forecast survivals
+    held as Python lists: the same greedy path (descending survival, ties by position, then request) sorted on
+    the host, since a few dozen small tensor ops would cost more than the numbers they handle."""
+    path = sorted((-a, j, r) for r, row in enumerate(forecast) for j, a in enumerate(row))
+    n_admit = admitted_count((-neg for neg, _, _ in path), len(forecast), profile, early_stop)
+    lengths = [0] * len(forecast)
+    for _, _, r in path[:n_admit]:
+        lengths[r] += 1
+    return lengths
+
+
 def draft_plan(
     history: list[list[list[float]]],
     idle_steps: list[int],
@@ -272,8 +285,8 @@ def draft_plan(
     parts: a function giving `forecast_parts(history, gamma, temperatures, first_rounds)`, called only where
     a forecast is needed, if the caller keeps them (the same decision, without recomputing what only new
     rounds change); can_pay: `drafting_can_pay(R, gamma, profile, cost)` if the caller knows it.
-    After the one `prefix_survival` call, the forecast verify lengths are the core's Algorithm 1 on the
-    forecasts against the profile of a step that drafts (`with_drafting`), the rest host-side Python."""
+    After the one `prefix_survival` call, everything is host-side Python: the forecast verify lengths are the
+    core's Algorithm 1 walk on the forecasts against the profile of a step that drafts (`forecast_lengths`)."""
     R = len(history)
     if cost.is_free:
         return torch.ones(R, dtype=torch.bool, device=HOST), gamma
@@ -283,8 +296,7 @@ def draft_plan(
     forecast = faded_forecast(kept, idle_steps)  # (R, γ) rows
     if forecast is None:  # nothing learnt yet: draft the whole block to find out
         return torch.ones(R, dtype=torch.bool, device=HOST), gamma
-    paid = with_drafting(profile, cost.seconds(R))  # as if everybody drafted
-    ell = prefix_schedule(torch.tensor(forecast, dtype=torch.float64, device=HOST), paid, early_stop).tolist()
+    ell = forecast_lengths(forecast, with_drafting(profile, cost.seconds(R)), early_stop)  # as if all drafted
     gain = [realism * sum(row[:n]) for row, n in zip(forecast, ell)]  # expected accepted drafts if r drafts
     order = sorted(range(R), key=lambda r: -gain[r])  # stable: ties keep the request order
     cum_gain = [0.0, *accumulate(gain[r] for r in order)]
