@@ -1,40 +1,27 @@
 """Verify-length policies, among them DSpark's hardware-aware prefix scheduler (Algorithm 1).
 
-Each round every request r has γ drafts with prefix survivals
-a_{r,j} = Π_{i<=j} c_{r,i} (calibrated confidences, non-increasing in j). A
-policy picks verify lengths ℓ_r ∈ [0, γ]; the target then scores
-B = Σ_r (1 + ℓ_r) tokens and is expected to emit τ = Σ_r (1 + Σ_{j<=ℓ_r} a_{r,j}).
-With SPS(B) the measured target steps per second at B batch tokens, DSpark
-maximises the expected emission rate Θ = τ · SPS(B) (walkthrough/DESIGN.md section 5, paper
-section 3.2.2 and Algorithm 1):
+Each round every request r has γ drafts with prefix survivals a_{r,j} = Π_{i<=j} c_{r,i} (calibrated
+confidences, non-increasing in j). A policy picks verify lengths ℓ_r ∈ [0, γ]; the target then scores
+B = Σ_r (1 + ℓ_r) tokens and is expected to emit τ = Σ_r (1 + Σ_{j<=ℓ_r} a_{r,j}). With SPS(B) the measured
+target steps per second at B batch tokens, DSpark maximises Θ = τ · SPS(B) (DESIGN.md §5, paper §3.2.2):
 
-  * `prefix_schedule(..., early_stop=True)`: walk all (r, j) in descending a
-    (ties: earlier position first, so every prefix stays a prefix), admit
-    while Θ strictly improves, stop at the first step where it does not.
-    Admitting x_{r,j} then depends only on survivals ranked above it, none of
-    which depends on x_{r,j}: lossless.
-  * `early_stop=False` is the *retrospective* global argmax along the same
-    path. It may admit x_{r,j} because of a_{r,j+1}, which depends on x_{r,j}
-    itself: NOT lossless (paper Appendix A; `dspark/lab/study/counterexample.py`).
-  * `AsyncPrefixPolicy` (paper section 5.2): the budget K comes from the
-    global argmax over the survivals of TWO rounds earlier (already realised,
-    so no leak and no trap on a jagged SPS), then the current top-K survivals
+  * `prefix_schedule(..., early_stop=True)`: walk all (r, j) in descending a (ties: earlier position first,
+    so every prefix stays a prefix), admit while Θ strictly improves, stop at the first step where it does
+    not. Admitting x_{r,j} then depends only on survivals ranked above it, none of which depends on x_{r,j}:
+    lossless.
+  * `early_stop=False` is the *retrospective* global argmax along the same path. It may admit x_{r,j}
+    because of a_{r,j+1}, which depends on x_{r,j} itself: NOT lossless (paper Appendix A).
+  * `AsyncPrefixPolicy` (paper §5.2): the budget K comes from the global argmax over the survivals of TWO
+    rounds earlier (already realised: no leak, no trap on a jagged SPS), then the current top-K survivals
     are admitted, with a configurable minimum length per request.
 
-Baselines with the same interface: no speculation, MTP-1, fixed γ, a static
-survival threshold, and a SmartSpec-style goodput rule (one EMA acceptance
-rate, one length for the whole batch).
+Baselines with the same interface: no speculation, MTP-1, fixed γ, a static survival threshold, and a
+SmartSpec-style goodput rule (one EMA acceptance rate, one length for the whole batch). On a GPU,
+`scheduled_lengths` runs survivals, path and early stop as one Triton kernel (kernels/prefix_scheduler.py).
 
-On a GPU, `scheduled_lengths` (used by `PrefixPolicy`) runs survivals, the path and the early
-stop as one Triton kernel (`kernels/prefix_scheduler.py`); this file stays its reference.
-
-`Scheduler` (the end of this file) binds a policy to its SPS profile and the drafter's
-STS temperatures; the engine asks it each step who drafts and hands it the round's
-`Proposal`. Lengths are made on the device of the confidences (STS temperatures are
-moved there); the host is read only where a policy decides in Python (`# host sync`).
-
-What this file does not do: measure SPS (dspark/scheduling/profiler.py) or calibrate the
-confidences (dspark/scheduling/calibration.py).
+`Scheduler` (the end of this file) binds a policy to its SPS profile and the drafter's STS temperatures; the
+engine asks it each step who drafts and hands it the round's `Proposal`. The host is read only where a
+policy decides in Python (`# host sync`).
 """
 
 from __future__ import annotations
