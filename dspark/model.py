@@ -35,7 +35,6 @@ from dspark import backend
 from dspark.config import ModelConfig
 from dspark.device import to_host, upload
 from dspark.kv_cache import KVCache
-from dspark.projections import LayerLinear, project_to_vocab
 
 BY_REQUEST_MIN_BLOCK = 16  # blocks this long are prefills, where attending request by request can pay
 
@@ -86,10 +85,10 @@ class Attention(nn.Module):
             config.head_dim,
         )
         kv_dim, in_dim = config.n_kv_heads * config.head_dim, in_dim or config.dim
-        self.wq = LayerLinear(in_dim, config.dim, bias=False)
-        self.wk = LayerLinear(in_dim, kv_dim, bias=False)
-        self.wv = LayerLinear(in_dim, kv_dim, bias=False)
-        self.wo = LayerLinear(config.dim, config.dim, bias=False)
+        self.wq = nn.Linear(in_dim, config.dim, bias=False)
+        self.wk = nn.Linear(in_dim, kv_dim, bias=False)
+        self.wv = nn.Linear(in_dim, kv_dim, bias=False)
+        self.wo = nn.Linear(config.dim, config.dim, bias=False)
         self.q_norm = RMSNorm(config.head_dim, config.norm_eps) if qk_norm else None  # over each head's hd
         self.k_norm = RMSNorm(config.head_dim, config.norm_eps) if qk_norm else None
 
@@ -210,9 +209,9 @@ def ragged_attention(
 class FeedForward(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.w_gate = LayerLinear(config.dim, config.ffn_hidden, bias=False)
-        self.w_up = LayerLinear(config.dim, config.ffn_hidden, bias=False)
-        self.w_down = LayerLinear(config.ffn_hidden, config.dim, bias=False)
+        self.w_gate = nn.Linear(config.dim, config.ffn_hidden, bias=False)
+        self.w_up = nn.Linear(config.dim, config.ffn_hidden, bias=False)
+        self.w_down = nn.Linear(config.ffn_hidden, config.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
@@ -368,6 +367,11 @@ def cast_keeping_rope(module: nn.Module, dtype: torch.dtype) -> nn.Module:
 
 
 class Transformer(nn.Module):
+    # logits x Wᵀ of an LM head (this one, and a drafter's rows of it), and how this model's projections
+    # compute: plain here; dspark/lab/cpu_speed.py swaps both on a CPU where another order pays
+    project_to_vocab = staticmethod(F.linear)
+    speed_paths = "F.linear"
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
@@ -413,7 +417,7 @@ class Transformer(nn.Module):
         hidden = self.norm(x)
         stacked = torch.stack(taps, dim=-2) if taps is not None else None
         scored = hidden if logits_at is None else hidden[logits_at]
-        return ModelOutput(project_to_vocab(scored, self.lm_head.weight), hidden, stacked)
+        return ModelOutput(self.project_to_vocab(scored, self.lm_head.weight), hidden, stacked)
 
     def forward(self, tokens: torch.Tensor, return_taps: bool = False) -> ModelOutput:
         """tokens: (B, T) -> logits (B, T, V). No cache: training and reference."""

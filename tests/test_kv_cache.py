@@ -257,7 +257,7 @@ def test_logits_at_scores_only_those_positions_and_keeps_every_hidden_state(tiny
 def test_project_to_vocab_is_the_lm_head_in_another_order():
     """A large fp32 head with several rows is computed as (W xᵀ)ᵀ: the same logits to fp32 rounding, contiguous,
     any leading shape; one row, a small head and autograd keep `F.linear` bit for bit."""
-    from dspark.projections import TRANSPOSED_PRODUCT_MIN_WEIGHTS, project_to_vocab
+    from dspark.lab.cpu_speed import TRANSPOSED_PRODUCT_MIN_WEIGHTS, project_to_vocab
 
     g = torch.Generator().manual_seed(0)
     big = torch.randn(TRANSPOSED_PRODUCT_MIN_WEIGHTS // 64, 64, generator=g)  # (V, dim) at the threshold
@@ -279,8 +279,8 @@ def test_layer_linear_is_nn_linear_in_another_order(monkeypatch):
     CPU without autograd, a large weight at 2..TRANSPOSED_LAYER_MAX_ROWS rows is computed as (W xᵀ)ᵀ: the
     same outputs to fp32 rounding. One row, more rows than the cap, a small weight, a bias and autograd
     keep `F.linear` bit for bit."""
-    from dspark import projections
-    from dspark.projections import TRANSPOSED_LAYER_MAX_ROWS, TRANSPOSED_LAYER_MIN_WEIGHTS, LayerLinear
+    from dspark.lab import cpu_speed as projections
+    from dspark.lab.cpu_speed import TRANSPOSED_LAYER_MAX_ROWS, TRANSPOSED_LAYER_MIN_WEIGHTS, LayerLinear
 
     taken = []
     transposed = projections.transposed_product
@@ -308,3 +308,40 @@ def test_layer_linear_is_nn_linear_in_another_order(monkeypatch):
     out = big(x)  # autograd
     assert torch.equal(out, plain(x)) and out.requires_grad
     assert taken == [x.shape]  # no other call took it
+
+
+def test_the_cpu_speed_swap_is_the_plain_model_in_another_order(tiny_model, monkeypatch):
+    """`fast_on_cpu` turns exactly the named layer projections into `LayerLinear` (same state_dict) and the LM
+    head into `project_to_vocab`. A swapped model with weights above the thresholds computes the plain model's
+    logits to fp32 rounding, taking the other order, and decodes the same greedy tokens; the tiny target (all
+    below them) gives the same bits."""
+    from dspark.config import ModelConfig
+    from dspark.decoding import generate
+    from dspark.lab import cpu_speed
+    from dspark.model import Transformer
+    from dspark.sampling import SamplingParams
+
+    taken = []
+    transposed = cpu_speed.transposed_product
+    monkeypatch.setattr(cpu_speed, "transposed_product", lambda x, w: taken.append(1) or transposed(x, w))
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=4096, dim=512, n_layers=2, n_heads=8, n_kv_heads=8, ffn_hidden=1024,
+                         max_seq_len=64, tap_layers=(0, 1))  # fmt: skip
+    plain = Transformer(config).eval()
+    fast = cpu_speed.fast_on_cpu(copy.deepcopy(plain))
+    swapped = {n for n, m in fast.named_modules() if isinstance(m, cpu_speed.LayerLinear)}
+    assert swapped == {f"blocks.{i}.{part}" for i in range(2) for part in
+                       ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "ffn.w_gate", "ffn.w_up", "ffn.w_down")}  # fmt: skip
+    assert type(fast.lm_head) is torch.nn.Linear and fast.speed_paths == cpu_speed.PROJECTION_METHOD
+    assert fast.state_dict().keys() == plain.state_dict().keys() and plain.speed_paths == "F.linear"
+    tokens = torch.randint(0, config.vocab_size, (1, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(fast(tokens).logits, plain(tokens).logits, rtol=1e-4, atol=1e-4)
+    assert taken  # the other order was taken
+    greedy = SamplingParams(0.0)
+    prompts = [tokens[0].tolist()]
+    assert generate(fast, prompts, 8, greedy).tokens == generate(plain, prompts, 8, greedy).tokens
+    tiny = cpu_speed.fast_on_cpu(copy.deepcopy(tiny_model))
+    with torch.no_grad():
+        small = tokens % tiny_model.config.vocab_size
+        assert torch.equal(tiny(small).logits, tiny_model(small).logits)

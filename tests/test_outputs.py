@@ -27,6 +27,7 @@ from dspark.drafters.registry import load_drafter
 from dspark.lab import step_cost
 from dspark.lab.cli import run_main
 from dspark.lab.cost_aware import draft_cost
+from dspark.lab.cpu_speed import fast_on_cpu
 from dspark.lab.pretrained import fetch
 from dspark.lab.pretrained.fetch import KnownModel
 from dspark.scheduling import profiler
@@ -173,9 +174,10 @@ def test_a_fetch_waits_for_a_running_one_and_leaves_its_folder(toy_registry):
 # ---- profile caches: corrupt files are named, --refresh rebuilds them and the caches inside them ----------
 def cache_names(checkpoint: Path, drafter_checkpoint: Path) -> dict[str, str]:
     """The files under DSPARK_HOME/profiles that `bench profile --checkpoint C --drafters d=D` reads: the SPS
-    profile, the engine's drafting cost and the `propose` table that cost draws on."""
-    target = load_target(checkpoint)[0]
-    drafter = load_drafter(drafter_checkpoint, target)
+    profile, the engine's drafting cost and the `propose` table that cost draws on. Target and drafter as the
+    commands load them: with the CPU speed path, which their keys name."""
+    target = fast_on_cpu(load_target(checkpoint)[0])
+    drafter = fast_on_cpu(load_drafter(drafter_checkpoint, target))
     gamma = drafter.max_gamma
     paths = {
         "sps": profiler.profile_path(profiler.cpu_profile_key(target)),

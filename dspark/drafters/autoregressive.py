@@ -40,7 +40,6 @@ from dspark.drafters.eagle3_layer import Eagle3Layer, pack_inputs
 from dspark.drafters.vocab import DraftVocabulary
 from dspark.kv_cache import KVCache
 from dspark.model import Block, RaggedIndex, RMSNorm, Transformer, rope_table, run_blocks_cached
-from dspark.projections import LayerLinear
 from dspark.sampling import probabilities, sample
 
 
@@ -76,13 +75,13 @@ class AutoregressiveDrafter(Drafter):
         self.config, self.name, self.max_gamma = config, config.kind, config.max_gamma
         self.layer_config = tc.drafter_layers(config.n_layers, config.ffn_hidden, config.max_gamma + 1)
         n_feat = len(tc.tap_layers) + config.final_hidden if config.kind == "eagle" else 1
-        self.fuse = LayerLinear(n_feat * tc.dim, tc.dim, bias=False) if n_feat > 1 else nn.Identity()
+        self.fuse = nn.Linear(n_feat * tc.dim, tc.dim, bias=False) if n_feat > 1 else nn.Identity()
         self.token_norm = RMSNorm(tc.dim, tc.norm_eps)
         self.feature_norm = RMSNorm(tc.dim, tc.norm_eps)
         if config.eagle3_layer:  # [norm(emb); norm(g)] feeds the attention directly, g is the residual
             self.layers = nn.ModuleList([Eagle3Layer(self.layer_config)])
         else:
-            self.w_in = LayerLinear(2 * tc.dim, tc.dim, bias=False)
+            self.w_in = nn.Linear(2 * tc.dim, tc.dim, bias=False)
             self.layers = nn.ModuleList(Block(self.layer_config) for _ in range(config.n_layers))
         self.out_norm = RMSNorm(tc.dim, tc.norm_eps)
         self.vocab = DraftVocabulary(target, config.draft_vocab)  # what the drafter scores: V or K ids

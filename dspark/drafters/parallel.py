@@ -71,7 +71,6 @@ from dspark.model import (
     grouped_attention,
     rope_table,
 )
-from dspark.projections import LayerLinear
 from dspark.sampling import SamplingParams, draw_token, probabilities
 
 KINDS = {"dflash": "none", "dspark": "markov", "dspark-rnn": "rnn"}  # kind -> sequential head
@@ -195,7 +194,7 @@ class ParallelDrafter(Drafter):
         self.config, self.name, self.max_gamma = config, config.kind, config.gamma
         self.layer_config = tc.drafter_layers(config.n_layers, config.ffn_hidden, config.gamma + 1)
         n_feat = len(tc.tap_layers) + config.final_hidden
-        self.ctx_proj = LayerLinear(n_feat * tc.dim, tc.dim, bias=False)  # W_c
+        self.ctx_proj = nn.Linear(n_feat * tc.dim, tc.dim, bias=False)  # W_c
         self.ctx_norm = RMSNorm(tc.dim, tc.norm_eps)
         self.layers = nn.ModuleList(Block(self.layer_config, config.qk_norm) for _ in range(config.n_layers))
         self.out_norm = RMSNorm(tc.dim, tc.norm_eps)

@@ -29,7 +29,6 @@ import torch
 from torch import nn
 
 from dspark.model import Transformer
-from dspark.projections import project_to_vocab
 
 
 def most_frequent(counts: torch.Tensor, size: int, keep: tuple[int, ...] = ()) -> torch.Tensor:
@@ -119,8 +118,8 @@ class DraftVocabulary(nn.Module):
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         """(..., dim) -> (..., n_out): the target's frozen LM head, restricted to the draft ids."""
         if not self.size:
-            return project_to_vocab(normed, self._target[0].lm_head.weight)
-        return project_to_vocab(normed, self.head_rows.to(normed.dtype))
+            return self._target[0].project_to_vocab(normed, self._target[0].lm_head.weight)
+        return self._target[0].project_to_vocab(normed, self.head_rows.to(normed.dtype))
 
     def to_draft(self, target_ids: torch.Tensor) -> torch.Tensor:
         """Target ids -> draft indices (K for an id outside the draft vocabulary)."""

@@ -32,7 +32,6 @@ import torch
 from dspark import paths
 from dspark.device import cpu_description
 from dspark.model import Transformer
-from dspark.projections import PROJECTION_METHOD
 from dspark.scheduling.scheduler import ThroughputProfile
 
 DEFAULT_POINTS = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]  # batch tokens measured on the CPU
@@ -118,7 +117,7 @@ def cpu_profile_key(target: Transformer) -> dict:
         "threads": torch.get_num_threads(),
         "cpu": cpu_description(),
         "method": "interleaved, isotonic",
-        "projection": PROJECTION_METHOD,
+        "projection": target.speed_paths,  # how its projections compute (dspark/lab/cpu_speed.py swaps them)
     }  # (a profile measured the older way, or of the older LM-head code, is measured again)
     key["config"]["tap_layers"] = list(key["config"]["tap_layers"])
     if target.embed.weight.dtype != torch.float32:  # (only a non-fp32 dtype joins the key)

@@ -18,11 +18,13 @@ import kernels
 from dspark import paths
 from dspark.device import cpu_description, model_device
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
-from dspark.drafters.registry import get_drafter, new_drafter
+from dspark.drafters.registry import new_drafter
 from dspark.lab import cli
 from dspark.lab.benchmarks.common import load_model, report_points, write_outputs
 from dspark.lab.cli import UsageError
+from dspark.lab.cpu_speed import fast_on_cpu
 from dspark.lab.data.corpus import DOMAINS, EVAL_PER_DOMAIN
+from dspark.lab.exporting.exported import get_drafter
 from dspark.lab.step_cost import engine_draft_cost
 from dspark.lab.study import gpu, offline, pareto, plots, tables
 from dspark.lab.study import kernels as kernel_study
@@ -73,8 +75,9 @@ def bench_training(args: argparse.Namespace) -> dict:
 
         def make(kind=kind):  # the drafter `train drafter` builds with the same options
             torch.manual_seed(0)
-            return new_drafter(target, kind, layers=args.layers, rank=args.rank, draft_vocab=args.draft_vocab,
-                               qk_norm=kind in PARALLEL_KINDS)  # fmt: skip
+            drafter = new_drafter(target, kind, layers=args.layers, rank=args.rank, draft_vocab=args.draft_vocab,
+                                  qk_norm=kind in PARALLEL_KINDS)  # fmt: skip
+            return fast_on_cpu(drafter)
 
         settings = [dict(zip(("features", "anchors", "bf16"), s)) for s in args.settings]
         if kind not in PARALLEL_KINDS:  # every chain is supervised: the anchor density does not apply

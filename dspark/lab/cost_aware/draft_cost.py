@@ -47,7 +47,6 @@ from dspark import paths
 from dspark.device import cpu_description
 from dspark.drafters.base import Drafter, TargetFeatures
 from dspark.model import Transformer
-from dspark.projections import PROJECTION_METHOD
 from dspark.sampling import SamplingParams
 from dspark.scheduling.profiler import RooflineConfig
 from dspark.scheduling.scheduler import interpolated_times
@@ -210,7 +209,7 @@ def draft_cost_key(target: Transformer, drafter: Drafter, gamma: int) -> dict:
         "gamma": gamma,
         "threads": torch.get_num_threads(),
         "cpu": cpu_description(),
-        "projection": PROJECTION_METHOD,  # how the heads compute (their cost)
+        "projection": target.speed_paths,  # how the heads compute (their cost)
     }
     if target.embed.weight.dtype != torch.float32:  # (only a non-fp32 dtype joins the key)
         key["dtype"] = str(target.embed.weight.dtype)

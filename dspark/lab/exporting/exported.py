@@ -42,6 +42,7 @@ from dspark.drafters.autoregressive import AutoregressiveDrafter, Autoregressive
 from dspark.drafters.base import Drafter
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from dspark.drafters.registry import load_drafter
+from dspark.lab.cpu_speed import fast_on_cpu
 from dspark.lab.exporting.hf_layout import draft_ids, head_rows, load_eagle3, load_parallel
 from dspark.model import Transformer, cast_keeping_rope
 
@@ -222,12 +223,14 @@ def load_exported(folder: str | Path, target: Transformer) -> Drafter:
 
 
 def load_any(path: str | Path, target: Transformer) -> Drafter:
-    """A drafter from a checkpoint (the core's `load_drafter`) or from a folder in a serving engine's layout."""
-    return load_exported(path, target) if Path(path).is_dir() else load_drafter(path, target)
+    """A drafter from a checkpoint (the core's `load_drafter`) or from a folder in a serving engine's layout,
+    with the CPU speed path swapped in (`cpu_speed.fast_on_cpu`)."""
+    return fast_on_cpu(load_exported(path, target) if Path(path).is_dir() else load_drafter(path, target))
 
 
 def get_drafter(
     name: str, target: Transformer, path: str | Path | None = None, target_name: str = "tiny"
 ) -> Drafter:
-    """The core's `get_drafter` for the commands: `path` may also be an exported folder (`load_any`)."""
+    """The core's `get_drafter` for the commands: `path` may also be an exported folder, and the drafter has the
+    CPU speed path (`load_any`)."""
     return registry.get_drafter(name, target, path, target_name, load=load_any)

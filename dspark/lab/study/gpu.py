@@ -45,8 +45,9 @@ from dspark import paths
 from dspark.data.tokenizer import Tokenizer
 from dspark.device import host_sync_counts, model_device
 from dspark.drafters.base import Drafter, NoDrafter
-from dspark.drafters.registry import PARALLEL_KINDS, get_calibration, get_drafter, new_drafter
+from dspark.drafters.registry import PARALLEL_KINDS, get_calibration, new_drafter
 from dspark.lab.cost_aware.scheduler import COST_AWARE, CostAwareScheduler
+from dspark.lab.exporting.exported import get_drafter
 from dspark.lab.step_cost import engine_draft_cost
 from dspark.lab.study import kernels as kernel_study
 from dspark.lab.study import offline, pareto

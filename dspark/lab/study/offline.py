@@ -341,8 +341,8 @@ def load_labelled_drafters(
 ) -> dict[str, Drafter]:
     """`label=PATH` pairs (or a bare name of a drafter shipped for `target_name`) -> {label: drafter}; labels
     must be non-empty and distinct (`labelled_specs`)."""
-    from dspark.drafters.registry import get_drafter, labelled_specs
-    from dspark.lab.exporting.exported import load_any
+    from dspark.drafters.registry import labelled_specs
+    from dspark.lab.exporting.exported import get_drafter, load_any
 
     out = {}
     for label, path in labelled_specs(specs):

@@ -38,9 +38,10 @@ from dspark import paths
 from dspark.data.tokenizer import Tokenizer
 from dspark.device import model_device
 from dspark.drafters.base import Drafter, NoDrafter
-from dspark.drafters.registry import get_calibration, get_drafter
+from dspark.drafters.registry import get_calibration
 from dspark.lab.cost_aware.draft_cost import DraftCost, roofline_draft_cost
 from dspark.lab.cost_aware.scheduler import COST_AWARE, CostAwareScheduler
+from dspark.lab.exporting.exported import get_drafter
 from dspark.lab.step_cost import engine_draft_cost
 from dspark.lab.study import offline, tables
 from dspark.lab.study.simulator import RequestTrace, simulate, traces_from_records

@@ -23,6 +23,7 @@ from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.registry import default_path, new_drafter
 from dspark.drafters.vocab import most_frequent
 from dspark.lab.cli import UsageError
+from dspark.lab.cpu_speed import fast_on_cpu
 from dspark.lab.train_commands.drafter_data import feature_caches, load_training_target
 from dspark.lab.training.drafters import DrafterTrainConfig
 
@@ -87,6 +88,7 @@ def cmd_drafter(args: argparse.Namespace) -> None:
         qk_norm=args.qk_norm,
         eagle3_layer=args.eagle3_layer,
     ).to(model_device(target))
+    drafter = fast_on_cpu(drafter)  # its training-time test runs inference (autograd keeps F.linear)
     if args.draft_vocab:  # the K ids the target writes most often in the training responses (EOS always)
         counts = response_token_counts(
             load_responses(Path(args.responses), "train"), target.config.vocab_size

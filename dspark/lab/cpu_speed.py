@@ -1,19 +1,28 @@
-"""Matrix products of a few rows on a CPU in fp32: where x Wᵀ is computed as (W xᵀ)ᵀ.
+"""The CPU speed path, as ONE swap applied to a plain model: where x Wᵀ of a few rows is computed as (W xᵀ)ᵀ.
 
 The paper's premise -- verifying ℓ + 1 tokens costs about what decoding one does -- needs every matmul of a
 few rows to stream its weight once. In fp32 on a CPU `F.linear` does that for one row (the matrix-vector
 path) but re-packs the whole weight for a matrix product from two rows on. `project_to_vocab` (LM heads) and
 `LayerLinear` (decoder-layer projections) take the transposed product instead where that was measured to
 pay. The same sums in another order: equal to `F.linear` up to fp32 rounding (walkthrough/DESIGN.md §8).
+`fast_on_cpu` applies both to a core model or drafter (the core itself is plain `nn.Linear` and `F.linear`),
+as gpt-fast's quantize.py swaps `nn.Linear`; the lab's loaders (`cli.load_target`, `exported.get_drafter`)
+apply it, so every command runs with it.
 
 What this file does not do: anything on a GPU, in bf16 or under autograd (all `F.linear`, unchanged).
 """
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from dspark.model import Transformer
+
+M = TypeVar("M", bound=nn.Module)
 
 # Where the transposed product pays (measured on a 2-core AVX2 EPYC, weights streamed from memory as in a
 # forward pass):
@@ -84,3 +93,23 @@ class LayerLinear(nn.Linear):
         ):
             return transposed_product(x, self.weight)
         return F.linear(x, self.weight, self.bias)
+
+
+# the layer projections that take `LayerLinear`: a decoder layer's q/k/v/o and SwiGLU, and a drafter's input
+# projections (EAGLE's fuse and w_in, the parallel drafters' W_c); nothing else changes class
+LAYER_PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "fuse", "w_in", "ctx_proj")
+
+
+def fast_on_cpu(model: M) -> M:
+    """Swap the CPU speed path into a target (`Transformer`) or a drafter, in place; returns it. Every
+    `nn.Linear` named in LAYER_PROJECTIONS becomes a `LayerLinear` (same parameters, same state_dict), and a
+    target's LM-head projection (which its drafters' heads call too) becomes `project_to_vocab`. On a GPU, in
+    bf16 or under autograd both take `F.linear` as before, so the swap is safe everywhere."""
+    for module in model.modules():
+        for name in LAYER_PROJECTIONS:
+            child = getattr(module, name, None)
+            if type(child) is nn.Linear:
+                child.__class__ = LayerLinear
+        if isinstance(module, Transformer):
+            module.project_to_vocab, module.speed_paths = project_to_vocab, PROJECTION_METHOD
+    return model
