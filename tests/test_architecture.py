@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("drafters", ("dspark.drafters.*", "dspark.lab.pretrained.*")),
     ("verify", ("dspark.verify",)),
-    ("scheduling", ("dspark.scheduling.*",)),
+    ("scheduling", ("dspark.scheduling.*", "dspark.lab.calibration")),
     ("serving", ("dspark.serving.*", "dspark.lab.step_cost", "dspark.lab.cost_aware.*")),
     ("training", ("dspark.training.*", "dspark.lab.training.*")),
     ("exporting", ("dspark.lab.exporting.*",)),
@@ -379,7 +379,7 @@ def test_the_core_imports_neither_lab_nor_course():
 
 # The core's size in lines of Python: a ratchet on the way to the goal of at most 3,500 (issue #60). Lower it
 # as code leaves the core; never raise it.
-CORE_LINE_BUDGET = 5065
+CORE_LINE_BUDGET = 4927
 
 
 def test_the_core_stays_within_its_line_budget():

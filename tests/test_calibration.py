@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from dspark.drafters.registry import load_calibration
+from dspark.lab import calibration as lab_calibration
+from dspark.lab.calibration import position_metrics
 from dspark.scheduling import calibration, profiler
-from dspark.scheduling.calibration import auroc, ece, fit_sts, position_metrics
+from dspark.scheduling.calibration import auroc, ece, fit_sts
 from dspark.scheduling.profiler import RooflineConfig, default_buckets, measure_sps, roofline_profile
 from dspark.serving.rounds import RoundStats
 
@@ -70,13 +72,13 @@ def test_temperatures_live_in_the_checkpoint_json(tmp_path):
     weights = tmp_path / "d.safetensors"
     weights.with_suffix(".json").write_text(json.dumps({"config": {}}))
     assert load_calibration(weights) is None
-    calibration.save_temperatures(weights, torch.tensor([1.5, 2.0]), {"rounds": 10})
+    lab_calibration.save_temperatures(weights, torch.tensor([1.5, 2.0]), {"rounds": 10})
     assert load_calibration(weights).tolist() == [1.5, 2.0]
     assert json.loads(weights.with_suffix(".json").read_text())["calibration"]["rounds"] == 10
     # with logit offsets: stored next to the temperatures, read back as the (2, γ) prefix_survival takes
-    calibration.save_temperatures(weights, torch.tensor([[1.5, 2.0], [0.25, -0.5]]), {"rounds": 10})
+    lab_calibration.save_temperatures(weights, torch.tensor([[1.5, 2.0], [0.25, -0.5]]), {"rounds": 10})
     assert load_calibration(weights).tolist() == [[1.5, 2.0], [0.25, -0.5]]
-    assert calibration.describe_sts(load_calibration(weights)) == "T 1.50 2.00; b +0.25 -0.50"
+    assert lab_calibration.describe_sts(load_calibration(weights)) == "T 1.50 2.00; b +0.25 -0.50"
 
 
 def test_measured_profile_is_monotone_and_cached(tiny_model, tmp_path, monkeypatch):
@@ -124,7 +126,7 @@ def test_roofline_smooth_vs_bucketed():
 def test_ece_noise_floor_shrinks_with_more_rounds():
     g = torch.Generator().manual_seed(3)
     small, large = torch.rand(300, generator=g).double(), torch.rand(30_000, generator=g).double()
-    floor_small, floor_large = calibration.ece_noise_floor(small), calibration.ece_noise_floor(large)
+    floor_small, floor_large = lab_calibration.ece_noise_floor(small), lab_calibration.ece_noise_floor(large)
     assert floor_small > 2 * floor_large > 0
     # a calibrated predictor's measured ECE is of the size of the floor, not zero
     events = (torch.rand(300, generator=g, dtype=torch.float64) < small).double()
@@ -132,7 +134,7 @@ def test_ece_noise_floor_shrinks_with_more_rounds():
 
 
 def test_selected_sts_keeps_what_helps_and_falls_back_to_one():
-    from dspark.scheduling.calibration import select_sts
+    from dspark.lab.calibration import select_sts
 
     # plenty of rounds, a clearly overconfident head at positions 1-2: the fitted temperatures stay
     conf, events, mask = synthetic_rounds(20_000, 3, [2.5, 2.0, 1.0]).calibration_arrays()
@@ -174,7 +176,7 @@ def test_selected_sts_refuses_a_fix_that_breaks_a_later_position():
     accepted = [[int(a) + int(b)] for a, b in zip(first, second)]
     conf_, events, mask = RoundStats([[2]] * n, accepted, [[c] for c in conf.tolist()]).calibration_arrays()
     for shifts in (False, True):
-        sts, reasons = calibration.select_sts(conf_, events, mask, shifts=shifts)
+        sts, reasons = lab_calibration.select_sts(conf_, events, mask, shifts=shifts)
         assert (sts.flatten()[:2] == 1.0).all() and "raises it at 1 later position(s) (at 2:" in reasons[0]
     assert calibration.fit_sts(conf_, events, mask)[0] > 1.5  # what the fit alone would have kept
 

@@ -24,8 +24,8 @@ from test_speculative import make_drafter, prompts
 from dspark import device as dev
 from dspark.decoding import generate
 from dspark.drafters.base import NoDrafter, TargetFeatures
+from dspark.lab import calibration
 from dspark.sampling import SamplingParams, probabilities, sample
-from dspark.scheduling import calibration
 from dspark.scheduling.scheduler import (
     POLICY_NAMES,
     Scheduler,

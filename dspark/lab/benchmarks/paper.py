@@ -20,7 +20,7 @@ from dspark.drafters.registry import (
     get_calibration,
     labelled_specs,
 )
-from dspark.lab import cli
+from dspark.lab import calibration, cli
 from dspark.lab.benchmarks.common import dtype_name, load_model, policy_for, study_prompts, write_outputs
 from dspark.lab.cli import UsageError
 from dspark.lab.cost_aware.scheduler import CostAwareScheduler
@@ -28,7 +28,6 @@ from dspark.lab.exporting import exported
 from dspark.lab.pretrained.prompt_sets import prompts_label
 from dspark.lab.study import gpu, offline, plots, tables, tau_intervals
 from dspark.sampling import SamplingParams
-from dspark.scheduling import calibration
 from dspark.scheduling.scheduler import temperatures_and_offsets
 
 

@@ -63,10 +63,10 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     then reports on prompts 0..39.
     """
 
+    from dspark.lab import calibration
     from dspark.lab.exporting.exported import get_drafter
     from dspark.lab.study import offline
     from dspark.sampling import SamplingParams
-    from dspark.scheduling import calibration
     from dspark.scheduling.scheduler import temperatures_and_offsets
 
     tokenizer, target, target_name = cli.load_target(args)
