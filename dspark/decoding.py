@@ -93,6 +93,17 @@ def check_prompts(
 
 
 @torch.no_grad()
+def stop_reason(
+    emitted: list[int], eos_id: int | None, max_new_tokens: int, length: int, context: int
+) -> str:
+    """Why a request stops after its latest token: "eos", "length", "context" (no room for it), "" (go on)."""
+    if eos_id is not None and emitted[-1] == eos_id:
+        return "eos"
+    if len(emitted) >= max_new_tokens:
+        return "length"
+    return "context" if length + 1 > context else ""
+
+
 def generate(
     model: Transformer,
     prompts: list[list[int]],
@@ -113,38 +124,28 @@ def generate(
     slots = upload(slot_list, device)  # (S,)
     try:
         t0 = time.perf_counter()
-        flat = upload([t for p in prompts for t in p], device)
         lengths = [len(p) for p in prompts]  # each request's cache length, kept on the host
-        lens = upload(lengths, device)
-        logits = model.forward_cached(flat, slots, lens, cache, last_only=True).logits  # (S, V)
+        flat = upload([t for p in prompts for t in p], device)  # (ΣT,) every prompt, one ragged pass
+        logits = model.forward_cached(flat, slots, upload(lengths, device), cache, last_only=True).logits
         next_tokens = sample(probabilities(logits, params), generator, check=False)  # (S,)
         prefill_seconds = time.perf_counter() - t0
-
-        out: list[list[int]] = [[] for _ in prompts]
-        reasons = [""] * len(prompts)
-        active = list(range(len(prompts)))
+        out, reasons, active = [[] for _ in prompts], [""] * len(prompts), list(range(len(prompts)))
         steps, t1 = 0, time.perf_counter()
         while True:
             tokens = to_host(next_tokens, "decoding: next tokens")  # host sync: emit them, check the stops
             still = []
             for row, i in enumerate(active):
                 out[i].append(tokens[row])
-                if eos_id is not None and tokens[row] == eos_id:
-                    reasons[i] = "eos"
-                elif len(out[i]) >= max_new_tokens:
-                    reasons[i] = "length"
-                elif lengths[i] + 1 > context:
-                    reasons[i] = "context"
-                else:
+                reasons[i] = stop_reason(out[i], eos_id, max_new_tokens, lengths[i], context)
+                if not reasons[i]:  # its token goes into the cache next
                     still.append((row, i))
+                    lengths[i] += 1
             if not still:
                 break
             active = [i for _, i in still]
             feed = next_tokens[upload([row for row, _ in still], device)]  # (S',) the unfinished rows' tokens
             step_slots = upload([slot_list[i] for i in active], device)
             logits = model.forward_cached(feed, step_slots, torch.ones_like(step_slots), cache).logits
-            for i in active:
-                lengths[i] += 1
             next_tokens = sample(probabilities(logits, params), generator, check=False)
             steps += 1
         decode_seconds = time.perf_counter() - t1

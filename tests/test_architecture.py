@@ -390,6 +390,26 @@ def test_the_core_stays_within_its_line_budget():
     )
 
 
+MAX_FUNCTION_LINES = 50  # issue #60: no function of the core longer than this (docstring included)
+
+
+def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """'file:line name (n lines)' for every function or method in `path` longer than `limit` lines."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [f"{path.name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > limit]  # fmt: skip
+
+
+def test_no_function_of_the_core_is_longer_than_50_lines(tmp_path):
+    modules = find_modules(ROOT)
+    found = [hit for m in core_modules(modules) for hit in long_functions(modules[m])]
+    assert not found, f"core functions over {MAX_FUNCTION_LINES} lines: {found}"
+    planted = tmp_path / "planted.py"
+    planted.write_text("def f():\n" + "    x = 1\n" * 50 + "\n\ndef g():\n    return 1\n")
+    assert long_functions(planted) == ["planted.py:1 f (51 lines)"]  # the checker sees a long one
+
+
 def test_only_the_plots_module_imports_matplotlib():
     """Plotting lives in the benchmark/study layer, in one module."""
     _, imports = collect(ROOT)

@@ -1,50 +1,27 @@
 """A continuous-batching speculative serving engine (walkthrough/DESIGN.md section 6, paper section 5).
 
-Requests wait in a queue. The engine keeps at most `concurrency` of them
-active, each in its own KV-cache slot; every step it
+Requests wait in a queue; at most `concurrency` are active, each in its own KV-cache slot. Every step:
 
-  1. admits waiting requests while slots are free (closed loop: as soon as
-     one finishes; Poisson mode: once their arrival time has passed),
-     rejecting bad ones (empty, too long for the context, nothing to
-     generate) individually, and prefills the admitted prompts in ONE ragged
-     target pass whose last logits give each request its first token;
-  2. lets the drafter propose γ tokens after every active request's anchor
-     (or a narrower block, or none, for the requests the speculate-or-not
-     decision picks; it first appends the context committed since its last call):
-     one `Proposal` of tokens, their distributions q and, if the drafter has
-     a trained head, confidences;
-  3. hands that Proposal to the scheduler (dspark/scheduling/scheduler.py)
-     for ℓ_r per request, capped by the context left;
-  4. runs ONE ragged target pass over every request's anchor + ℓ_r drafts --
-     flattened tokens with request ids, no padding -- and `verify`s them;
-  5. rolls every target cache back to anchor + accepted drafts, emits the
-     accepted drafts + the correction/bonus token, stops requests at EOS,
-     `max_new_tokens` or the context, frees their slots for reuse.
+  1. admit waiting requests while slots are free (closed loop, or once their arrival time has passed),
+     rejecting bad ones (empty, too long, nothing to generate) one by one; prefill the admitted prompts in
+     ONE ragged target pass whose last logits give each its first token;
+  2. the drafter proposes γ tokens after every active request's anchor (or a narrower block, or none, for
+     the requests the scheduler's speculate-or-not picks), first appending what was committed since its
+     last call: one `Proposal` of tokens, their q and, with a trained head, confidences;
+  3. the scheduler (dspark/scheduling/scheduler.py) gives ℓ_r per request, capped by the context left;
+  4. ONE ragged target pass over every request's anchor + ℓ_r drafts (no padding), then `verify`;
+  5. roll every cache back to anchor + accepted drafts, emit the accepted drafts + the correction/bonus
+     token, stop at EOS, `max_new_tokens` or the context, free the slots.
 
-The loop (`Engine.run`) is these phases, one method each: `admit` + `prefill`
-(1), `plan` (who drafts, how wide), `draft` (2), `verify_round` (3-4) or
-`decode_round` (nobody drafts), `commit` (5). Each active request is one
-`ActiveRequest` (dspark/serving/requests.py) holding its slot, anchor,
-limits, cache length, recent confidences and pending chunks.
+`Engine.run` is these phases, one method each: `admit` + `prefill` (1), `plan` (who drafts, how wide),
+`draft` (2), `verify_round` (3-4) or `decode_round` (nobody drafts), `commit` (5); one `ActiveRequest`
+(requests.py) per active request. With a `NoDrafter` (γ = 0) it is plain continuous batching. The result
+holds every request's record and the round statistics (`EngineResult.stats`, rounds.py).
 
-With a `NoDrafter` (γ = 0) it is plain continuous-batching decoding. Per
-request it records the time to first token, the end-to-end time and every
-round's verify length, accepted count and confidences; the result has the
-global throughput and the round statistics (`EngineResult.stats`,
-dspark/serving/rounds.py). `speculative_generate` (dspark/serving/speculative.py) is this
-engine with every prompt admitted at once.
-
-Device: every tensor lives on the target's device (`model_device(target)`); the
-bookkeeping (slots, anchors, cache lengths, verify lengths) stays on the host,
-where it is decided, and is uploaded without waiting for the device
-(dspark/device.py). Each step reads the device back at a few counted points
-(`EngineResult.host_syncs`, README "On a GPU"): the ragged index of each pass
-(its shapes), the verify lengths (they shape the target pass), the policy's
-own decisions where it walks in Python, and the round's outcome (tokens to
-emit, stops to check) in one read.
-
-What this file does not do: choose verify lengths (policies) or simulate a GPU
-(the trace-driven simulator).
+Device: tensors live on the target's device; the bookkeeping (slots, anchors, lengths) stays on the host,
+where it is decided, and is uploaded without waiting. Each step reads the device back at a few counted
+points (`EngineResult.host_syncs`): the ragged index, the verify lengths, the policy's own Python walk, and
+the round's outcome in one read.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter
+from dspark.drafters.vocab import DraftVocabulary
 from dspark.model import Transformer
 from dspark.training.distribution_loss import soft_target_loss
 from dspark.training.features import FeatureBatch, supervised_target_probs
@@ -109,6 +110,45 @@ def packed_blocks(
     return drafter.block_outputs(h if keep is None else h[keep])
 
 
+def block_slots(
+    batch: FeatureBatch, anchors: torch.Tensor, valid_anchor: torch.Tensor, gamma: int, vocab: DraftVocabulary
+) -> tuple[torch.Tensor, ...]:
+    """Where the γ slots of the N kept blocks read: (N,) the sequence of each block; (N, γ) the position of
+    each slot's previous token (clamped into the sequence), whether the token it predicts exists, that
+    previous token (teacher forcing) and the label, both in draft indices (K: outside the draft vocabulary)."""
+    (B, T), device = batch.tokens.shape, batch.tokens.device
+    row = torch.arange(B, device=device)[:, None].expand_as(anchors)[valid_anchor]  # (N,)
+    pos = anchors[valid_anchor][:, None] + torch.arange(gamma, device=device)  # (N, γ)
+    valid = (pos + 1) < batch.lengths.to(device)[row][:, None]
+    safe = pos.clamp(max=T - 1)
+    prev = vocab.to_draft(batch.tokens[row[:, None], safe])
+    label = vocab.to_draft(batch.tokens[row[:, None], (safe + 1).clamp(max=T - 1)])
+    return row, safe, valid, prev, label
+
+
+def position_terms(
+    logits: torch.Tensor,
+    probs: torch.Tensor,
+    p_row: torch.Tensor,
+    label: torch.Tensor,
+    vocab: DraftVocabulary,
+    soft_ce: bool = True,
+    mass: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N,) cross-entropy and ‖q − p_t‖₁ of one block position, q from `logits` (N, V or K), p_t the rows
+    `p_row` of `probs`. soft_ce False: CE against the sampled `label` (outside the draft vocabulary: no
+    log q). With a draft vocabulary p_t's mass off its ids (1 − `mass`, `probs.sum(-1)`) counts in full."""
+    ce, tv, lse = soft_target_loss(logits, probs, p_row)  # −Σ p_t log q, ‖q − p_t‖₁, log Σ exp
+    if not soft_ce:
+        in_vocab = label < vocab.n_out
+        z_label = logits.gather(-1, label[:, None].clamp(max=vocab.n_out - 1)).squeeze(-1).float()
+        ce = (lse - z_label) * in_vocab
+    if vocab.size:
+        mass = probs.sum(-1) if mass is None else mass
+        tv = tv + (1 - mass[p_row]).clamp(min=0) * (p_row < probs.shape[0] - 1)
+    return ce, tv
+
+
 def block_losses(
     drafter: ParallelDrafter,
     target: Transformer,
@@ -121,10 +161,7 @@ def block_losses(
     """(total loss, mean c* per block position, the three loss terms) of the blocks at `anchors`
     (B, A) where `valid_anchor` (B, A); `loss` defaults to DSpark's (DFlash: `DFLASH_LOSS`);
     `target_probs`: supervised_target_probs(target, batch, the draft ids) if the caller has it already."""
-    B, T = batch.tokens.shape
-    gamma, tokens = drafter.config.gamma, batch.tokens
-    device = tokens.device
-    lengths = batch.lengths.to(device)
+    gamma, tokens, device = drafter.config.gamma, batch.tokens, batch.tokens.device
     loss = loss or (BlockLoss() if drafter.has_confidence else DFLASH_LOSS)
     vocab = drafter.vocab  # with a draft vocabulary: q over its K ids, p_t at those ids (the rest is dropped)
     if target_probs is None:
@@ -133,16 +170,8 @@ def block_losses(
     h, u_logits = packed_blocks(
         drafter, batch.taps, tokens, anchors, valid_anchor, batch.last_hidden
     )  # (N, γ, ·)
-    # (N,) the sequence of each block; (N, γ) the position of each slot's previous token
-    row = torch.arange(B, device=device)[:, None].expand_as(anchors)[valid_anchor]
-    pos = anchors[valid_anchor][:, None] + torch.arange(gamma, device=device)
-    valid = (pos + 1) < lengths[row][:, None]  # the predicted token exists
-    safe = pos.clamp(max=T - 1)
-    prev = vocab.to_draft(tokens[row[:, None], safe])  # teacher forcing, in draft indices
-    label = vocab.to_draft(
-        tokens[row[:, None], (safe + 1).clamp(max=T - 1)]
-    )  # K: outside the draft vocabulary
-    p_row = row_of[row[:, None], safe]  # row of p_t in `probs` (the zero row where not supervised)
+    row, safe, valid, prev, label = block_slots(batch, anchors, valid_anchor, gamma, vocab)
+    p_row = row_of[row[:, None], safe]  # (N, γ) row of p_t in `probs` (the zero row where not supervised)
     mass = probs.sum(-1) if vocab.size else None  # (N + 1,) p_t's mass on the draft ids
 
     state = h.new_zeros(h.shape[0], drafter.config.rank)
@@ -157,14 +186,7 @@ def block_losses(
         if n == 0:
             c_star_by_pos.append(torch.tensor(float("nan"), device=device))
             continue
-        # −Σ p_t log q, ‖q − p_t‖₁ and log Σ exp, q over the (N, V) rows; unsupervised rows are masked by m
-        ce, tv, lse = soft_target_loss(logits, probs, p_row[:, k])
-        if not loss.soft_ce:  # against the sampled token; one outside the draft vocabulary has no log q
-            in_vocab = label[:, k] < vocab.n_out
-            z_label = logits.gather(-1, label[:, k, None].clamp(max=vocab.n_out - 1)).squeeze(-1).float()
-            ce = (lse - z_label) * in_vocab
-        if vocab.size:  # p_t's mass off the draft ids counts fully: ‖q − p_t‖₁ over the whole vocabulary
-            tv = tv + (1 - mass[p_row[:, k]]).clamp(min=0) * (p_row[:, k] < probs.shape[0] - 1)
+        ce, tv = position_terms(logits, probs, p_row[:, k], label[:, k], vocab, loss.soft_ce, mass)
         c_star = (1 - 0.5 * tv).detach().clamp(0, 1)
         terms["ce"] = terms["ce"] + w * (ce * m).sum() / n
         terms["tv"] = terms["tv"] + w * (tv * m).sum() / n
