@@ -21,7 +21,6 @@ imported from the lab: `dspark.lab.training`, `dspark.lab.study`. Plain decoding
 from dspark import interrupt, paths  # noqa: F401
 from dspark.checkpoint import CheckpointError, load_target
 from dspark.config import ModelConfig
-from dspark.data.tokenizer import Tokenizer
 from dspark.decoding import GenerationResult
 from dspark.drafters.base import Drafter, NoDrafter, Proposal, TargetFeatures
 from dspark.drafters.registry import DRAFTER_NAMES, get_calibration, get_drafter
@@ -40,6 +39,7 @@ from dspark.scheduling.scheduler import (
 from dspark.serving.engine import Engine, EngineResult, Request
 from dspark.serving.rounds import RoundStats
 from dspark.serving.speculative import SpeculativeResult, speculative_generate
+from dspark.tokenizer import Tokenizer
 from dspark.verify import VerifyResult, verify, verify_greedy
 
 __all__ = [

@@ -46,7 +46,6 @@ import sys
 import torch
 
 from dspark.backend import KERNEL_MODES, kernel_mode, kernels_as
-from dspark.data.tokenizer import Tokenizer
 from dspark.decoding import check_prompts, generate
 from dspark.drafters.registry import get_calibration
 from dspark.lab import cli
@@ -59,6 +58,7 @@ from dspark.lab.study.gpu import measured_scheduler
 from dspark.sampling import SamplingParams
 from dspark.scheduling.scheduler import POLICY_NAMES
 from dspark.serving.speculative import SpeculativeResult, speculative_generate
+from dspark.tokenizer import Tokenizer
 
 # The demo of a pretrained target: requests as a new user types them, written by hand (not by any generator of
 # the project's). The shipped tiny target knows only its corpus, so its demo takes that corpus's held-out prompts.

@@ -15,8 +15,8 @@ import torch
 from dspark import paths
 from dspark.checkpoint import save_checkpoint
 from dspark.config import ModelConfig
-from dspark.data.tokenizer import Tokenizer
 from dspark.model import Transformer
+from dspark.tokenizer import Tokenizer
 
 TINY = ModelConfig(
     vocab_size=97,  # not a power of two on purpose

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # names exactly (or a longer "pkg.*" holds): dspark.course.command is a command, not part of "dspark.course.*".
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("paths, backend and device", ("dspark.paths", "dspark.backend", "dspark.device", "dspark.interrupt")),
-    ("data", ("dspark.data.*", "dspark.lab.data.*")),
+    ("data", ("dspark.tokenizer", "dspark.lab.data.*")),
     (
         "target and plain decoding",
         (
@@ -379,7 +379,7 @@ def test_the_core_imports_neither_lab_nor_course():
 
 # The core's size in lines of Python: a ratchet on the way to the goal of at most 3,500 (issue #60). Lower it
 # as code leaves the core; never raise it.
-CORE_LINE_BUDGET = 4927
+CORE_LINE_BUDGET = 4924
 
 
 def test_the_core_stays_within_its_line_budget():

@@ -23,9 +23,9 @@ from test_outputs import corrupt_cache_homes
 
 from dspark import bench, export, generate, grade, paths, train
 from dspark.checkpoint import save_checkpoint
-from dspark.data.tokenizer import Tokenizer
 from dspark.lab.cli import run_main
 from dspark.model import Transformer
+from dspark.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = {"generate": generate, "bench": bench, "train": train, "grade": grade, "export": export}

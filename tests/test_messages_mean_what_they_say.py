@@ -10,13 +10,13 @@ import torch
 from dspark import generate as generate_cmd
 from dspark import paths, train
 from dspark.checkpoint import load_target
-from dspark.data.tokenizer import Tokenizer
 from dspark.drafters.registry import get_drafter
 from dspark.lab.cli import run_main
 from dspark.sampling import SamplingParams
 from dspark.scheduling import profiler
 from dspark.serving.rounds import RoundStats
 from dspark.serving.speculative import speculative_generate
+from dspark.tokenizer import Tokenizer
 
 
 def committed_drafts(stats: RoundStats) -> int:

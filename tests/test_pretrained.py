@@ -15,12 +15,12 @@ import torch
 
 from dspark import generate
 from dspark.checkpoint import CheckpointError
-from dspark.data.tokenizer import Tokenizer
 from dspark.lab.cli import run_main
 from dspark.lab.pretrained import fetch, llama, load_pretrained
 from dspark.lab.pretrained.fetch import FetchError, KnownModel
 from dspark.lab.pretrained.gguf_file import load_gguf
 from dspark.lab.pretrained.hf_dir import load_hf_dir
+from dspark.tokenizer import Tokenizer
 from tests.pretrained_helpers import (
     SYSTEM,
     chatml_tokenizer,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dspark.data.tokenizer import SPECIAL_TOKENS, Tokenizer
+from dspark.tokenizer import SPECIAL_TOKENS, Tokenizer
 
 TEXTS = [
     "",

@@ -223,9 +223,9 @@ def verify_lengths_0_1_gamma_minus_1(solution: Solution) -> None:
 def shipped_model_greedy_identity(solution: Solution) -> None:
     from dspark import paths
     from dspark.checkpoint import load_target
-    from dspark.data.tokenizer import Tokenizer
     from dspark.drafters.registry import get_drafter
     from dspark.lab.data.corpus import load_eval_prompts
+    from dspark.tokenizer import Tokenizer
 
     target, _ = load_target(paths.TARGET_CHECKPOINT)
     tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)

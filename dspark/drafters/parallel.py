@@ -58,7 +58,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark.backend import use_kernel
-from dspark.data.tokenizer import MASK, SPECIAL_TOKENS
 from dspark.device import generator_uniforms, to_host
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
 from dspark.drafters.vocab import DraftVocabulary
@@ -72,6 +71,7 @@ from dspark.model import (
     rope_table,
 )
 from dspark.sampling import SamplingParams, draw_token, probabilities
+from dspark.tokenizer import MASK, SPECIAL_TOKENS
 
 KINDS = {"dflash": "none", "dspark": "markov", "dspark-rnn": "rnn"}  # kind -> sequential head
 

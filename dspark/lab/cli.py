@@ -268,9 +268,9 @@ def load_target(args: argparse.Namespace, device: torch.device | None = None):
     (+ --tokenizer), with the CPU speed path swapped in (`cpu_speed.fast_on_cpu`). The name is "tiny" for
     the shipped kind of model, else --model's value."""
     from dspark.checkpoint import load_target as load_checkpoint
-    from dspark.data.tokenizer import Tokenizer
     from dspark.lab.cpu_speed import fast_on_cpu
     from dspark.lab.pretrained import load_pretrained
+    from dspark.tokenizer import Tokenizer
 
     device = device or device_of(args)
     spec = getattr(args, "model", None)

@@ -8,11 +8,11 @@ from pathlib import Path
 import torch
 
 from dspark import paths
-from dspark.data.tokenizer import Tokenizer
 from dspark.lab import cli
 from dspark.lab.study import offline, pareto, plots
 from dspark.model import Transformer
 from dspark.scheduling.scheduler import make_policy
+from dspark.tokenizer import Tokenizer
 
 
 def load_model(args: argparse.Namespace, device: torch.device | None = None) -> tuple[Tokenizer, Transformer]:

@@ -15,7 +15,7 @@ that runs the target or trains a drafter (responses, features, drafter,
 calibrate) takes --device cpu|cuda; pre-training the tiny target runs on the CPU.
 This file parses the options; dspark/lab/train_commands/ holds the commands' bodies
 (pretraining.py: data, target; drafter_data.py: instructions, responses, features;
-drafter.py; calibrate.py), which call the library (dspark/training/, dspark/data/).
+drafter.py; calibrate.py), which call the library (dspark/training/, dspark/tokenizer.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from functools import partial
 
 from dspark import paths
 from dspark.config import ModelConfig
-from dspark.data.tokenizer import DEFAULT_VOCAB_SIZE
 from dspark.drafters.autoregressive import AutoregressiveDrafterConfig
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.parallel import ParallelDrafterConfig
@@ -39,6 +38,7 @@ from dspark.lab.train_commands.drafter_data import cmd_features, cmd_instruction
 from dspark.lab.train_commands.pretraining import cmd_data, cmd_target
 from dspark.lab.training.drafters import DrafterTrainConfig
 from dspark.lab.training.target import TrainConfig
+from dspark.tokenizer import DEFAULT_VOCAB_SIZE
 
 PARALLEL, AUTOREGRESSIVE = ParallelDrafterConfig(), AutoregressiveDrafterConfig()  # the drafters' defaults
 

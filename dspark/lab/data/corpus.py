@@ -38,9 +38,9 @@ from pathlib import Path
 import numpy as np
 
 from dspark import paths
-from dspark.data.tokenizer import Tokenizer
 from dspark.lab.data.math_problems import generate_problems
 from dspark.paths import EVAL_PROMPTS_PATH
+from dspark.tokenizer import Tokenizer
 
 DOMAINS = ("code", "math", "chat")
 MATH_PROBLEMS = 15000  # generated math problems in the default corpus

@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark.data.tokenizer import Tokenizer
+from dspark.tokenizer import Tokenizer
 
 DEFAULT_DOMAIN = "prompts"
 SPLITS = ("train", "val", "eval")

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import torch
 
-from dspark.data.tokenizer import Tokenizer
 from dspark.lab.pretrained.fetch import KNOWN_MODELS, FetchError, fetch_model, model_path, resolve_model
 from dspark.lab.pretrained.gguf_file import load_gguf
 from dspark.lab.pretrained.hf_dir import load_hf_dir
 from dspark.model import Transformer
+from dspark.tokenizer import Tokenizer
 
 
 @dataclass

@@ -24,7 +24,6 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from dspark.checkpoint import CheckpointError
-from dspark.data.tokenizer import Tokenizer
 from dspark.lab.pretrained.llama import (
     Hyperparameters,
     build_model,
@@ -33,6 +32,7 @@ from dspark.lab.pretrained.llama import (
     unpermute_rotary,
 )
 from dspark.model import Transformer
+from dspark.tokenizer import Tokenizer
 
 # GGUF tensor name (per block: after "blk.N.") -> state-dict key (after "blocks.N.")
 GGUF_BLOCK_NAMES = {

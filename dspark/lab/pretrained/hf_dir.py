@@ -22,7 +22,6 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer as HFTokenizer
 
 from dspark.checkpoint import CheckpointError
-from dspark.data.tokenizer import Tokenizer
 from dspark.lab.pretrained.llama import (
     Hyperparameters,
     build_model,
@@ -32,6 +31,7 @@ from dspark.lab.pretrained.llama import (
     rename_hf,
 )
 from dspark.model import Transformer
+from dspark.tokenizer import Tokenizer
 
 
 def _json(path: Path) -> dict:

@@ -23,8 +23,8 @@ import torch
 
 from dspark.checkpoint import CheckpointError, mismatch
 from dspark.config import ModelConfig
-from dspark.data.tokenizer import ChatFormat, chatml, plain
 from dspark.model import Transformer, rope_table
+from dspark.tokenizer import ChatFormat, chatml, plain
 
 # Llama block tensor names: Hugging Face suffix -> this project's module path (per layer)
 BLOCK_NAMES = {

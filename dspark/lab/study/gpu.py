@@ -42,7 +42,6 @@ from dataclasses import asdict, dataclass
 import torch
 
 from dspark import paths
-from dspark.data.tokenizer import Tokenizer
 from dspark.device import host_sync_counts, model_device
 from dspark.drafters.base import Drafter, NoDrafter
 from dspark.drafters.registry import PARALLEL_KINDS, get_calibration, new_drafter
@@ -61,6 +60,7 @@ from dspark.scheduling import profiler
 from dspark.scheduling.scheduler import ThroughputProfile, make_policy
 from dspark.serving.engine import Engine, Request
 from dspark.serving.speculative import speculative_generate
+from dspark.tokenizer import Tokenizer
 
 DRAFTERS = ("mtp", "eagle", "dflash", "dspark")
 POLICIES = ("none", "mtp1", "fixed", "dspark")

@@ -37,7 +37,6 @@ import torch
 from tqdm import tqdm
 
 from dspark.checkpoint import config_path
-from dspark.data.tokenizer import Tokenizer
 from dspark.decoding import generate
 from dspark.device import model_device
 from dspark.drafters.base import Drafter, TargetFeatures
@@ -50,6 +49,7 @@ from dspark.sampling import SamplingParams, probabilities, sample
 from dspark.scheduling.scheduler import FixedPolicy, Scheduler, ThroughputProfile
 from dspark.serving.rounds import RoundStats
 from dspark.serving.speculative import speculative_generate
+from dspark.tokenizer import Tokenizer
 
 
 def prompts_by_domain(

@@ -35,7 +35,6 @@ import torch
 from tqdm import tqdm
 
 from dspark import paths
-from dspark.data.tokenizer import Tokenizer
 from dspark.device import model_device
 from dspark.drafters.base import Drafter, NoDrafter
 from dspark.drafters.registry import get_calibration
@@ -53,6 +52,7 @@ from dspark.scheduling.profiler import RooflineConfig
 from dspark.scheduling.scheduler import ThroughputProfile, make_policy
 from dspark.serving.engine import Engine, EngineResult, Request
 from dspark.serving.rounds import RoundStats
+from dspark.tokenizer import Tokenizer
 
 
 def drafter_for(policy: str) -> tuple[str, int]:

@@ -21,7 +21,6 @@ import torch
 from dspark import paths
 from dspark.checkpoint import load_target, save_checkpoint
 from dspark.config import ModelConfig
-from dspark.data.tokenizer import Tokenizer
 from dspark.lab.cli import UsageError
 from dspark.lab.data.corpus import (
     DOMAINS,
@@ -32,6 +31,7 @@ from dspark.lab.data.corpus import (
     write_jsonl,
 )
 from dspark.lab.training.target import TrainConfig, train_target
+from dspark.tokenizer import Tokenizer
 
 
 def cmd_data(args: argparse.Namespace) -> None:

@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dspark.data.tokenizer import Tokenizer
 from dspark.decoding import generate
 from dspark.lab.data.instructions import INSTRUCTION_DOMAINS, PREFIXES, NearDuplicates, drop_reason, split_of
 from dspark.model import Transformer
 from dspark.paths import write_text_atomic
 from dspark.sampling import SamplingParams
+from dspark.tokenizer import Tokenizer
 
 SAMPLING = SamplingParams(temperature=1.0, top_p=0.95)
 

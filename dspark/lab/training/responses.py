@@ -23,12 +23,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dspark.data.tokenizer import Tokenizer
 from dspark.decoding import generate
 from dspark.lab.data.corpus import DOMAINS
 from dspark.lab.data.prompt_files import PromptRecord
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
+from dspark.tokenizer import Tokenizer
 
 
 def pick_prompts(
