@@ -80,7 +80,7 @@ def test_the_scheduler_uses_the_temperatures_it_is_given():
 
 
 def test_the_engine_hands_each_round_s_proposal_to_the_verify_function(tiny_model):
-    """The verify-length function sees the very confidences the engine records for that round."""
+    """The scheduler sees the very confidences the engine records for that round."""
     drafter = make(tiny_model, "dspark", gamma=4)
     seen = []
 

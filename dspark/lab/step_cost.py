@@ -1,6 +1,6 @@
 """What a drafting step costs the engine, measured in the engine itself.
 
-`dspark.scheduling.draft_cost.measure_draft_cost` times the drafter's `propose`
+`dspark.lab.cost_aware.draft_cost.measure_draft_cost` times the drafter's `propose`
 alone. A step in which requests draft costs the engine more than that: it
 assembles the proposal of a mixed batch, builds the (R, γ+1, V) target
 distributions and runs `verify`, and does the host-side work for every draft.
@@ -29,7 +29,7 @@ import statistics
 
 import torch
 
-from dspark.drafters.base import Drafter
+from dspark.drafters.base import Drafter, Proposal
 from dspark.lab.cost_aware.draft_cost import (
     DRAFT_POINTS,
     DraftCost,
@@ -46,6 +46,21 @@ STEPS = 12  # engine steps per timed run
 REPEATS = 5  # interleaved rounds of paired runs per point (the median difference counts)
 
 
+class DraftButVerifyNothing(Scheduler):
+    """Every request drafts the whole block (or, `drafting` False, none does) and verifies nothing: the
+    engine step's cost alone, with the one-token target pass of plain decoding."""
+
+    def __init__(self, drafting: bool) -> None:
+        super().__init__(make_policy("none"), ThroughputProfile([1.0]))  # (no profile is read)
+        self.drafting = drafting
+
+    def speculate(self, history: list, idle_steps: list, gamma: int) -> list[int]:
+        return [gamma if self.drafting else 0] * len(history)
+
+    def __call__(self, proposal: Proposal) -> torch.Tensor:
+        return torch.zeros(proposal.tokens.shape[0], dtype=torch.long)
+
+
 def seconds_per_step(
     target: Transformer, drafter: Drafter, gamma: int, requests: int, drafting: bool, prompt_len: int
 ) -> float:
@@ -55,20 +70,9 @@ def seconds_per_step(
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, target.config.vocab_size, (prompt_len,), generator=g).tolist()
                for _ in range(requests)]  # fmt: skip
-
-    class DraftButVerifyNothing(Scheduler):
-        """Everybody drafts (or nobody, `drafting` False) and verifies nothing: the step's cost alone."""
-
-        def __init__(self) -> None:
-            super().__init__(make_policy("none"), ThroughputProfile([1.0]))
-
-        def speculate(self, history: list, idle_steps: list, gamma_: int) -> list[int]:
-            return [gamma_ if drafting else 0] * len(history)
-
-        def __call__(self, proposal) -> torch.Tensor:
-            return torch.zeros(proposal.tokens.shape[0], dtype=torch.long)
-
-    engine = Engine(target, drafter, SamplingParams(1.0), gamma, requests, None, DraftButVerifyNothing())
+    engine = Engine(
+        target, drafter, SamplingParams(1.0), gamma, requests, None, DraftButVerifyNothing(drafting)
+    )
     engine.run([Request(p, 3) for p in prompts])  # warm-up
     result = engine.run([Request(p, STEPS + 1) for p in prompts], torch.Generator().manual_seed(0))
     return (result.seconds - result.prefill_seconds) / max(1, result.steps)

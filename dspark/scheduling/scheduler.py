@@ -323,9 +323,8 @@ class AsyncPrefixPolicy(Policy):
 
     def __init__(self, min_length: int = 0, lag: int = 2) -> None:
         self.min_length, self.lag = min_length, lag
-        self.history: deque[tuple[torch.Tensor, ThroughputProfile]] = deque(
-            maxlen=lag
-        )  # (survivals, profile)
+        # (survivals, the profile they were scheduled on) of the last `lag` rounds
+        self.history: deque[tuple[torch.Tensor, ThroughputProfile]] = deque(maxlen=lag)
 
     def budget(self, old: torch.Tensor, requests: int, gamma: int, profile: ThroughputProfile) -> int:
         admitted = prefix_schedule(old, profile, early_stop=False).sum()

@@ -98,7 +98,7 @@ class EngineResult:
     host_syncs: list[int] = field(default_factory=list)  # per step: device-to-host reads (dspark/device.py)
     prefill_host_syncs: int = 0  # the same, in all prefill passes together
     draft_seconds: float = 0.0  # wall time spent in the drafter's propose calls (all steps)
-    drafted_rounds: int = 0  # request-rounds in which the request drafted (speculate_fn said yes)
+    drafted_rounds: int = 0  # request-rounds in which the request drafted (the scheduler's speculate said so)
 
     @property
     def host_syncs_per_step(self) -> float:

@@ -98,7 +98,7 @@ class WithDrafting(ThroughputProfile):
 
     def __init__(self, base: ThroughputProfile, draft_seconds: float) -> None:
         # made every step: the base's table is shared, not copied or checked again
-        self.steps_per_second, self.name, self._tables = base.steps_per_second, f"{base.name} + drafting", {}
+        self.steps_per_second, self.name = base.steps_per_second, f"{base.name} + drafting"
         self.base, self.draft_seconds = base, draft_seconds
 
     def sps(self, batch_tokens: int) -> float:
