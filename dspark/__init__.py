@@ -17,8 +17,33 @@ imported from the lab: `dspark.lab.training`, `dspark.lab.study`. Plain decoding
 `dspark.generate` is the command module (`python -m dspark.generate`).
 """
 
-# `interrupt` first (before torch loads): under `python -m dspark...` Ctrl-C while starting is `interrupted`, 130
-from dspark import interrupt, paths  # noqa: F401
+# ruff: noqa: E402 (the Ctrl-C hook below is set before the imports that load torch)
+import os as _os
+import sys as _sys
+
+
+def _interrupted(
+    kind: type[BaseException], value: BaseException, tb: object, previous=_sys.excepthook
+) -> None:
+    """Ctrl-C while `python -m dspark.<command>` is still importing torch: `interrupted` and exit status 130,
+    what `dspark.lab.cli.run_main` says once the command runs; every other error goes to the hook before."""
+    if not issubclass(kind, KeyboardInterrupt):
+        return previous(kind, value, tb)
+    try:
+        _sys.stdout.flush()
+    except (OSError, ValueError):  # a closed pipe or stream: nothing more to say there
+        pass
+    print("interrupted", file=_sys.stderr, flush=True)
+    _os._exit(130)  # 128 + SIGINT; sys.exit is not allowed in an excepthook
+
+
+# before torch loads, and only for `python -m dspark...` (a program that imports dspark keeps Python's hook)
+_argv = getattr(_sys, "orig_argv", [])
+_module = next((a[2:] or b for a, b in zip(_argv, [*_argv[1:], ""]) if a.startswith("-m")), "")
+if _module == "dspark" or _module.startswith("dspark."):
+    _sys.excepthook = _interrupted
+
+from dspark import paths  # noqa: F401
 from dspark.checkpoint import CheckpointError, load_target
 from dspark.config import ModelConfig
 from dspark.decoding import GenerationResult

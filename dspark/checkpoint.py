@@ -16,48 +16,16 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from dspark import paths
 from dspark.config import ModelConfig
 from dspark.model import Transformer
+from dspark.paths import config_path
 
 
 class CheckpointError(Exception):
     """A checkpoint is missing, unreadable or does not match its config."""
-
-
-def config_path(weights_path: str | Path) -> Path:
-    return Path(weights_path).with_suffix(".json")
-
-
-def save_checkpoint(
-    model: torch.nn.Module,
-    config,
-    path: str | Path,
-    dtype: torch.dtype = torch.float32,
-    meta: dict | None = None,
-) -> None:
-    """Write `path` (.safetensors) and its `.json` twin. Tied weights are stored once. A symlinked `path` stays
-    a link: the weights replace its target, the twin goes beside the name given (where `read_checkpoint(path)`
-    looks for it)."""
-    path = Path(path)
-    weights = paths.resolved(path)
-    weights.parent.mkdir(parents=True, exist_ok=True)
-    tensors, seen = {}, set()
-    for name, tensor in model.state_dict().items():
-        if tensor.data_ptr() in seen:  # tied to a tensor already written
-            continue
-        seen.add(tensor.data_ptr())
-        tensor = tensor.detach().cpu()  # safetensors writes host memory (a model trained on a GPU)
-        tensors[name] = (
-            tensor.to(dtype) if tensor.is_floating_point() else tensor
-        ).contiguous()  # ids stay ints
-    tmp = weights.with_suffix(".tmp")
-    save_file(tensors, str(tmp))
-    tmp.replace(weights)  # atomic: a crash never leaves half a checkpoint
-    record = {"config": config.to_dict(), "meta": meta or {}}
-    paths.write_text_atomic(config_path(path), json.dumps(record, indent=2) + "\n")
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -47,8 +47,8 @@ import torch
 
 from dspark.backend import KERNEL_MODES, kernel_mode, kernels_as
 from dspark.decoding import check_prompts, generate
-from dspark.drafters.registry import get_calibration
 from dspark.lab import cli
+from dspark.lab.calibration import get_calibration
 from dspark.lab.cli import UsageError, run_main
 from dspark.lab.cost_aware.scheduler import COST_AWARE
 from dspark.lab.data.corpus import eval_prompts_by_domain

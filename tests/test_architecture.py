@@ -22,7 +22,16 @@ ROOT = Path(__file__).resolve().parents[1]
 # Lowest first. "pkg.*" is the subpackage: its __init__.py and every module in it, except a module that a layer
 # names exactly (or a longer "pkg.*" holds): dspark.course.command is a command, not part of "dspark.course.*".
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("paths, backend and device", ("dspark.paths", "dspark.backend", "dspark.device", "dspark.interrupt")),
+    (
+        "paths, backend and device",
+        (
+            "dspark.paths",
+            "dspark.backend",
+            "dspark.device",
+            "dspark.lab.storage",
+            "dspark.lab.machine",
+        ),
+    ),  # fmt: skip
     ("data", ("dspark.tokenizer", "dspark.lab.data.*")),
     (
         "target and plain decoding",
@@ -38,7 +47,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("drafters", ("dspark.drafters.*", "dspark.lab.pretrained.*")),
     ("verify", ("dspark.verify",)),
-    ("scheduling", ("dspark.scheduling.*", "dspark.lab.calibration")),
+    ("scheduling", ("dspark.scheduling.*", "dspark.lab.calibration", "dspark.lab.profiles")),
     ("serving", ("dspark.serving.*", "dspark.lab.step_cost", "dspark.lab.cost_aware.*")),
     ("training", ("dspark.training.*", "dspark.lab.training.*")),
     ("exporting", ("dspark.lab.exporting.*",)),
@@ -379,7 +388,7 @@ def test_the_core_imports_neither_lab_nor_course():
 
 # The core's size in lines of Python: a ratchet on the way to the goal of at most 3,500 (issue #60). Lower it
 # as code leaves the core; never raise it.
-CORE_LINE_BUDGET = 4924
+CORE_LINE_BUDGET = 4444
 
 
 def test_the_core_stays_within_its_line_budget():

@@ -21,9 +21,10 @@ import torch
 from test_integrity import broken_calibrations, broken_hf_configs
 from test_outputs import corrupt_cache_homes
 
-from dspark import bench, export, generate, grade, paths, train
-from dspark.checkpoint import save_checkpoint
+from dspark import bench, export, generate, grade, train
+from dspark.lab import storage
 from dspark.lab.cli import run_main
+from dspark.lab.storage import save_checkpoint
 from dspark.model import Transformer
 from dspark.tokenizer import Tokenizer
 
@@ -406,7 +407,7 @@ def test_an_unwritable_home_costs_the_cache_not_the_answer(files, monkeypatch, c
     """DSPARK_HOME under a file (issue #59): `generate --policy dspark` used to measure its profile and then fail
     with a bare "Not a directory"; now it answers, measured unsaved, and says so once."""
     monkeypatch.setenv("DSPARK_HOME", files["file"] + "/x")
-    monkeypatch.setattr(paths, "_unsaved", set(), raising=False)
+    monkeypatch.setattr(storage, "_unsaved", set(), raising=False)
     argv = ["hi", "--checkpoint", files["tiny"], "--drafter", "dspark", "--drafter-checkpoint", files["dspark"],
             "--policy", "dspark", "--max-new-tokens", "8", "--json"]  # fmt: skip
     assert run_main(generate.main, argv) == 0

@@ -9,10 +9,12 @@ import torch
 
 from dspark.drafters.registry import load_calibration
 from dspark.lab import calibration as lab_calibration
+from dspark.lab import profiles
 from dspark.lab.calibration import position_metrics
-from dspark.scheduling import calibration, profiler
+from dspark.lab.profiles import RooflineConfig, default_buckets, roofline_profile
+from dspark.scheduling import calibration
 from dspark.scheduling.calibration import auroc, ece, fit_sts
-from dspark.scheduling.profiler import RooflineConfig, default_buckets, measure_sps, roofline_profile
+from dspark.scheduling.profiler import measure_sps
 from dspark.serving.rounds import RoundStats
 
 
@@ -85,15 +87,15 @@ def test_measured_profile_is_monotone_and_cached(tiny_model, tmp_path, monkeypat
     profile = measure_sps(tiny_model, [1, 3, 8], requests=4, context=8, repeats=1)
     assert profile.max_tokens == 8
     assert all(a >= b for a, b in zip(profile.steps_per_second, profile.steps_per_second[1:]))
-    monkeypatch.setattr(profiler, "measure_sps", lambda *args: profile)
+    monkeypatch.setattr(profiles, "measure_sps", lambda *args: profile)
     path = tmp_path / "cpu.json"
-    first = profiler.cpu_profile(tiny_model, path=path)
+    first = profiles.cpu_profile(tiny_model, path=path)
 
     def no_measuring(*args):
         raise AssertionError("the cached profile should be reused")
 
-    monkeypatch.setattr(profiler, "measure_sps", no_measuring)
-    assert profiler.cpu_profile(tiny_model, path=path).steps_per_second == first.steps_per_second
+    monkeypatch.setattr(profiles, "measure_sps", no_measuring)
+    assert profiles.cpu_profile(tiny_model, path=path).steps_per_second == first.steps_per_second
     with pytest.raises(ValueError):
         measure_sps(tiny_model, [100], requests=1, context=8)  # does not fit the 64-token context
 

@@ -10,8 +10,9 @@ import pytest
 import torch
 from conftest import TINY
 
-from dspark.checkpoint import CheckpointError, load_target, save_checkpoint
+from dspark.checkpoint import CheckpointError, load_target
 from dspark.lab.data.corpus import DOMAINS
+from dspark.lab.storage import save_checkpoint
 from dspark.lab.training.target import TrainConfig, domain_counts, lr_at, train_target
 from dspark.model import Transformer
 

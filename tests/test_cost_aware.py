@@ -32,8 +32,8 @@ from dspark.lab.cost_aware.scheduler import (
     step_rate,
     with_drafting,
 )
+from dspark.lab.profiles import RooflineConfig
 from dspark.sampling import SamplingParams
-from dspark.scheduling.profiler import RooflineConfig
 from dspark.scheduling.scheduler import (
     Scheduler,
     ThroughputProfile,

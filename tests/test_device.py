@@ -24,7 +24,7 @@ from test_speculative import make_drafter, prompts
 from dspark import device as dev
 from dspark.decoding import generate
 from dspark.drafters.base import NoDrafter, TargetFeatures
-from dspark.lab import calibration
+from dspark.lab import calibration, machine
 from dspark.sampling import SamplingParams, probabilities, sample
 from dspark.scheduling.scheduler import (
     POLICY_NAMES,
@@ -310,11 +310,11 @@ def test_the_static_scan_sees_a_careless_factory(tmp_path, monkeypatch):
 
 # ---- the command line ------------------------------------------------------------------------------
 def test_device_choice():
-    assert dev.resolve_device("cpu") == torch.device("cpu")
-    assert dev.resolve_device(None) == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert machine.resolve_device("cpu") == torch.device("cpu")
+    assert machine.resolve_device(None) == torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
-            dev.resolve_device("cuda")
+            machine.resolve_device("cuda")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
@@ -403,12 +403,12 @@ def test_cpu_description_names_the_openmp_wait_policy(monkeypatch):
     cached SPS / drafting-cost tables keyed by it) name the policy when one is set, and nothing otherwise."""
     avx512 = "model name\t: AMD EPYC 9R14\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n"
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    default = dev.cpu_description(avx512)
+    default = machine.cpu_description(avx512)
     assert "OMP_WAIT_POLICY" not in default
     monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
-    assert dev.cpu_description(avx512) == default + ", OMP_WAIT_POLICY=PASSIVE"
+    assert machine.cpu_description(avx512) == default + ", OMP_WAIT_POLICY=PASSIVE"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    assert dev.cpu_description(avx512).endswith(", OMP_WAIT_POLICY=ACTIVE")
+    assert machine.cpu_description(avx512).endswith(", OMP_WAIT_POLICY=ACTIVE")
 
 
 def test_cpu_description_names_the_vector_instructions(monkeypatch):
@@ -417,17 +417,17 @@ def test_cpu_description_names_the_vector_instructions(monkeypatch):
     avx512 = "model name\t: AMD EPYC 9R14\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n"
     avx2 = "model name\t: AMD EPYC\nflags\t\t: fpu sse avx2\n"
     threads = f"{torch.get_num_threads()} threads"
-    assert dev.cpu_description(avx512) == f"AMD EPYC 9R14, AVX-512 + BF16, {threads}"
-    assert dev.cpu_description(avx2) == f"AMD EPYC, AVX2 (no AVX-512, no BF16), {threads}"
-    assert dev.cpu_description(avx512.replace(" avx512_bf16", "")).startswith(
+    assert machine.cpu_description(avx512) == f"AMD EPYC 9R14, AVX-512 + BF16, {threads}"
+    assert machine.cpu_description(avx2) == f"AMD EPYC, AVX2 (no AVX-512, no BF16), {threads}"
+    assert machine.cpu_description(avx512.replace(" avx512_bf16", "")).startswith(
         "AMD EPYC 9R14, AVX-512, no BF16"
     )
     amx = avx512.replace("avx512_bf16", "avx512_bf16 amx_bf16 amx_tile").replace(
         "AMD EPYC 9R14", "Intel Xeon"
     )
-    assert dev.cpu_description(amx) == f"Intel Xeon, AVX-512 + BF16 + AMX, {threads}"
-    assert dev.cpu_description("").endswith(threads)  # no /proc/cpuinfo: still a line
-    assert threads in dev.cpu_description()
+    assert machine.cpu_description(amx) == f"Intel Xeon, AVX-512 + BF16 + AMX, {threads}"
+    assert machine.cpu_description("").endswith(threads)  # no /proc/cpuinfo: still a line
+    assert threads in machine.cpu_description()
 
 
 def test_drafter_training_picks_bf16_only_where_the_cpu_has_it(monkeypatch):
@@ -437,8 +437,8 @@ def test_drafter_training_picks_bf16_only_where_the_cpu_has_it(monkeypatch):
     from dspark.lab.train_commands import drafter as train_drafter
 
     avx512 = "model name\t: AMD EPYC 9R14\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n"
-    assert dev.cpu_has_bf16(avx512) and dev.cpu_has_bf16("flags\t: avx2 amx_bf16\n")
-    assert not dev.cpu_has_bf16("flags\t: fpu sse avx2 avx512f\n") and not dev.cpu_has_bf16("")
+    assert machine.cpu_has_bf16(avx512) and machine.cpu_has_bf16("flags\t: avx2 amx_bf16\n")
+    assert not machine.cpu_has_bf16("flags\t: fpu sse avx2 avx512f\n") and not machine.cpu_has_bf16("")
     for native in (True, False):
         monkeypatch.setattr(train_drafter, "cpu_has_bf16", lambda native=native: native)
         assert train_drafter.training_in_bf16(None) is native

@@ -12,12 +12,12 @@ from conftest import TINY
 from stats_helpers import assert_matches
 from test_speculative import GREEDY, MICRO, MICRO_LENGTH, MICRO_PROMPT, RAGGED, micro_target_and_law, prompts
 
-from dspark.checkpoint import save_checkpoint
 from dspark.decoding import generate
 from dspark.drafters.base import TargetFeatures
-from dspark.drafters.registry import load_drafter, new_drafter
+from dspark.drafters.registry import load_drafter
 from dspark.drafters.vocab import DraftVocabulary, most_frequent
-from dspark.lab.training.drafters import DrafterTrainConfig, batch_loss
+from dspark.lab.storage import save_checkpoint
+from dspark.lab.training.drafters import DrafterTrainConfig, batch_loss, new_drafter
 from dspark.sampling import SamplingParams
 from dspark.serving.speculative import speculative_generate
 from dspark.training.features import FeatureBatch

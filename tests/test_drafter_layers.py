@@ -14,9 +14,9 @@ from dspark import paths, train
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
-from dspark.drafters.registry import load_drafter, new_drafter
+from dspark.drafters.registry import load_drafter
 from dspark.lab.cli import run_main
-from dspark.lab.training.drafters import DrafterTrainConfig, train_drafter, unrolled_log_probs
+from dspark.lab.training.drafters import DrafterTrainConfig, new_drafter, train_drafter, unrolled_log_probs
 from dspark.lab.training.feature_cache import LiveFeatures
 from dspark.training.features import FeatureBatch
 from dspark.training.packed_blocks import packed_blocks

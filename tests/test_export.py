@@ -13,7 +13,7 @@ import torch
 from export_reference import dspark_logits, eagle3_logits
 
 from dspark import export
-from dspark.checkpoint import CheckpointError, save_checkpoint
+from dspark.checkpoint import CheckpointError
 from dspark.config import ModelConfig
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import TargetFeatures
@@ -22,6 +22,7 @@ from dspark.lab.cli import run_main
 from dspark.lab.exporting import folder as writer
 from dspark.lab.exporting.exported import get_drafter
 from dspark.lab.exporting.fields import ExportInfo
+from dspark.lab.storage import save_checkpoint
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 

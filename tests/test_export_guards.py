@@ -15,13 +15,13 @@ import torch
 from test_export import CONFIG, K, eagle, parallel
 
 from dspark import export
-from dspark.checkpoint import save_checkpoint
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from dspark.lab import cli
 from dspark.lab.cli import run_main
 from dspark.lab.exporting import folder as writer
 from dspark.lab.exporting.fields import ExportInfo
 from dspark.lab.pretrained.fetch import model_path
+from dspark.lab.storage import save_checkpoint
 from dspark.model import Transformer
 from dspark.paths import ASSETS_DIR
 

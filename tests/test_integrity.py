@@ -29,12 +29,14 @@ from conftest import TINY
 from test_speculative import GREEDY, make_drafter, prompts
 
 from dspark import generate, paths, train
-from dspark.checkpoint import CheckpointError, config_path
+from dspark.checkpoint import CheckpointError
 from dspark.decoding import generate as plain_generate
-from dspark.drafters.registry import calibration_path, get_calibration, load_calibration
+from dspark.drafters.registry import load_calibration
+from dspark.lab.calibration import calibration_path, get_calibration
 from dspark.lab.cli import run_main
 from dspark.lab.pretrained.hf_dir import hyperparameters
 from dspark.lab.pretrained.llama import build_model, check_memory, parameter_count
+from dspark.paths import config_path
 from dspark.sampling import sample
 from dspark.serving.engine import Engine, Request
 from dspark.serving.speculative import speculative_generate

@@ -11,9 +11,9 @@ from dspark import generate as generate_cmd
 from dspark import paths, train
 from dspark.checkpoint import load_target
 from dspark.drafters.registry import get_drafter
+from dspark.lab import profiles, storage
 from dspark.lab.cli import run_main
 from dspark.sampling import SamplingParams
-from dspark.scheduling import profiler
 from dspark.serving.rounds import RoundStats
 from dspark.serving.speculative import speculative_generate
 from dspark.tokenizer import Tokenizer
@@ -52,9 +52,9 @@ def test_an_unwritable_cache_costs_the_cache_not_the_answer(tmp_path, monkeypatc
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("DSPARK_HOME", str(blocker / "home"))
-    monkeypatch.setattr(paths, "_unsaved", set(), raising=False)
-    first = profiler.cpu_profile(tiny_model)
-    second = profiler.cpu_profile(tiny_model)  # measured again: nothing was saved
+    monkeypatch.setattr(storage, "_unsaved", set(), raising=False)
+    first = profiles.cpu_profile(tiny_model)
+    second = profiles.cpu_profile(tiny_model)  # measured again: nothing was saved
     assert first.steps_per_second and second.steps_per_second
     err = capsys.readouterr().err
     assert err.count("cannot save measurements") == 1 and "Not a directory" in err

@@ -21,16 +21,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark import bench, paths
-from dspark.checkpoint import load_target, read_checkpoint, save_checkpoint
+from dspark import bench
+from dspark.checkpoint import load_target, read_checkpoint
 from dspark.drafters.registry import load_drafter
-from dspark.lab import step_cost
+from dspark.lab import profiles, step_cost, storage
 from dspark.lab.cli import run_main
 from dspark.lab.cost_aware import draft_cost
 from dspark.lab.cpu_speed import fast_on_cpu
 from dspark.lab.pretrained import fetch
 from dspark.lab.pretrained.fetch import KnownModel
-from dspark.scheduling import profiler
+from dspark.lab.storage import save_checkpoint
 
 APPENDIX = ["appendix-a", "--draws", "3"]  # the fastest benchmark that writes --json
 
@@ -56,14 +56,14 @@ def test_json_onto_a_symlink_writes_its_target(tmp_path, target_exists, capsys):
 
 
 def test_text_written_through_a_symlink_keeps_the_link_and_the_mode(tmp_path):
-    """`paths.write_text_atomic` (every --out table, cache and manifest) replaces the target, not the link,
+    """`storage.write_text_atomic` (every --out table, cache and manifest) replaces the target, not the link,
     and the replaced file keeps its permission bits."""
     real = tmp_path / "real.md"
     real.write_text("old\n")
     real.chmod(0o640)
     link = tmp_path / "table.md"
     link.symlink_to(real.name)  # relative, as `ln -s real.md table.md` makes it
-    assert paths.write_text_atomic(link, "new\n") == real
+    assert storage.write_text_atomic(link, "new\n") == real
     assert link.is_symlink() and real.read_text() == "new\n"
     assert stat.S_IMODE(real.stat().st_mode) == 0o640
 
@@ -98,9 +98,9 @@ def test_an_empty_dspark_home_is_the_default(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DSPARK_HOME", "")
     default = tmp_path / ".cache" / "dspark"
-    assert paths.dspark_home() == default and fetch.models_dir() == default / "models"
+    assert storage.dspark_home() == default and fetch.models_dir() == default / "models"
     monkeypatch.setenv("DSPARK_HOME", str(tmp_path / "mine"))
-    assert paths.dspark_home() == tmp_path / "mine"
+    assert storage.dspark_home() == tmp_path / "mine"
 
 
 # ---- fetching a named model: what is in place is checked, killed fetches cleaned up ---------------------
@@ -180,7 +180,7 @@ def cache_names(checkpoint: Path, drafter_checkpoint: Path) -> dict[str, str]:
     drafter = fast_on_cpu(load_drafter(drafter_checkpoint, target))
     gamma = drafter.max_gamma
     paths = {
-        "sps": profiler.profile_path(profiler.cpu_profile_key(target)),
+        "sps": profiles.profile_path(profiles.cpu_profile_key(target)),
         "engine": draft_cost.draft_cost_path(step_cost.engine_draft_cost_key(target, drafter, gamma)),
         "propose": draft_cost.draft_cost_path(draft_cost.draft_cost_key(target, drafter, gamma)),
     }

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from dspark.decoding import generate
-from dspark.drafters.registry import DRAFTER_NAMES, default_path, get_drafter, new_drafter
+from dspark.drafters.registry import DRAFTER_NAMES, default_path, get_drafter
 from dspark.lab.data.prompt_files import read_prompts
 from dspark.lab.pretrained import load_pretrained
+from dspark.lab.training.drafters import new_drafter
 from dspark.sampling import SamplingParams
 from dspark.serving.speculative import speculative_generate
 

@@ -1,23 +1,17 @@
-"""Drafters by name: building them from checkpoints for the CLIs.
+"""Drafters by name: building them from checkpoints.
 
-Names used on every command line: `none` (plain decoding), `mtp` (MTP-1),
-`eagle` (EAGLE-3 style), `dflash` (parallel drafter, no sequential head),
-`dspark` (parallel + Markov head) and `dspark-rnn` (parallel + RNN head). Shipped checkpoints live in `dspark/assets/` as
-`drafter_<name>.safetensors` + `.json` (fp16, only the drafter's own weights:
-embedding and LM head are the target's). The JSON twin also holds the STS
-temperatures a calibration run fitted for the drafter's confidence head.
-`python -m dspark.train calibrate` never writes into the package: the
-calibration of a shipped drafter goes under DSPARK_HOME (`calibration_path`),
-that of any other drafter into its own JSON twin. `get_calibration` reads
-the one under DSPARK_HOME first (when it was fitted for these very weights),
-then the shipped one, checks it (one finite temperature > 0 and offset per
-drafted position) and whoever schedules verify lengths passes it on
-explicitly (dspark/scheduling/scheduler.py).
+Names used on every command line: `none` (plain decoding), `mtp` (MTP-1), `eagle` (EAGLE-3 style), `dflash`
+(parallel drafter, no sequential head), `dspark` (parallel + Markov head) and `dspark-rnn` (parallel + RNN
+head). Shipped checkpoints live in `dspark/assets/` as `drafter_<name>.safetensors` + `.json` (fp16, only the
+drafter's own weights: embedding and LM head are the target's). The JSON twin also holds the STS temperatures
+a calibration fitted for the drafter's confidence head; `get_calibration` reads and checks them (one finite
+temperature > 0 and offset per drafted position), and whoever schedules verify lengths passes them on
+(dspark/scheduling/scheduler.py). The lab stores calibrations of shipped drafters under DSPARK_HOME and
+reads those first (dspark/lab/calibration.py).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Callable
@@ -26,13 +20,14 @@ from pathlib import Path
 import torch
 
 from dspark import paths
-from dspark.checkpoint import CheckpointError, config_path, mismatch, read_checkpoint
+from dspark.checkpoint import CheckpointError, mismatch, read_checkpoint
 from dspark.device import model_device
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import Drafter, NoDrafter
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from dspark.model import Transformer, cast_keeping_rope
+from dspark.paths import config_path
 
 DRAFTER_NAMES = ("none", "mtp", "eagle", "dflash", "dspark", "dspark-rnn")
 
@@ -48,25 +43,6 @@ def trained_for(record: dict) -> str:
     meta = record.get("meta")
     name = meta.get("target_checkpoint") if isinstance(meta, dict) else None
     return f" (it was trained for the target {name!r})" if name else ""
-
-
-def labelled_specs(specs: list[str]) -> list[tuple[str, str]]:
-    """`LABEL=CHECKPOINT` or bare shipped names (the `--drafters` of the benchmarks) -> [(label, checkpoint or
-    '')]; a ValueError for an empty label or checkpoint, or a label given twice (one would replace the other)."""
-    pairs, seen = [], set()
-    for spec in specs:
-        label, eq, path = (part.strip() for part in spec.partition("="))
-        if not label:
-            raise ValueError(f"--drafters: {spec!r} has no label; write LABEL=CHECKPOINT")
-        if eq and not path:
-            raise ValueError(f"--drafters: {spec!r} names no checkpoint after '='")
-        if label in seen:
-            raise ValueError(
-                f"--drafters: the label {label!r} is given twice; give each drafter its own label"
-            )
-        seen.add(label)
-        pairs.append((label, path))
-    return pairs
 
 
 def load_drafter(path: str | Path, target: Transformer) -> Drafter:
@@ -155,55 +131,6 @@ def load_calibration(path: str | Path, positions: int | None = None) -> torch.Te
     return torch.tensor(temps if shifts is None else [temps, shifts], dtype=torch.float64)
 
 
-def checkpoint_digest(path: str | Path) -> str:
-    """SHA-256 of a drafter's weights (of every file of an exported folder): which checkpoint a calibration under
-    DSPARK_HOME was fitted for."""
-    path = Path(path)
-    digest = hashlib.sha256()
-    for file in sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]:
-        digest.update(file.read_bytes())
-    return digest.hexdigest()
-
-
-def calibration_path(checkpoint: str | Path, target_name: str = "tiny") -> Path:
-    """Where `train calibrate` stores the calibration of the drafter at `checkpoint` (and readers look first):
-    for a drafter shipped in the package, which the commands never write, DSPARK_HOME/calibration/<stem>.json
-    (DSPARK_HOME/<target>/calibration/... for a named pretrained target); for any other, its JSON twin."""
-    checkpoint = Path(checkpoint)
-    if paths.inside_package(checkpoint):
-        return paths.target_home(target_name) / "calibration" / f"{checkpoint.stem}.json"
-    return config_path(checkpoint)
-
-
-def drafted_positions(checkpoint: Path) -> int | None:
-    """The block size a drafter checkpoint's config declares (`gamma`, or `max_gamma`), None if unreadable."""
-    try:
-        config = json.loads(config_path(checkpoint).read_text(encoding="utf-8"))["config"]
-        positions = config.get("gamma", config.get("max_gamma"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
-        return None
-    return positions if isinstance(positions, int) and not isinstance(positions, bool) else None
-
-
-def find_calibration(
-    checkpoint: str | Path, target_name: str = "tiny", positions: int | None = None
-) -> torch.Tensor | None:
-    """The calibration of the drafter at `checkpoint`, checked for its `positions` (default: the block size of
-    its config): for a shipped drafter the one under DSPARK_HOME when it was fitted for these weights (a file
-    left from before the drafter was retrained is passed over), else the one shipped with it."""
-    checkpoint = Path(checkpoint)
-    positions = positions if positions is not None else drafted_positions(checkpoint)
-    home = calibration_path(checkpoint, target_name)
-    if home != config_path(checkpoint):
-        stored = stored_calibration(home)
-        digest = stored.get("checkpoint_sha256") if stored else None
-        if stored is not None and (digest is None or digest == checkpoint_digest(checkpoint)):
-            found = load_calibration(home, positions)
-            if found is not None:
-                return found
-    return load_calibration(checkpoint, positions)
-
-
 def get_drafter(
     name: str,
     target: Transformer,
@@ -233,52 +160,12 @@ def get_drafter(
     return drafter
 
 
-def new_drafter(
-    target: Transformer,
-    kind: str,
-    gamma: int = 7,
-    layers: int = 0,
-    rank: int | None = None,
-    draft_vocab: int = 0,
-    final_hidden: bool = False,
-    tied_rank: int = 0,
-    ffn_hidden: int = 0,
-    qk_norm: bool = False,
-    eagle3_layer: bool = False,
-) -> Drafter:
-    """A freshly initialised drafter of `kind` for `target` (its SwiGLU width); MTP-1 always drafts 1 token,
-    `layers` 0 = the kind's default depth, `rank` None = the default sequential-head rank, `draft_vocab` K > 0:
-    it scores K target ids (the first K until `drafter.vocab.set_ids` chooses them), 0 = all; `final_hidden`:
-    EAGLE and the parallel kinds read the target's final hidden state next to its tap layers; `tied_rank`: the
-    Markov head's extra rank through the target's embeddings (dspark only); `ffn_hidden`: the SwiGLU width of its
-    layers (0 = the target's); `qk_norm`: the parallel kinds' layers norm q and k per head (Qwen3's, what the
-    serving engines load); `eagle3_layer`: EAGLE's one layer is EAGLE-3's own (drafters/eagle3_layer.py)."""
-    ffn_hidden = ffn_hidden or target.config.ffn_hidden
-    if kind in PARALLEL_KINDS:
-        config = ParallelDrafterConfig(kind, gamma, layers or ParallelDrafterConfig.n_layers, ffn_hidden,
-                                       rank=ParallelDrafterConfig.rank if rank is None else rank,
-                                       mask_id=min(ParallelDrafterConfig.mask_id, target.config.vocab_size - 1),
-                                       draft_vocab=draft_vocab, final_hidden=final_hidden,
-                                       tied_rank=tied_rank, qk_norm=qk_norm)  # fmt: skip
-        return ParallelDrafter(target, config)
-    layers = layers or AutoregressiveDrafterConfig.n_layers
-    config = AutoregressiveDrafterConfig(
-        kind,
-        1 if kind == "mtp" else gamma,
-        layers,
-        ffn_hidden,
-        draft_vocab=draft_vocab,
-        final_hidden=final_hidden and kind == "eagle",
-        eagle3_layer=eagle3_layer and kind == "eagle",
-    )
-    return AutoregressiveDrafter(target, config)
-
-
 def get_calibration(
     name: str, path: str | Path | None = None, target_name: str = "tiny", positions: int | None = None
 ) -> torch.Tensor | None:
-    """STS temperatures of the drafter `name` at `path` (default: the one shipped for `target_name`), found
-    and checked by `find_calibration`; None for `none` or a drafter never calibrated."""
+    """STS temperatures stored with the drafter `name` at `path` (default: the one shipped for `target_name`),
+    checked for its `positions` when given (`load_calibration`); None for `none` or a drafter never calibrated.
+    The lab's commands look under DSPARK_HOME first (dspark.lab.calibration.get_calibration)."""
     if name == "none":
         return None
-    return find_calibration(Path(path) if path else default_path(name, target_name), target_name, positions)
+    return load_calibration(Path(path) if path else default_path(name, target_name), positions)

@@ -9,14 +9,16 @@ the package).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import torch
 
-from dspark import paths
-from dspark.checkpoint import config_path
 from dspark.device import generator_uniforms
+from dspark.drafters.registry import default_path, load_calibration, stored_calibration
+from dspark.lab import storage
+from dspark.paths import config_path
 from dspark.scheduling.calibration import auroc, ece, ece_rows, fit_sts
 from dspark.scheduling.scheduler import prefix_survival, temperatures_and_offsets
 
@@ -132,7 +134,7 @@ def describe_sts(temperatures: torch.Tensor) -> str:
 def save_temperatures(drafter_path: str | Path, temperatures: torch.Tensor, info: dict) -> Path:
     """Store the STS temperatures (γ,) -- or temperatures and logit offsets (2, γ) -- as the `calibration`
     record (`sts_temperatures`, `sts_shifts`, then `info`) of a JSON file: the drafter checkpoint's twin, or a
-    calibration file of its own (created when missing; dspark/drafters/registry.py `calibration_path`).
+    calibration file of its own (created when missing; `calibration_path` below).
     Returns the file written."""
     path = config_path(drafter_path)
     try:
@@ -147,5 +149,64 @@ def save_temperatures(drafter_path: str | Path, temperatures: torch.Tensor, info
     if temperatures.dim() == 2:
         stored["sts_shifts"] = [round(float(b), 5) for b in offsets]
     record["calibration"] = {**stored, **info}
-    paths.write_text_atomic(path, json.dumps(record, indent=2) + "\n")
+    storage.write_text_atomic(path, json.dumps(record, indent=2) + "\n")
     return path
+
+
+def checkpoint_digest(path: str | Path) -> str:
+    """SHA-256 of a drafter's weights (of every file of an exported folder): which checkpoint a calibration under
+    DSPARK_HOME was fitted for."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    for file in sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]:
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def calibration_path(checkpoint: str | Path, target_name: str = "tiny") -> Path:
+    """Where `train calibrate` stores the calibration of the drafter at `checkpoint` (and readers look first):
+    for a drafter shipped in the package, which the commands never write, DSPARK_HOME/calibration/<stem>.json
+    (DSPARK_HOME/<target>/calibration/... for a named pretrained target); for any other, its JSON twin."""
+    checkpoint = Path(checkpoint)
+    if storage.inside_package(checkpoint):
+        return storage.target_home(target_name) / "calibration" / f"{checkpoint.stem}.json"
+    return config_path(checkpoint)
+
+
+def drafted_positions(checkpoint: Path) -> int | None:
+    """The block size a drafter checkpoint's config declares (`gamma`, or `max_gamma`), None if unreadable."""
+    try:
+        config = json.loads(config_path(checkpoint).read_text(encoding="utf-8"))["config"]
+        positions = config.get("gamma", config.get("max_gamma"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return None
+    return positions if isinstance(positions, int) and not isinstance(positions, bool) else None
+
+
+def find_calibration(
+    checkpoint: str | Path, target_name: str = "tiny", positions: int | None = None
+) -> torch.Tensor | None:
+    """The calibration of the drafter at `checkpoint`, checked for its `positions` (default: the block size of
+    its config): for a shipped drafter the one under DSPARK_HOME when it was fitted for these weights (a file
+    left from before the drafter was retrained is passed over), else the one shipped with it."""
+    checkpoint = Path(checkpoint)
+    positions = positions if positions is not None else drafted_positions(checkpoint)
+    home = calibration_path(checkpoint, target_name)
+    if home != config_path(checkpoint):
+        stored = stored_calibration(home)
+        digest = stored.get("checkpoint_sha256") if stored else None
+        if stored is not None and (digest is None or digest == checkpoint_digest(checkpoint)):
+            found = load_calibration(home, positions)
+            if found is not None:
+                return found
+    return load_calibration(checkpoint, positions)
+
+
+def get_calibration(
+    name: str, path: str | Path | None = None, target_name: str = "tiny", positions: int | None = None
+) -> torch.Tensor | None:
+    """STS temperatures of the drafter `name` at `path` (default: the one shipped for `target_name`), found
+    and checked by `find_calibration` (DSPARK_HOME's first); None for `none` or a drafter never calibrated."""
+    if name == "none":
+        return None
+    return find_calibration(Path(path) if path else default_path(name, target_name), target_name, positions)

@@ -38,9 +38,10 @@ import torch
 
 from dspark import paths
 from dspark.checkpoint import CheckpointError
-from dspark.device import cpu_has_bf16, resolve_device
 from dspark.drafters.parallel import ParallelDrafterConfig
-from dspark.drafters.registry import DRAFTER_NAMES, labelled_specs
+from dspark.drafters.registry import DRAFTER_NAMES
+from dspark.lab import storage
+from dspark.lab.machine import cpu_has_bf16, resolve_device
 from dspark.lab.pretrained.fetch import KNOWN_MODELS, FetchError
 from dspark.lab.pretrained.prompt_sets import PROMPT_SETS, resolve_prompts
 from dspark.sampling import MIN_TEMPERATURE
@@ -93,9 +94,9 @@ STDOUT = "-"  # --json - : the JSON on standard output
 def prepare_outputs(out_dir: str | None, *files: str | None) -> None:
     """Create --out DIR and the folders of output files up front, so an unwritable path fails before
     a long measurement rather than after it (OSError, reported by `run_main` with the path). A file is
-    checked where it will be written: past its symlinks (`paths.write_text_atomic` writes their target);
+    checked where it will be written: past its symlinks (`storage.write_text_atomic` writes their target);
     `-` is standard output and needs nothing."""
-    targets = {f: paths.resolved(f) for f in files if f and f != STDOUT}
+    targets = {f: storage.resolved(f) for f in files if f and f != STDOUT}
     for folder, name in [(out_dir, out_dir)] + [(t.parent, f) for f, t in targets.items()]:
         if not folder:
             continue
@@ -127,7 +128,7 @@ def input_paths(args: argparse.Namespace, skip: Sequence[str] = OUTPUTS + MERGED
             path = v if os.path.exists(v) or "=" not in v else v.split("=", 1)[1]
             if path and os.path.exists(path):
                 label = "a RUN.json argument" if name == "runs" else "--" + name.replace("_", "-")
-                found.append((f"{label} {v}", paths.resolved(path)))
+                found.append((f"{label} {v}", storage.resolved(path)))
     return found
 
 
@@ -143,8 +144,8 @@ def refuse_clobber(
         dest = getattr(args, option, None)
         if not isinstance(dest, str) or not dest or dest == STDOUT:
             continue
-        where, flag = paths.resolved(dest), f"--{option} {dest}"
-        if paths.inside_package(where):
+        where, flag = storage.resolved(dest), f"--{option} {dest}"
+        if storage.inside_package(where):
             raise UsageError(f"{flag} lies inside the dspark package ({paths.ASSETS_DIR.parent}), whose shipped "
                              "files the commands never overwrite (--ship updates them); write elsewhere")  # fmt: skip
         for given, source in inputs:
@@ -476,6 +477,8 @@ def parse_name_list(text: str) -> list[str]:
 
 def parse_drafter_list(text: str) -> list[str]:
     """Comma-separated shipped drafter names or LABEL=CHECKPOINT, each label given once (`labelled_specs`)."""
+    from dspark.lab.study.offline import labelled_specs  # (the study reads them; imported when parsed)
+
     values = parse_name_list(text)
     try:
         labelled_specs(values)

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import torch
 
-from dspark import paths
-from dspark.lab import cli
+from dspark.lab import cli, storage
 from dspark.lab.study import offline, pareto, plots
 from dspark.model import Transformer
 from dspark.scheduling.scheduler import make_policy
@@ -33,7 +32,7 @@ def write_outputs(args: argparse.Namespace, stem: str, table: str, plot) -> None
     if not args.out:
         return
     out = Path(args.out)
-    paths.write_text_atomic(out / f"{stem}.md", table)
+    storage.write_text_atomic(out / f"{stem}.md", table)
     plot(out)
     print(f"wrote {out / stem}.md and its figure(s)")
 

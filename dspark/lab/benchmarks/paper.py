@@ -12,21 +12,18 @@ import argparse
 import json
 from pathlib import Path
 
-from dspark.device import cpu_description
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
-from dspark.drafters.registry import (
-    default_path,
-    find_calibration,
-    get_calibration,
-    labelled_specs,
-)
+from dspark.drafters.registry import default_path
 from dspark.lab import calibration, cli
 from dspark.lab.benchmarks.common import dtype_name, load_model, policy_for, study_prompts, write_outputs
+from dspark.lab.calibration import find_calibration, get_calibration
 from dspark.lab.cli import UsageError
 from dspark.lab.cost_aware.scheduler import CostAwareScheduler
 from dspark.lab.exporting import exported
+from dspark.lab.machine import cpu_description
 from dspark.lab.pretrained.prompt_sets import prompts_label
 from dspark.lab.study import gpu, offline, plots, tables, tau_intervals
+from dspark.lab.study.offline import labelled_specs
 from dspark.sampling import SamplingParams
 from dspark.scheduling.scheduler import temperatures_and_offsets
 

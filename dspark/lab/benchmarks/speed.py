@@ -15,21 +15,20 @@ from pathlib import Path
 import torch
 
 import kernels
-from dspark import paths
-from dspark.device import cpu_description, model_device
+from dspark.device import model_device
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
-from dspark.drafters.registry import new_drafter
-from dspark.lab import cli
+from dspark.lab import cli, profiles, storage
 from dspark.lab.benchmarks.common import load_model, report_points, write_outputs
 from dspark.lab.cli import UsageError
 from dspark.lab.cpu_speed import fast_on_cpu
 from dspark.lab.data.corpus import DOMAINS, EVAL_PER_DOMAIN
 from dspark.lab.exporting.exported import get_drafter
+from dspark.lab.machine import cpu_description
 from dspark.lab.step_cost import engine_draft_cost
 from dspark.lab.study import gpu, offline, pareto, plots, tables
 from dspark.lab.study import kernels as kernel_study
+from dspark.lab.training.drafters import new_drafter
 from dspark.sampling import SamplingParams
-from dspark.scheduling import profiler
 
 
 def bench_ar(args: argparse.Namespace) -> dict:
@@ -67,7 +66,7 @@ def bench_training(args: argparse.Namespace) -> dict:
     from dspark.lab.training.responses import load_responses
 
     _, target = load_model(args)
-    responses, features_dir = paths.training_data(args.target_name, args.responses, args.features_dir)
+    responses, features_dir = storage.training_data(args.target_name, args.responses, args.features_dir)
     cache, _ = response_caches(target, responses, features_dir)
     sources = {"cache": cache, "live": LiveFeatures(target, load_responses(Path(responses), "train"))}
     rows = []
@@ -131,13 +130,13 @@ def bench_profile(args: argparse.Namespace) -> dict:
         raise UsageError("--drafters: the drafting cost is measured on the CPU only (a GPU's is modelled)")
     drafters = offline.load_labelled_drafters(target, args.drafters, args.target_name)
     measured = gpu.device_profile(target, refresh=args.refresh)  # the CPU's, or the GPU's on --device cuda
-    profiles = [measured, profiler.named_profile("h200"), profiler.named_profile("h200-buckets")]
+    shown = [measured, profiles.named_profile("h200"), profiles.named_profile("h200-buckets")]
     points = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
     print(f"SPS(B): target passes per second at B batch tokens (first: {args.target_name} measured here on --device "
           "and cached; h200: roofline model of an 8B bf16 model)\n")  # fmt: skip
-    print("| B | " + " | ".join(p.name for p in profiles) + " |\n|---:|" + "---:|" * len(profiles))
+    print("| B | " + " | ".join(p.name for p in shown) + " |\n|---:|" + "---:|" * len(shown))
     for b in points:
-        cells = [f"{p.sps(b):.1f}" if b <= p.max_tokens else "-" for p in profiles]
+        cells = [f"{p.sps(b):.1f}" if b <= p.max_tokens else "-" for p in shown]
         print(f"| {b} | " + " | ".join(cells) + " |")
     costs = {}
     for name, drafter in drafters.items():
@@ -149,10 +148,10 @@ def bench_profile(args: argparse.Namespace) -> dict:
               + ", ".join(f"n = {n}: {1e3 * cost.seconds(n):.1f}" for n in sizes))  # fmt: skip
     if args.out:  # a figure only
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        plots.plot_profiles(profiles, Path(args.out) / "sps_profiles.png", max_tokens=512)
+        plots.plot_profiles(shown, Path(args.out) / "sps_profiles.png", max_tokens=512)
         print(f"\nwrote {Path(args.out) / 'sps_profiles.png'}")
     return {"benchmark": "profile", "target": args.target_name, "draft_costs": costs,
-            "profiles": [{"name": p.name, "steps_per_second": p.steps_per_second} for p in profiles]}  # fmt: skip
+            "profiles": [{"name": p.name, "steps_per_second": p.steps_per_second} for p in shown]}  # fmt: skip
 
 
 def bench_serve(args: argparse.Namespace) -> dict:
@@ -189,7 +188,7 @@ def bench_simulate(args: argparse.Namespace) -> dict:
     if args.profile == "cpu" and cli.device_of(args).type != "cpu":
         raise UsageError("--profile cpu is measured on the CPU (with its drafting cost): add --device cpu")
     tokenizer, target = load_model(args)
-    profile = profiler.named_profile(args.profile, target)
+    profile = profiles.named_profile(args.profile, target)
     traces = pareto.policy_traces(
         target, tokenizer, args.policies, SamplingParams(args.temperature), args.refresh, args.target_name
     )

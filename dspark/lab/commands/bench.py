@@ -44,9 +44,8 @@ import json
 import sys
 from functools import partial
 
-from dspark import paths
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
-from dspark.lab import cli
+from dspark.lab import cli, profiles, storage
 from dspark.lab.benchmarks.paper import (
     bench_appendix_a,
     bench_budget,
@@ -70,7 +69,6 @@ from dspark.lab.benchmarks.speed import (
 from dspark.lab.cli import UsageError, parse_float_list, parse_int_list, parse_name_list
 from dspark.lab.cli import add_option as option
 from dspark.lab.data.corpus import EVAL_PER_DOMAIN
-from dspark.scheduling import profiler
 from dspark.scheduling.scheduler import POLICY_NAMES
 
 MAX_ARRIVAL_SPAN_S = 3600.0  # bench serve --poisson: the requests must all arrive within an hour
@@ -165,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only these labels, in this order (A / B for A listed before B) (default: all)")  # fmt: skip
     cli.add_outputs(p, "write ratios.md into DIR")
 
-    study_dir = paths.runs_dir() / "study"
+    study_dir = storage.runs_dir() / "study"
     p = command("depth", bench_depth, "Fig. 3: tau against drafter layers")
     p.add_argument("--kinds", type=parse_name_list, default=["dspark", "dflash"],
                    help="drafter kinds (default: dspark,dflash)")  # fmt: skip
@@ -276,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_frontier_options(p, concurrency=[1, 2, 4, 8, 16, 32, 64, 128, 256], requests=2000)
     option(p, "--profile", "h200", "SPS profile (and drafting cost: measured for cpu, modelled for h200)",
-           choices=profiler.PROFILE_NAMES)  # fmt: skip
+           choices=profiles.PROFILE_NAMES)  # fmt: skip
     cli.add_draft_cost(p)
     p.add_argument("--refresh", action="store_true", help="record the drafter traces again")
 
@@ -340,5 +338,5 @@ def write_json(where: str, result: dict) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    paths.write_text_atomic(where, text)
+    storage.write_text_atomic(where, text)
     print(f"\nwrote {where}")

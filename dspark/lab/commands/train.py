@@ -23,13 +23,12 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from dspark import paths
 from dspark.config import ModelConfig
 from dspark.drafters.autoregressive import AutoregressiveDrafterConfig
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.parallel import ParallelDrafterConfig
 from dspark.drafters.registry import DRAFTER_NAMES
-from dspark.lab import cli
+from dspark.lab import cli, storage
 from dspark.lab.cli import add_option as option
 from dspark.lab.data.corpus import MATH_PROBLEMS
 from dspark.lab.train_commands.calibrate import cmd_calibrate
@@ -62,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     command = partial(
         cli.add_command, parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     )
-    data_dir, responses = str(paths.data_dir()), str(paths.dspark_home() / "responses.jsonl")
+    data_dir, responses = str(storage.data_dir()), str(storage.dspark_home() / "responses.jsonl")
 
     p = command(
         "instructions", cmd_instructions, "sample self-written user requests (Magpie) into a prompts file"
@@ -94,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("target", cmd_target, "pre-train the target LM")
     option(p, "--data", data_dir, "corpus directory")
-    cli.add_outputs(p, "run directory (default: %(default)s)", str(paths.runs_dir() / "target"), json=None)
+    cli.add_outputs(p, "run directory (default: %(default)s)", str(storage.runs_dir() / "target"), json=None)
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--ship", action="store_true", help="write fp16 weights to dspark/assets/ when done")
     mc, tc = ModelConfig(), TrainConfig()

@@ -43,12 +43,12 @@ from pathlib import Path
 
 import torch
 
-from dspark import paths
-from dspark.device import cpu_description
 from dspark.drafters.base import Drafter, TargetFeatures
+from dspark.lab import storage
+from dspark.lab.machine import cpu_description
+from dspark.lab.profiles import RooflineConfig
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
-from dspark.scheduling.profiler import RooflineConfig
 from dspark.scheduling.scheduler import interpolated_times
 
 DRAFT_POINTS = [1, 2, 4, 8, 16, 32]  # drafting requests measured on the CPU
@@ -196,7 +196,7 @@ def measure_draft_cost(
 def draft_cost_path(key: dict) -> Path:
     """Cache file of one (target, drafter, γ, CPU, threads) combination."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    return paths.dspark_home() / "profiles" / f"draft-{digest}.json"
+    return storage.dspark_home() / "profiles" / f"draft-{digest}.json"
 
 
 def draft_cost_key(target: Transformer, drafter: Drafter, gamma: int) -> dict:
@@ -229,16 +229,16 @@ def draft_cost_of(record: dict) -> DraftCost | None:
 
 def cached_draft_cost(key: dict, measure: Callable[[], DraftCost], refresh: bool = False) -> DraftCost:
     """The cost cached under `key` (DSPARK_HOME/profiles), else (or on `refresh`) `measure()`, stored. A corrupt
-    file is one line naming it and --refresh (`paths.read_cache`)."""
+    file is one line naming it and --refresh (`storage.read_cache`)."""
     path = draft_cost_path(key)
-    cached = None if refresh else paths.read_cache(path, key, draft_cost_of, REFRESH_HINT)
+    cached = None if refresh else storage.read_cache(path, key, draft_cost_of, REFRESH_HINT)
     if cached is not None:
         return cached
     cost = measure()
     record = {"key": key, "name": cost.name, "seconds_by_requests": cost.seconds_by_requests,
               "seconds_per_token": cost.seconds_per_token, "one_position": cost.one_position,
               "block": cost.block}  # fmt: skip
-    paths.write_cache(path, record)
+    storage.write_cache(path, record)
     return cost
 
 

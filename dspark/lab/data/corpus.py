@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dspark import paths
+from dspark.lab import storage
 from dspark.lab.data.math_problems import generate_problems
 from dspark.paths import EVAL_PROMPTS_PATH
 from dspark.tokenizer import Tokenizer
@@ -271,8 +271,8 @@ def eval_prompts_by_domain(
 
 
 def write_jsonl(records: list[dict], path: Path) -> None:
-    """One JSON object per line, written whole or not at all (paths.write_text_atomic)."""
-    paths.write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    """One JSON object per line, written whole or not at all (storage.write_text_atomic)."""
+    storage.write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
 def corpus_manifest(samples: list[Sample], math_count: int, seed: int) -> dict:

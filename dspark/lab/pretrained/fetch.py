@@ -36,8 +36,8 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-from dspark import paths
 from dspark.checkpoint import CheckpointError
+from dspark.lab import storage
 
 
 class FetchError(CheckpointError):
@@ -74,7 +74,7 @@ TEMP_PREFIX = ".fetch-"  # the folder a fetch works in, beside the model's file
 
 
 def models_dir() -> Path:
-    return paths.dspark_home() / "models"
+    return storage.dspark_home() / "models"
 
 
 def model_path(name: str) -> Path:
@@ -84,7 +84,7 @@ def model_path(name: str) -> Path:
 
 def known_path(known: KnownModel) -> Path:
     """Where a known file lives once fetched: DSPARK_HOME/<folder>/<name>/<its file name>."""
-    return paths.dspark_home() / known.folder / known.name / Path(known.member).name
+    return storage.dspark_home() / known.folder / known.name / Path(known.member).name
 
 
 def sha256_of(path: Path) -> str:
@@ -108,7 +108,7 @@ def fetch_model(name: str, quiet: bool = False) -> Path:
 
 def fetch_known(known: KnownModel, quiet: bool = False) -> Path:
     """`fetch_model` for any known file (a model, a public prompt set): checked in place, else fetched."""
-    final, root = known_path(known), paths.dspark_home() / known.folder
+    final, root = known_path(known), storage.dspark_home() / known.folder
     if is_intact(known, final):
         return final
     root.mkdir(parents=True, exist_ok=True)

@@ -41,10 +41,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from dspark import paths
 from dspark.device import host_sync_counts, model_device
 from dspark.drafters.base import Drafter, NoDrafter
-from dspark.drafters.registry import PARALLEL_KINDS, get_calibration, new_drafter
+from dspark.drafters.registry import PARALLEL_KINDS
+from dspark.lab import profiles, storage
+from dspark.lab.calibration import get_calibration
 from dspark.lab.cost_aware.scheduler import COST_AWARE, CostAwareScheduler
 from dspark.lab.exporting.exported import get_drafter
 from dspark.lab.step_cost import engine_draft_cost
@@ -52,7 +53,7 @@ from dspark.lab.study import kernels as kernel_study
 from dspark.lab.study import offline, pareto
 from dspark.lab.study.tables import markdown_table
 from dspark.lab.study.training_speed import time_training_steps
-from dspark.lab.training.drafters import DrafterTrainConfig
+from dspark.lab.training.drafters import DrafterTrainConfig, new_drafter
 from dspark.lab.training.feature_cache import LiveFeatures
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
@@ -165,11 +166,11 @@ def measure_device_sps(
 
 def device_profile(target: Transformer, refresh: bool = False) -> ThroughputProfile:
     """The measured SPS profile the schedulers use, on the target's device: the cached CPU profile
-    (`profiler.cpu_profile`) on a CPU; on a GPU the `GPU_PLAN` points up to 2,048 batch tokens, measured
+    (`profiles.cpu_profile`) on a CPU; on a GPU the `GPU_PLAN` points up to 2,048 batch tokens, measured
     once and cached per model config and GPU name under DSPARK_HOME."""
     device = model_device(target)
     if device.type == "cpu":
-        return profiler.cpu_profile(target, refresh=refresh)
+        return profiles.cpu_profile(target, refresh=refresh)
     plan = GPU_PLAN
     context = min(plan.sps_context, target.config.max_seq_len // 2)
     room = target.config.max_seq_len - context
@@ -178,13 +179,15 @@ def device_profile(target: Transformer, refresh: bool = False) -> ThroughputProf
     config["tap_layers"] = list(config["tap_layers"])
     key = {"config": config, "device": device_name(device), "points": list(points), "context": context}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    path = paths.dspark_home() / "profiles" / f"{device.type}-{digest}.json"
+    path = storage.dspark_home() / "profiles" / f"{device.type}-{digest}.json"
     hint = "python -m dspark.bench profile --device cuda --refresh"
-    cached = None if refresh else profiler.read_profile(path, key, hint)
+    cached = None if refresh else profiles.read_profile(path, key, hint)
     if cached is not None:
         return cached
     profile = measure_device_sps(target, points, plan.sps_requests, context, plan.sps_repeats)
-    paths.write_cache(path, {"key": key, "name": profile.name, "steps_per_second": profile.steps_per_second})
+    storage.write_cache(
+        path, {"key": key, "name": profile.name, "steps_per_second": profile.steps_per_second}
+    )
     return profile
 
 
@@ -230,7 +233,7 @@ def sps_section(target: Transformer, plan: Plan) -> tuple[dict, ThroughputProfil
     """SPS(B) measured on the target's device (and the H200 roofline at the same points)."""
     context = min(plan.sps_context, target.config.max_seq_len // 2)
     profile = measure_device_sps(target, plan.sps_points, plan.sps_requests, context, plan.sps_repeats)
-    roofline = profiler.named_profile("h200")
+    roofline = profiles.named_profile("h200")
     record = {
         "measured": {"name": profile.name, "batch_tokens": list(plan.sps_points),
                      "steps_per_second": profile.steps_per_second, "requests": plan.sps_requests,

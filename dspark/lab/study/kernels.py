@@ -63,9 +63,9 @@ def cases(R: int, gamma: int, small: bool, device: str):
     """(name, kernel_fn, reference_fn, agreement_fn) for each hot path at batch R."""
     from dspark.drafters.parallel import markov_block_reference
     from dspark.kv_cache import KVCache
+    from dspark.lab.profiles import named_profile
     from dspark.model import RaggedIndex, ragged_attention_reference
     from dspark.sampling import SamplingParams
-    from dspark.scheduling.profiler import named_profile
     from dspark.scheduling.scheduler import prefix_schedule, prefix_survival
     from dspark.verify import verify_reference
     from kernels.markov_sampler import markov_block_sample_triton

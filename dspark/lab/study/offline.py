@@ -36,7 +36,6 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dspark.checkpoint import config_path
 from dspark.decoding import generate
 from dspark.device import model_device
 from dspark.drafters.base import Drafter, TargetFeatures
@@ -45,6 +44,7 @@ from dspark.lab.data.corpus import eval_prompts_by_domain
 from dspark.lab.data.prompt_files import prompt_ids_by_domain
 from dspark.lab.study.tau_intervals import prompt_counts
 from dspark.model import Transformer
+from dspark.paths import config_path
 from dspark.sampling import SamplingParams, probabilities, sample
 from dspark.scheduling.scheduler import FixedPolicy, Scheduler, ThroughputProfile
 from dspark.serving.rounds import RoundStats
@@ -341,7 +341,6 @@ def load_labelled_drafters(
 ) -> dict[str, Drafter]:
     """`label=PATH` pairs (or a bare name of a drafter shipped for `target_name`) -> {label: drafter}; labels
     must be non-empty and distinct (`labelled_specs`)."""
-    from dspark.drafters.registry import labelled_specs
     from dspark.lab.exporting.exported import get_drafter, load_any
 
     out = {}
@@ -481,3 +480,22 @@ def record_rounds(
         if on_domain:
             on_domain(domain, rounds)
     return rounds
+
+
+def labelled_specs(specs: list[str]) -> list[tuple[str, str]]:
+    """`LABEL=CHECKPOINT` or bare shipped names (the `--drafters` of the benchmarks) -> [(label, checkpoint or
+    '')]; a ValueError for an empty label or checkpoint, or a label given twice (one would replace the other)."""
+    pairs, seen = [], set()
+    for spec in specs:
+        label, eq, path = (part.strip() for part in spec.partition("="))
+        if not label:
+            raise ValueError(f"--drafters: {spec!r} has no label; write LABEL=CHECKPOINT")
+        if eq and not path:
+            raise ValueError(f"--drafters: {spec!r} names no checkpoint after '='")
+        if label in seen:
+            raise ValueError(
+                f"--drafters: the label {label!r} is given twice; give each drafter its own label"
+            )
+        seen.add(label)
+        pairs.append((label, path))
+    return pairs

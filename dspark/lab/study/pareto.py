@@ -34,13 +34,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dspark import paths
 from dspark.device import model_device
 from dspark.drafters.base import Drafter, NoDrafter
-from dspark.drafters.registry import get_calibration
+from dspark.lab import storage
+from dspark.lab.calibration import get_calibration
 from dspark.lab.cost_aware.draft_cost import DraftCost, roofline_draft_cost
 from dspark.lab.cost_aware.scheduler import COST_AWARE, CostAwareScheduler
 from dspark.lab.exporting.exported import get_drafter
+from dspark.lab.profiles import RooflineConfig
 from dspark.lab.step_cost import engine_draft_cost
 from dspark.lab.study import offline, tables
 from dspark.lab.study.simulator import RequestTrace, simulate, traces_from_records
@@ -48,7 +49,6 @@ from dspark.lab.study.stats import mean_interval
 from dspark.lab.training.feature_cache import weights_fingerprint
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
-from dspark.scheduling.profiler import RooflineConfig
 from dspark.scheduling.scheduler import ThroughputProfile, make_policy
 from dspark.serving.engine import Engine, EngineResult, Request
 from dspark.serving.rounds import RoundStats
@@ -187,7 +187,7 @@ def serve_metrics(result: EngineResult) -> dict:
 
 
 def trace_path(drafter: str, temperature: float, target_name: str = "tiny") -> Path:
-    return paths.target_home(target_name) / "traces" / f"{drafter}_T{temperature:g}.json"
+    return storage.target_home(target_name) / "traces" / f"{drafter}_T{temperature:g}.json"
 
 
 def trace_record(record: dict) -> dict:
@@ -211,7 +211,7 @@ def record_traces(
     key = {"weights": weights_fingerprint(target, drafter), "gamma": gamma, "per_domain": per_domain,
            "max_new_tokens": max_new_tokens}  # fmt: skip
     hint = "python -m dspark.bench simulate --refresh"
-    record = None if refresh else paths.read_cache(path, key, trace_record, hint)
+    record = None if refresh else storage.read_cache(path, key, trace_record, hint)
     if record is None:
         rounds = RoundStats()
         for ps in offline.prompts_by_domain(tokenizer, per_domain, 0, target.config.max_seq_len).values():
@@ -220,7 +220,7 @@ def record_traces(
             )
         record = {"key": key, "gamma": gamma, "verify_lens": rounds.verify_lens, "accepted": rounds.accepted,
                   "confidences": rounds.confidences}  # fmt: skip
-        paths.write_cache(path, record)
+        storage.write_cache(path, record)
     traces = traces_from_records(record["verify_lens"], record["accepted"], record["confidences"], gamma)
     return traces, get_calibration(drafter_name, target_name=target_name)
 

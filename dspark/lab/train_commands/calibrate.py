@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
-from dspark import paths
-from dspark.checkpoint import config_path
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
-from dspark.drafters.registry import calibration_path, checkpoint_digest, default_path
-from dspark.lab import cli
+from dspark.drafters.registry import default_path
+from dspark.lab import cli, storage
+from dspark.lab.calibration import calibration_path, checkpoint_digest
 from dspark.lab.cli import UsageError
 from dspark.lab.pretrained.prompt_sets import prompts_label
+from dspark.paths import config_path
 
 
 def calibration_output(args: argparse.Namespace, checkpoint: Path, target_name: str) -> Path:
@@ -33,7 +33,7 @@ def calibration_output(args: argparse.Namespace, checkpoint: Path, target_name: 
             raise UsageError("--out and --ship both say where the calibration goes: give one")
         return Path(args.out)
     if args.ship:
-        if not paths.inside_package(checkpoint):
+        if not storage.inside_package(checkpoint):
             raise UsageError(f"--ship stores the calibration of a shipped drafter, and {checkpoint} is not one "
                              "(without --ship it goes beside that checkpoint)")  # fmt: skip
         return config_path(checkpoint)

@@ -17,15 +17,16 @@ from pathlib import Path
 
 import torch
 
-from dspark import paths
-from dspark.device import cpu_has_bf16, model_device
+from dspark.device import model_device
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
-from dspark.drafters.registry import default_path, new_drafter
+from dspark.drafters.registry import default_path
 from dspark.drafters.vocab import most_frequent
+from dspark.lab import storage
 from dspark.lab.cli import UsageError
 from dspark.lab.cpu_speed import fast_on_cpu
+from dspark.lab.machine import cpu_has_bf16
 from dspark.lab.train_commands.drafter_data import feature_caches, load_training_target
-from dspark.lab.training.drafters import DrafterTrainConfig
+from dspark.lab.training.drafters import DrafterTrainConfig, new_drafter
 
 
 def training_in_bf16(choice: bool | None, device: torch.device | None = None) -> bool:
@@ -122,4 +123,4 @@ def cmd_drafter(args: argparse.Namespace) -> None:
 def trained_drafter_path(kind: str, target_name: str) -> Path:
     """Where `train drafter` writes without --out: DSPARK_HOME[/<target>]/drafters/drafter_<kind>.safetensors
     (the shipped one in the package is replaced only by --ship)."""
-    return paths.target_home(target_name) / "drafters" / f"drafter_{kind}.safetensors"
+    return storage.target_home(target_name) / "drafters" / f"drafter_{kind}.safetensors"

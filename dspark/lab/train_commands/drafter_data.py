@@ -15,8 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dspark import paths
-from dspark.lab import cli
+from dspark.lab import cli, storage
 from dspark.lab.cli import UsageError
 
 
@@ -34,7 +33,7 @@ def cmd_instructions(args: argparse.Namespace) -> None:
     )  # --out '' is refused by argparse
     if tokenizer.chat.name == "plain":
         raise UsageError("a model without a chat template has no user turn to sample (Magpie needs one)")
-    out = Path(args.out or paths.target_home(target_name) / "instructions.jsonl")
+    out = Path(args.out or storage.target_home(target_name) / "instructions.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
     counts = {"chat": args.chat, "code": args.code, "math": args.math}
     dropped = sample_instructions(target, tokenizer, out, counts, args.batch_size, args.max_new_tokens,
@@ -69,7 +68,7 @@ def cmd_responses(args: argparse.Namespace) -> None:
         if not source.is_file():
             raise UsageError(f"no corpus in {args.data}; run `python -m dspark.train data` first")
     tokenizer, target, target_name = cli.load_target(args, device)
-    out = Path(args.out or paths.target_home(target_name) / "responses.jsonl")
+    out = Path(args.out or storage.target_home(target_name) / "responses.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
     n = regenerate(target, tokenizer, source, out, args.per_domain, args.val_per_domain, args.max_new_tokens,
                    args.batch_size)  # fmt: skip
@@ -90,10 +89,10 @@ def feature_caches(args: argparse.Namespace, target) -> tuple:
 def load_training_target(args: argparse.Namespace):
     """The frozen target (--checkpoint, or --model in --dtype), with --taps overriding the tap layers its
     drafters read. Resolves the target's default --responses and --features-dir (under
-    `paths.target_home`) and records its name in `args.target_name`."""
+    `storage.target_home`) and records its name in `args.target_name`."""
     tokenizer, target, args.target_name = cli.load_target(args, cli.device_of(args))
     args.eos_id = tokenizer.eos_id
-    args.responses, args.features_dir = paths.training_data(
+    args.responses, args.features_dir = storage.training_data(
         args.target_name, args.responses, args.features_dir
     )
     if args.taps:

@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 
 from dspark import paths
-from dspark.checkpoint import load_target, save_checkpoint
+from dspark.checkpoint import load_target
 from dspark.config import ModelConfig
+from dspark.lab import storage
 from dspark.lab.cli import UsageError
 from dspark.lab.data.corpus import (
     DOMAINS,
@@ -30,6 +31,7 @@ from dspark.lab.data.corpus import (
     eval_prompts,
     write_jsonl,
 )
+from dspark.lab.storage import save_checkpoint
 from dspark.lab.training.target import TrainConfig, train_target
 from dspark.tokenizer import Tokenizer
 
@@ -59,7 +61,7 @@ def cmd_data(args: argparse.Namespace) -> None:
     sizes = build_token_arrays(samples, tokenizer, out)
     manifest["tokens"] = sizes
     manifest["vocab_size"] = tokenizer.vocab_size
-    paths.write_text_atomic(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    storage.write_text_atomic(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
     print(f"\ncorpus sha256 {manifest['sha256'][:16]}…  (Python {manifest['python']})")
     print(
         f"{'domain':<6} {'train':>7} {'val':>6} {'eval':>5} {'chars':>11} {'train tokens':>13} {'val tokens':>11}"

@@ -44,10 +44,12 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from dspark.checkpoint import save_checkpoint
 from dspark.device import model_device
-from dspark.drafters.autoregressive import AutoregressiveDrafter
-from dspark.drafters.parallel import ParallelDrafter
+from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
+from dspark.drafters.base import Drafter
+from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
+from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
+from dspark.lab.storage import save_checkpoint
 from dspark.lab.training.anchors import anchor_counts, candidate_counts, every_anchor, sample_anchors
 from dspark.model import Transformer
 from dspark.training.distribution_loss import soft_target_loss
@@ -396,3 +398,44 @@ def resume_state(path: Path, identity: dict, drafter, optimizer, g: torch.Genera
 
 def load_history(path: Path) -> dict:
     return json.loads(Path(path).with_suffix(".json").read_text())["meta"]
+
+
+def new_drafter(
+    target: Transformer,
+    kind: str,
+    gamma: int = 7,
+    layers: int = 0,
+    rank: int | None = None,
+    draft_vocab: int = 0,
+    final_hidden: bool = False,
+    tied_rank: int = 0,
+    ffn_hidden: int = 0,
+    qk_norm: bool = False,
+    eagle3_layer: bool = False,
+) -> Drafter:
+    """A freshly initialised drafter of `kind` for `target` (its SwiGLU width); MTP-1 always drafts 1 token,
+    `layers` 0 = the kind's default depth, `rank` None = the default sequential-head rank, `draft_vocab` K > 0:
+    it scores K target ids (the first K until `drafter.vocab.set_ids` chooses them), 0 = all; `final_hidden`:
+    EAGLE and the parallel kinds read the target's final hidden state next to its tap layers; `tied_rank`: the
+    Markov head's extra rank through the target's embeddings (dspark only); `ffn_hidden`: the SwiGLU width of its
+    layers (0 = the target's); `qk_norm`: the parallel kinds' layers norm q and k per head (Qwen3's, what the
+    serving engines load); `eagle3_layer`: EAGLE's one layer is EAGLE-3's own (drafters/eagle3_layer.py)."""
+    ffn_hidden = ffn_hidden or target.config.ffn_hidden
+    if kind in PARALLEL_KINDS:
+        config = ParallelDrafterConfig(kind, gamma, layers or ParallelDrafterConfig.n_layers, ffn_hidden,
+                                       rank=ParallelDrafterConfig.rank if rank is None else rank,
+                                       mask_id=min(ParallelDrafterConfig.mask_id, target.config.vocab_size - 1),
+                                       draft_vocab=draft_vocab, final_hidden=final_hidden,
+                                       tied_rank=tied_rank, qk_norm=qk_norm)  # fmt: skip
+        return ParallelDrafter(target, config)
+    layers = layers or AutoregressiveDrafterConfig.n_layers
+    config = AutoregressiveDrafterConfig(
+        kind,
+        1 if kind == "mtp" else gamma,
+        layers,
+        ffn_hidden,
+        draft_vocab=draft_vocab,
+        final_hidden=final_hidden and kind == "eagle",
+        eagle3_layer=eagle3_layer and kind == "eagle",
+    )
+    return AutoregressiveDrafter(target, config)

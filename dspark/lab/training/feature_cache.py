@@ -41,8 +41,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from dspark import paths
 from dspark.device import model_device
+from dspark.lab import storage
 from dspark.model import Transformer
 from dspark.training.features import FeatureBatch
 
@@ -260,7 +260,7 @@ def build_feature_cache(
     for array in (tokens, taps, hidden, lse):
         array.flush()
     np.save(tmp / "index.npy", index)
-    paths.write_text_atomic(
+    storage.write_text_atomic(
         tmp / "manifest.json", json.dumps(expected_manifest(target, records, dtype), indent=2)
     )
     shutil.rmtree(directory, ignore_errors=True)

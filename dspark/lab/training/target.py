@@ -24,9 +24,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from dspark.checkpoint import read_checkpoint, save_checkpoint
+from dspark.checkpoint import read_checkpoint
 from dspark.config import ModelConfig
 from dspark.lab.data.corpus import DOMAINS, load_token_array
+from dspark.lab.storage import save_checkpoint
 from dspark.model import Transformer
 
 

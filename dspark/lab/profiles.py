@@ -1,0 +1,135 @@
+"""SPS(B) profiles as the commands get them: the CPU one measured once and cached under DSPARK_HOME, and a
+GPU's modelled by a roofline (paper section 5.2), by name.
+
+  * `cpu_profile`: `measure_sps` (the core's profiler) on this machine, cached by a key of the model's
+    config, this CPU and its thread count, so an engine measures it once.
+  * `roofline_profile`: one pass streams the weights and the KV cache from HBM and does 2·P·B FLOPs; its
+    time is the larger of the two plus a fixed launch overhead, optionally padded up to CUDA-graph bucket
+    sizes, which makes SPS a jagged staircase.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from dspark.lab import storage
+from dspark.lab.machine import cpu_description
+from dspark.model import Transformer
+from dspark.scheduling.profiler import DEFAULT_POINTS, measure_sps
+from dspark.scheduling.scheduler import ThroughputProfile
+
+
+def profile_path(key: dict) -> Path:
+    """Cache file of one (model config, CPU, thread count) combination."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return storage.dspark_home() / "profiles" / f"cpu-{digest}.json"
+
+
+REFRESH_HINT = "python -m dspark.bench profile --refresh"
+
+
+def read_profile(path: Path, key: dict, refresh: str = REFRESH_HINT) -> ThroughputProfile | None:
+    """The SPS profile cached in `path` for `key` (None: none yet, or of other settings); a corrupt file is
+    one line naming it and `refresh` (`storage.read_cache`)."""
+    return storage.read_cache(
+        path, key, lambda r: ThroughputProfile(r["steps_per_second"], r["name"]), refresh
+    )
+
+
+def cpu_profile(target: Transformer, refresh: bool = False, path: Path | None = None) -> ThroughputProfile:
+    """The measured CPU profile of this target, measured once and cached (keyed by `cpu_profile_key` --
+    DSPARK_HOME may outlive a machine; --refresh measures again)."""
+    key = cpu_profile_key(target)
+    path = path or profile_path(key)
+    cached = None if refresh else read_profile(path, key)
+    if cached is not None:
+        return cached
+    context = min(128, target.config.max_seq_len // 2)  # a small model gets a proportionally short context
+    room = target.config.max_seq_len - context
+    profile = measure_sps(target, [b for b in DEFAULT_POINTS if -(-b // 16) <= room], 16, context)
+    storage.write_cache(
+        path, {"key": key, "name": profile.name, "steps_per_second": profile.steps_per_second}
+    )
+    return profile
+
+
+def cpu_profile_key(target: Transformer) -> dict:
+    """What a cached CPU profile depends on: the target's config, this CPU's description, the thread count,
+    how it was measured (and a non-fp32 dtype)."""
+    key = {
+        "config": asdict(target.config),
+        "threads": torch.get_num_threads(),
+        "cpu": cpu_description(),
+        "method": "interleaved, isotonic",
+        "projection": target.speed_paths,  # how its projections compute (dspark/lab/cpu_speed.py swaps them)
+    }  # (a profile measured the older way, or of the older LM-head code, is measured again)
+    key["config"]["tap_layers"] = list(key["config"]["tap_layers"])
+    if target.embed.weight.dtype != torch.float32:  # (only a non-fp32 dtype joins the key)
+        key["dtype"] = str(target.embed.weight.dtype)
+    return key
+
+
+@dataclass
+class RooflineConfig:
+    """A dense decoder served in bf16 on one GPU (defaults: an 8 B GQA model on an H200)."""
+
+    params: float = 8e9  # parameters read every pass
+    bytes_per_param: float = 2.0  # bf16
+    kv_bytes_per_token: float = 32 * 2 * 8 * 128 * 2  # layers x (K, V) x kv heads x head dim x bf16
+    context: int = 2048  # KV tokens each request reads per pass
+    tokens_per_request: float = 4.0  # batch tokens per request (1 anchor + drafts) to count requests
+    hbm_bytes_per_s: float = 4.8e12  # H200 HBM3e
+    flops_per_s: float = 790e12  # achieved bf16 dense
+    overhead_s: float = 2e-4  # launches, sampling, scheduling per pass
+    buckets: list[int] = field(default_factory=list)  # CUDA-graph batch sizes (empty: no padding)
+    max_tokens: int = 2048  # largest B in the table
+
+    def padded(self, batch_tokens: int) -> int:
+        if not self.buckets:
+            return batch_tokens
+        for b in sorted(self.buckets):
+            if b >= batch_tokens:
+                return b
+        top = max(self.buckets)
+        return -(-batch_tokens // top) * top
+
+    def seconds(self, batch_tokens: int) -> float:
+        B = self.padded(batch_tokens)
+        requests = B / self.tokens_per_request  # fractional: the average request count
+        memory = self.params * self.bytes_per_param + requests * self.context * self.kv_bytes_per_token
+        return self.overhead_s + max(memory / self.hbm_bytes_per_s, 2 * self.params * B / self.flops_per_s)
+
+
+def default_buckets(limit: int = 2048) -> list[int]:
+    """vLLM-style capture sizes: 1, 2, 4, then every 8 up to 256, every 64 beyond."""
+    sizes = [1, 2, 4, *range(8, 257, 8), *range(320, limit + 1, 64)]
+    return [s for s in sizes if s <= limit]
+
+
+def roofline_profile(config: RooflineConfig, name: str = "") -> ThroughputProfile:
+    """SPS(B) for B = 1..max_tokens under the roofline model."""
+    sps = [1.0 / config.seconds(B) for B in range(1, config.max_tokens + 1)]
+    if not config.buckets:  # without padding the model is monotone already; keep the table honest anyway
+        sps = [min(sps[: i + 1]) for i in range(len(sps))]
+    return ThroughputProfile(sps, name or ("h200-roofline" + ("-buckets" if config.buckets else "")))
+
+
+PROFILE_NAMES = ("cpu", "h200", "h200-buckets")
+
+
+def named_profile(name: str, target: Transformer | None = None) -> ThroughputProfile:
+    """`cpu` (measured, needs the target), `h200` (smooth roofline), `h200-buckets` (jagged)."""
+    if name == "cpu":
+        if target is None:
+            raise ValueError("the cpu profile is measured on a target model")
+        return cpu_profile(target)
+    if name == "h200":
+        return roofline_profile(RooflineConfig())
+    if name == "h200-buckets":
+        return roofline_profile(RooflineConfig(buckets=default_buckets()))
+    raise ValueError(f"unknown profile {name!r}; choose one of {', '.join(PROFILE_NAMES)}")
