@@ -62,7 +62,7 @@ from dspark.scheduling.scheduler import (
     prefix_survival,
 )
 from dspark.serving.engine import Engine, EngineResult, Request
-from dspark.serving.rounds import RoundStats
+from dspark.serving.requests import RoundStats
 from dspark.serving.speculative import SpeculativeResult, speculative_generate
 from dspark.tokenizer import Tokenizer
 from dspark.verify import VerifyResult, verify, verify_greedy

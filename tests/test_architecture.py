@@ -49,7 +49,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("verify", ("dspark.verify",)),
     ("scheduling", ("dspark.scheduling.*", "dspark.lab.calibration", "dspark.lab.profiles")),
     ("serving", ("dspark.serving.*", "dspark.lab.step_cost", "dspark.lab.cost_aware.*")),
-    ("training", ("dspark.training.*", "dspark.lab.training.*")),
+    ("training", ("dspark.training", "dspark.lab.training.*")),
     ("exporting", ("dspark.lab.exporting.*",)),
     ("study", ("dspark.lab", "dspark.lab.study.*", "dspark.course.*")),
     (
@@ -388,7 +388,7 @@ def test_the_core_imports_neither_lab_nor_course():
 
 # The core's size in lines of Python: a ratchet on the way to the goal of at most 3,500 (issue #60). Lower it
 # as code leaves the core; never raise it.
-CORE_LINE_BUDGET = 4444
+CORE_LINE_BUDGET = 4297
 
 
 def test_the_core_stays_within_its_line_budget():

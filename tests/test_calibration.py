@@ -15,7 +15,7 @@ from dspark.lab.profiles import RooflineConfig, default_buckets, roofline_profil
 from dspark.scheduling import calibration
 from dspark.scheduling.calibration import auroc, ece, fit_sts
 from dspark.scheduling.profiler import measure_sps
-from dspark.serving.rounds import RoundStats
+from dspark.serving.requests import RoundStats
 
 
 def test_ece_hand_worked():

@@ -1,20 +1,14 @@
-"""The hand-written gradient of the drafter's distribution loss (dspark/training/distribution_loss.py)
-against autograd over the plain expressions."""
+"""The lab's distribution loss with its gradient by hand (dspark/lab/training/fast_loss.py) against the core's
+plain one under autograd (dspark/training.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dspark.training import distribution_loss
-from dspark.training.distribution_loss import soft_target_loss
-
-
-def plain(logits, table, rows):
-    """The same three terms the plain way, for autograd to differentiate."""
-    log_q = torch.log_softmax(logits.float(), dim=-1)
-    p = table[rows]
-    return -(p * log_q).sum(-1), (log_q.exp() - p).abs().sum(-1), torch.logsumexp(logits.float(), dim=-1)
+from dspark.lab.training import fast_loss as distribution_loss
+from dspark.lab.training.fast_loss import soft_target_loss
+from dspark.training import soft_target_loss as plain
 
 
 def inputs(R=13, V=37, seed=0, dtype=torch.float32):

@@ -20,7 +20,7 @@ from dspark.lab.storage import save_checkpoint
 from dspark.lab.training.drafters import DrafterTrainConfig, batch_loss, new_drafter
 from dspark.sampling import SamplingParams
 from dspark.serving.speculative import speculative_generate
-from dspark.training.features import FeatureBatch
+from dspark.training import FeatureBatch
 
 KINDS = ["mtp", "eagle", "dflash", "dspark", "dspark-rnn"]
 
@@ -181,7 +181,7 @@ def test_a_draft_vocabulary_of_every_id_trains_like_the_full_vocabulary(tiny_mod
 def test_target_probs_at_draft_ids_from_the_cached_normaliser(tiny_model):
     """p_t at K ids from K head rows and the stored log-sum-exp == the full softmax read at those ids."""
     from dspark.lab.training.feature_cache import features_of_tokens
-    from dspark.training.features import supervised_target_probs
+    from dspark.training import supervised_target_probs
 
     tokens = torch.randint(0, TINY.vocab_size, (2, 24), generator=torch.Generator().manual_seed(4))
     batch = features_of_tokens(tiny_model, tokens, torch.tensor([24, 15]), torch.tensor([4, 3]))

@@ -18,8 +18,7 @@ from dspark.drafters.registry import load_drafter
 from dspark.lab.cli import run_main
 from dspark.lab.training.drafters import DrafterTrainConfig, new_drafter, train_drafter, unrolled_log_probs
 from dspark.lab.training.feature_cache import LiveFeatures
-from dspark.training.features import FeatureBatch
-from dspark.training.packed_blocks import packed_blocks
+from dspark.training import FeatureBatch, packed_blocks
 
 
 def qk_drafter(target, kind="dspark"):

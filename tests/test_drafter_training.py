@@ -12,7 +12,7 @@ from dspark.drafters.base import TargetFeatures
 from dspark.drafters.registry import load_drafter
 from dspark.lab.training.drafters import DrafterTrainConfig, load_history, train_drafter, unrolled_log_probs
 from dspark.lab.training.feature_cache import LiveFeatures
-from dspark.training.features import FeatureBatch
+from dspark.training import FeatureBatch
 
 
 @pytest.mark.parametrize("kind, unroll, layers, final_hidden",

@@ -25,7 +25,7 @@ from dspark.lab.training.feature_cache import (
     response_caches,
 )
 from dspark.model import Transformer
-from dspark.training.features import supervised_target_probs
+from dspark.training import supervised_target_probs
 
 
 def records(n: int = 10, seed: int = 0) -> list[dict]:

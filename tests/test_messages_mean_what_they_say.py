@@ -14,7 +14,7 @@ from dspark.drafters.registry import get_drafter
 from dspark.lab import profiles, storage
 from dspark.lab.cli import run_main
 from dspark.sampling import SamplingParams
-from dspark.serving.rounds import RoundStats
+from dspark.serving.requests import RoundStats
 from dspark.serving.speculative import speculative_generate
 from dspark.tokenizer import Tokenizer
 

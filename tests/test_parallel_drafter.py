@@ -4,7 +4,6 @@ greedy identity and exact sampling through the speculative loop."""
 from __future__ import annotations
 
 import itertools
-import math
 
 import pytest
 import torch
@@ -15,12 +14,11 @@ from test_speculative import GREEDY, MICRO, MICRO_LENGTH, MICRO_PROMPT, RAGGED, 
 from dspark.decoding import generate
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
+from dspark.lab.training import fast_loss
 from dspark.lab.training.anchors import every_anchor, sample_anchors
 from dspark.sampling import SamplingParams
 from dspark.serving.speculative import speculative_generate
-from dspark.training import packed_blocks as packed_blocks_module
-from dspark.training.features import FeatureBatch
-from dspark.training.packed_blocks import BlockLoss, block_losses, block_visibility, packed_blocks
+from dspark.training import BlockLoss, FeatureBatch, block_losses, block_visibility, packed_blocks
 
 
 def make(target, kind, gamma=4, rank=8, seed=0, final_hidden=False, tied_rank=0):
@@ -136,51 +134,25 @@ def test_training_loss_terms_and_gradients(tiny_model):
     assert drafter.w1.weight.grad.abs().sum() > 0 and drafter.confidence.weight.grad.abs().sum() > 0
 
 
-def dense_packed_backbone(drafter, h_ctx, tokens, anchors):
-    """The packed pass written the plain way: all A·γ slots of a sequence are one set of queries against
-    [its T context keys ; all A·γ slot keys], masked by `block_visibility` -- the dense packed mask that
-    `packed_backbone` (context and own-block attention, nothing else scored) must equal."""
-    B, T = tokens.shape
-    A, gamma = anchors.shape[1], drafter.config.gamma
-    block_pos = (anchors[:, :, None] + torch.arange(gamma)).flatten(1)  # (B, A·γ)
-    block = torch.full((B, A, gamma), drafter.mask_id, dtype=torch.long)
-    block[:, :, 0] = tokens.gather(1, anchors)
-    x = drafter.target.embed(block.flatten(1))  # (B, A·γ, dim)
-    cos, sin = drafter.rope_cos[block_pos, None], drafter.rope_sin[block_pos, None]
-    visible = block_visibility(anchors, T, gamma)[:, None]  # (B, 1, A·γ, T + A·γ)
-    for layer in drafter.layers:
-        attn = layer.attn
-        rep = attn.n_heads // attn.n_kv_heads
-        k_ctx, v_ctx = drafter.context_kv(layer, h_ctx, torch.arange(T))  # (B, T, Hkv, hd)
-        q, k, v = attn._qkv(layer.attn_norm(x), cos, sin)  # (B, A·γ, H | Hkv, hd)
-        keys = torch.cat([k_ctx, k], 1).repeat_interleave(rep, 2).transpose(1, 2)  # (B, H, T + A·γ, hd)
-        values = torch.cat([v_ctx, v], 1).repeat_interleave(rep, 2).transpose(1, 2)
-        scores = q.transpose(1, 2) @ keys.transpose(-1, -2) / math.sqrt(attn.head_dim)
-        weights = scores.masked_fill(~visible, float("-inf")).softmax(-1)
-        x = x + attn.wo((weights @ values).transpose(1, 2).flatten(2))
-        x = x + layer.ffn(layer.ffn_norm(x))
-    return x.unflatten(1, (A, gamma))
-
-
 @pytest.mark.parametrize("kind", ["dflash", "dspark"])
-def test_the_all_anchor_pass_equals_the_dense_packed_mask(tiny_model, kind, monkeypatch):
-    """Every response position an anchor, fp32: the packed pass gives the loss and every gradient of the
-    dense packed mask over all blocks (one row's blocks overlap another's context and each other)."""
+def test_the_labs_packed_pass_and_distance_equal_the_cores_dense_mask(tiny_model, kind):
+    """Every response position an anchor, fp32: the lab's training speed paths (the packed pass that scores
+    only what `block_visibility` shows; the distance with its gradient by hand) give the loss and every
+    gradient of the core's plain ones (the dense packed mask over all blocks; autograd)."""
     drafter = make(tiny_model, kind).train()
     tokens = torch.randint(0, TINY.vocab_size, (2, 16), generator=torch.Generator().manual_seed(8))
     batch = live(tiny_model, tokens, [16, 11], [4, 3])
     anchors, valid = every_anchor(batch.lengths, batch.prompt_lens)
     assert int(valid.sum()) == (16 - 1 - 4) + (11 - 1 - 3)
 
-    def loss_and_grads():
+    def loss_and_grads(**speed):
         drafter.zero_grad(set_to_none=True)
-        loss, _, _ = block_losses(drafter, tiny_model, batch, anchors, valid)
+        loss, _, _ = block_losses(drafter, tiny_model, batch, anchors, valid, **speed)
         loss.backward()
         return loss.detach(), {n: p.grad for n, p in drafter.named_parameters() if p.grad is not None}
 
-    loss, grads = loss_and_grads()
-    monkeypatch.setattr(packed_blocks_module, "packed_backbone", dense_packed_backbone)
     dense_loss, dense_grads = loss_and_grads()
+    loss, grads = loss_and_grads(speed=(fast_loss.packed_backbone, fast_loss.soft_target_loss))
     torch.testing.assert_close(loss, dense_loss, atol=1e-6, rtol=1e-5)
     assert grads.keys() == dense_grads.keys() and any(n.startswith("layers.") for n in grads)
     for name, grad in grads.items():

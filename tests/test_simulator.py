@@ -80,7 +80,7 @@ def test_recorded_traces_are_replayed_only_for_the_weights_they_came_from(tiny_m
 
     from dspark.lab.study import pareto
     from dspark.sampling import SamplingParams
-    from dspark.serving.rounds import RoundStats
+    from dspark.serving.requests import RoundStats
 
     monkeypatch.setenv("DSPARK_HOME", str(tmp_path))
     drafter = make(tiny_model, "dspark", gamma=4)

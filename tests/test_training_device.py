@@ -14,7 +14,7 @@ from test_parallel_drafter import make
 from test_speculative import make_drafter
 
 from dspark.lab.training.drafters import DrafterTrainConfig, batch_loss, learning_rate
-from dspark.training.features import FeatureBatch
+from dspark.training import FeatureBatch
 
 
 def features(target, seed: int = 0) -> FeatureBatch:

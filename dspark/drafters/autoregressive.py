@@ -14,7 +14,7 @@ that has its own KV cache, and the target's frozen embedding and LM head:
   (`tap_layers`); drafts γ tokens one after another, feeding back its own
   output g as the feature of the position it just drafted. Trained with
   "training-time test" (unrolled on its own outputs; see the drafter trainer).
-  With `eagle3_layer` its one layer is EAGLE-3's own (eagle3_layer.py: no W_in,
+  With `eagle3_layer` its one layer is EAGLE-3's own (`Eagle3Layer`: no W_in,
   the attention reads both normed halves, the feature is the residual), the
   layer vLLM and SGLang load (`python -m dspark.export --format eagle3`).
 
@@ -35,12 +35,53 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from dspark.config import ModelConfig
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
-from dspark.drafters.eagle3_layer import Eagle3Layer, pack_inputs
 from dspark.drafters.vocab import DraftVocabulary
 from dspark.kv_cache import KVCache
-from dspark.model import Block, RaggedIndex, RMSNorm, Transformer, rope_table, run_blocks_cached
+from dspark.model import (
+    Attention,
+    Block,
+    FeedForward,
+    RaggedIndex,
+    RMSNorm,
+    Transformer,
+    rope_table,
+    run_blocks_cached,
+)
 from dspark.sampling import probabilities, sample
+
+
+class Eagle3Layer(nn.Module):
+    """EAGLE-3's own decoder layer (the "midlayer" of its checkpoints, what vLLM and SGLang load): no W_in;
+    a = Attention([RMSNorm_in(emb); RMSNorm_hidden(g)]) (2·dim -> dim), r = g + a (the feature is the
+    residual), out = r + SwiGLU(RMSNorm_post(r)). So that the shared loops run it beside plain blocks, its
+    input packs [norm(emb); norm(g); g] (..., 3·dim): `attention_input` is the first 2·dim, `residual` the
+    last dim -- what a `Block` answers with RMSNorm(x) and x."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.dim = config.dim
+        self.attn = Attention(config, in_dim=2 * config.dim)  # q/k/v: 2·dim -> heads, o: dim -> dim
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)  # post_attention_layernorm
+        self.ffn = FeedForward(config)
+
+    def attention_input(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., 3·dim) -> (..., 2·dim): the two normed halves, as they are."""
+        return x[..., : 2 * self.dim]
+
+    def residual(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., 3·dim) -> (..., dim): the raw feature g, what the attention output is added to."""
+        return x[..., 2 * self.dim :]
+
+
+def pack_inputs(
+    token_normed: torch.Tensor, feature_normed: torch.Tensor, feature: torch.Tensor
+) -> torch.Tensor:
+    """[RMSNorm_in(emb); RMSNorm_hidden(g); g], each (..., dim), side by side: (..., 3·dim)."""
+    return torch.cat(
+        [token_normed, feature_normed.to(token_normed.dtype), feature.to(token_normed.dtype)], -1
+    )
 
 
 @dataclass
@@ -51,7 +92,7 @@ class AutoregressiveDrafterConfig:
     ffn_hidden: int = 688  # SwiGLU width of its decoder layer
     draft_vocab: int = 0  # K: score only the K most frequent target ids (drafters/vocab.py); 0 = all of them
     final_hidden: bool = False  # eagle: also fuse the target's final-normed hidden state with its tap layers
-    eagle3_layer: bool = False  # eagle: EAGLE-3's own layer (eagle3_layer.py: no W_in, 2·dim attention input)
+    eagle3_layer: bool = False  # eagle: EAGLE-3's own layer (`Eagle3Layer`: no W_in, 2·dim attention input)
 
     def __post_init__(self) -> None:
         if self.kind not in ("mtp", "eagle"):
@@ -109,7 +150,7 @@ class AutoregressiveDrafter(Drafter):
 
     def entries(self, next_tokens: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
         """entry_i (N, dim) from the token at i+1 (N,) and the feature at i (N, dim); with the EAGLE-3 layer
-        its packed input (N, 3·dim) instead (eagle3_layer.py)."""
+        its packed input (N, 3·dim) instead (`Eagle3Layer`)."""
         emb = self.target.embed(next_tokens)
         if self.config.eagle3_layer:
             return pack_inputs(self.token_norm(emb), self.feature_norm(feature), feature)

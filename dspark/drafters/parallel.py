@@ -46,7 +46,7 @@ output), the LM head's own input, as in the reference trainer
 Its tensors live on its weights' device (the target's). One round reads the host once:
 the ragged index of the context it appends (shapes, room, longest context).
 
-What this file does not do: training (dspark/training/packed_blocks.py) or calibration.
+What this file does not do: training (dspark/training.py) or calibration.
 """
 
 from __future__ import annotations

@@ -1,3 +1,3 @@
-"""Serving: the statistics of speculative rounds (rounds.py), the continuous-batching engine (engine.py) and
-batch speculative generation on it (speculative.py).
+"""Serving: requests, their records and the rounds' statistics (requests.py), the continuous-batching engine
+(engine.py) and batch speculative generation on it (speculative.py).
 """

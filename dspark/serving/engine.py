@@ -16,7 +16,7 @@ Requests wait in a queue; at most `concurrency` are active, each in its own KV-c
 `Engine.run` is these phases, one method each: `admit` + `prefill` (1), `plan` (who drafts, how wide),
 `draft` (2), `verify_round` (3-4) or `decode_round` (nobody drafts), `commit` (5); one `ActiveRequest`
 (requests.py) per active request. With a `NoDrafter` (γ = 0) it is plain continuous batching. The result
-holds every request's record and the round statistics (`EngineResult.stats`, rounds.py).
+holds every request's record and the round statistics (`EngineResult.stats`).
 
 Device: tensors live on the target's device; the bookkeeping (slots, anchors, lengths) stays on the host,
 where it is decided, and is uploaded without waiting. Each step reads the device back at a few counted

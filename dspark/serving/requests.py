@@ -9,7 +9,9 @@
   target cache), limits, cache length, recent confidences, steps since it last
   drafted, and the chunks committed since the drafter's last call;
 * `EngineResult` -- a whole run: every record, the wall time, the step count,
-  the host reads per step, and the round statistics (`stats`, rounds.py).
+  the host reads per step, and the round statistics (`stats`);
+* `RoundStats` -- the statistics of speculative rounds, one type for the engine, the study and
+  calibration: τ, acceptance by position, the arrays STS fits on.
 
 What this file does not do: serve anything (dspark/serving/engine.py).
 """
@@ -21,9 +23,87 @@ from dataclasses import dataclass, field
 import torch
 
 from dspark.drafters.base import TargetFeatures
-from dspark.serving.rounds import RoundStats
 
 RECENT_ROUNDS = 4  # drafted rounds per request kept for a scheduler's forecast (`ActiveRequest.recent`)
+
+
+@dataclass
+class RoundStats:
+    """Every request-round of some runs, grouped by request (walkthrough/DESIGN.md section 7).
+
+    A request-round is one request's share of one speculative step: it verified ℓ drafts, accepted a ≤ ℓ
+    of them and committed a + 1 tokens (the accepted drafts + the correction or bonus token), fewer where
+    EOS or the token limit cut its last round: tokens past a stop are not output and do not count, in τ
+    (`tau`, committed tokens per request-round) as in the position-wise acceptance (paper Fig. 2). The
+    engine fills one per run (`EngineResult.stats`); the offline study pools them (`extend`)."""
+
+    verify_lens: list[list[int]] = field(default_factory=list)  # per request, per round: ℓ
+    accepted: list[list[int]] = field(default_factory=list)  # per request, per round: accepted drafts a ≤ ℓ
+    # per request, per round: the drafter's confidences c_1..c_γ (empty lists without a confidence head)
+    confidences: list[list[list[float]]] = field(default_factory=list)
+    # per request, per round: tokens committed, a + 1 unless a stop cut the round (default: a + 1)
+    emitted: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.emitted:  # recorded without stops in mind: every round committed a + 1
+            self.emitted = [[a + 1 for a in acc] for acc in self.accepted]
+        if [len(e) for e in self.emitted] != [len(a) for a in self.accepted]:
+            raise ValueError("emitted must have one entry per round, like accepted")
+
+    @property
+    def rounds(self) -> int:
+        """Number of request-rounds."""
+        return sum(len(a) for a in self.accepted)
+
+    @property
+    def tau(self) -> float:
+        """τ: committed tokens per request-round, the bonus/correction token included."""
+        return sum(map(sum, self.emitted)) / max(1, self.rounds)
+
+    @property
+    def mean_verify_len(self) -> float:
+        """Mean ℓ over request-rounds."""
+        return sum(map(sum, self.verify_lens)) / max(1, self.rounds)
+
+    def acceptance_by_position(self, gamma: int) -> list[float | None]:
+        """Per draft position k = 1..γ: among rounds that verified k and accepted 1..k−1,
+        the fraction that accepted k (None where no round reached k)."""
+        hits, tries = self.acceptance_counts(gamma)
+        return [h / t if t else None for h, t in zip(hits, tries)]
+
+    def acceptance_counts(self, gamma: int) -> tuple[list[int], list[int]]:
+        """(hits, tries) per draft position: the counts behind `acceptance_by_position`. Like τ they count
+        committed tokens: in a round a stop cut after e tokens, drafts past the e-th were never output."""
+        hits, tries = [0] * gamma, [0] * gamma
+        for lens, accs, emits in zip(self.verify_lens, self.accepted, self.emitted):
+            for ell, a, e in zip(lens, accs, emits):
+                for k in range(min(ell, a + 1, e)):  # positions 1..min(ℓ, a+1, e) were reached and output
+                    tries[k] += 1
+                    hits[k] += k < a
+        return hits, tries
+
+    def extend(self, other: RoundStats) -> None:
+        """Append another run's requests."""
+        self.verify_lens += other.verify_lens
+        self.accepted += other.accepted
+        self.confidences += other.confidences
+        self.emitted += other.emitted
+
+    def calibration_arrays(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(N, γ) confidences, (N, γ) event "drafts 1..k accepted", (N, γ) mask of verified
+        positions, over the N request-rounds that carry confidences (STS fits on these)."""
+        conf, events, mask = [], [], []
+        for L, A, C in zip(self.verify_lens, self.accepted, self.confidences):
+            for ell, a, c in zip(L, A, C):
+                if not c:  # a round in which the request did not draft
+                    continue
+                k = torch.arange(1, len(c) + 1)
+                conf.append(torch.tensor(c, dtype=torch.float64))
+                events.append((k <= a).double())
+                mask.append(k <= ell)
+        if not conf:
+            raise ValueError("no rounds with confidences (does the drafter have a confidence head?)")
+        return torch.stack(conf), torch.stack(events), torch.stack(mask)
 
 
 @dataclass

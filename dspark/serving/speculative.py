@@ -12,7 +12,7 @@ With `NoDrafter` (γ = 0) this is plain decoding. At temperature 0 the output
 is token-identical to `decoding.generate` for every drafter and policy (the
 tests check it); at T > 0 it follows the target's distribution exactly.
 
-The result carries the rounds' statistics (`RoundStats`, dspark/serving/rounds.py:
+The result carries the rounds' statistics (`RoundStats`, dspark/serving/requests.py:
 τ and position-wise acceptance) next to the tokens.
 
 What this file does not do: choose verify lengths (dspark/scheduling/scheduler.py) or
@@ -31,7 +31,7 @@ from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduling.scheduler import Scheduler
 from dspark.serving.engine import Engine, Request
-from dspark.serving.rounds import RoundStats
+from dspark.serving.requests import RoundStats
 
 
 @dataclass

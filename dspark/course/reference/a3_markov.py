@@ -3,7 +3,7 @@
 `markov_step` and `markov_block` are the project's `markov_step` and
 `markov_block_reference`; `draft_probs` is `dspark.sampling.probabilities`; the block and
 its mask are what `ParallelDrafter.draft_block` builds, the mask via
-`dspark.training.packed_blocks.block_visibility` with one block per request (DESIGN §2).
+`dspark.training.block_visibility` with one block per request (DESIGN §2).
 What this file does not do: anything beyond adapting signatures.
 """
 
@@ -13,7 +13,7 @@ import torch
 
 from dspark.drafters import parallel
 from dspark.sampling import SamplingParams, probabilities
-from dspark.training.packed_blocks import block_visibility as packed_visibility
+from dspark.training import block_visibility as packed_visibility
 
 
 def anchor_block(

@@ -15,7 +15,7 @@ that runs the target or trains a drafter (responses, features, drafter,
 calibrate) takes --device cpu|cuda; pre-training the tiny target runs on the CPU.
 This file parses the options; dspark/lab/train_commands/ holds the commands' bodies
 (pretraining.py: data, target; drafter_data.py: instructions, responses, features;
-drafter.py; calibrate.py), which call the library (dspark/training/, dspark/tokenizer.py).
+drafter.py; calibrate.py), which call the library (dspark/training.py, dspark/tokenizer.py).
 """
 
 from __future__ import annotations

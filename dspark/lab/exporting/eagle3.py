@@ -9,7 +9,7 @@ reduced vocabulary, `d2t` / `t2d`. No `embed_tokens`: both engines share the tar
 in as `eagle_aux_hidden_state_layer_ids` (tap + 1: vLLM captures the input of layer i + 1, the output
 of layer i), at the top level and under `eagle_config`, where SGLang reads them.
 
-Only an EAGLE drafter built with `--eagle3-layer` has this layer (dspark/drafters/eagle3_layer.py).
+Only an EAGLE drafter built with `--eagle3-layer` has this layer (dspark/drafters/autoregressive.py, `Eagle3Layer`).
 """
 
 from __future__ import annotations

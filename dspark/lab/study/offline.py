@@ -47,7 +47,7 @@ from dspark.model import Transformer
 from dspark.paths import config_path
 from dspark.sampling import SamplingParams, probabilities, sample
 from dspark.scheduling.scheduler import FixedPolicy, Scheduler, ThroughputProfile
-from dspark.serving.rounds import RoundStats
+from dspark.serving.requests import RoundStats
 from dspark.serving.speculative import speculative_generate
 from dspark.tokenizer import Tokenizer
 

@@ -51,7 +51,7 @@ from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduling.scheduler import ThroughputProfile, make_policy
 from dspark.serving.engine import Engine, EngineResult, Request
-from dspark.serving.rounds import RoundStats
+from dspark.serving.requests import RoundStats
 from dspark.tokenizer import Tokenizer
 
 

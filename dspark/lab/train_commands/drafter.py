@@ -6,7 +6,7 @@ trains it (dspark/lab/training/drafters.py) and writes the checkpoint under DSPA
 --ship into dspark/assets/. `training_in_bf16` decides --bf16 when it is not given.
 
 What this file does not do: the training loop or the losses (dspark/lab/training/drafters.py,
-packed_blocks.py), or calibrate the confidence head (dspark/lab/train_commands/calibrate.py).
+dspark/training.py), or calibrate the confidence head (dspark/lab/train_commands/calibrate.py).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ positions = every candidate anchor of the training set used once, whatever the
 drafter (MTP-1 and EAGLE-3 supervise every candidate of a sequence in one pass,
 the parallel drafters `density` of them per pass).
 
-What this file does not do: build the blocks (dspark/training/packed_blocks.py).
+What this file does not do: build the blocks (dspark/training.py).
 """
 
 from __future__ import annotations

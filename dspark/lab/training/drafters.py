@@ -15,7 +15,7 @@ drafter is supervised. Supervision is the same for every drafter
     plus its own chain's earlier steps (never to another chain). MTP-1 drafts
     one token, so K = 1. Loss: soft-label cross-entropy −Σ p_t log q, step
     weights 0.8^k.
-  * DFlash / DSpark: packed blocks at sampled anchors (packed_blocks.py).
+  * DFlash / DSpark: packed blocks at sampled anchors (dspark/training.py, with fast_loss.py's speed paths).
 
 The budget is counted in epochs over supervised positions: one epoch = every
 anchor of the training set used once (MTP-1 and EAGLE-3 use all anchors of a
@@ -51,10 +51,9 @@ from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from dspark.lab.storage import save_checkpoint
 from dspark.lab.training.anchors import anchor_counts, candidate_counts, every_anchor, sample_anchors
+from dspark.lab.training.fast_loss import packed_backbone, soft_target_loss
 from dspark.model import Transformer
-from dspark.training.distribution_loss import soft_target_loss
-from dspark.training.features import FeatureBatch, supervised_target_probs
-from dspark.training.packed_blocks import DFLASH_LOSS, BlockLoss, block_losses
+from dspark.training import DFLASH_LOSS, BlockLoss, FeatureBatch, block_losses, supervised_target_probs
 
 
 @dataclass
@@ -174,7 +173,7 @@ def unrolled_losses(
     for logits, rows, _ in steps:
         if logits.shape[0] == 0:
             break
-        ce, l1, _ = soft_target_loss(logits, probs, rows)  # distribution_loss.py: gradient by hand
+        ce, l1, _ = soft_target_loss(logits, probs, rows)  # fast_loss.py: gradient by hand
         losses.append(ce.mean())
         with (
             torch.no_grad()
@@ -197,7 +196,7 @@ def batch_loss(
         ):  # anchors drawn on the host (lengths live there), used on device
             anchors, valid = sample_anchors(batch.lengths, batch.prompt_lens, tc.anchors_per_seq, generator)
             loss, acc, _ = block_losses(drafter, target, batch, anchors.to(device), valid.to(device),
-                                        tc.block_loss(drafter))  # fmt: skip
+                                        tc.block_loss(drafter), speed=(packed_backbone, soft_target_loss))  # fmt: skip
         else:
             losses, acc = unrolled_losses(drafter, target, batch, K)
             weights = [tc.step_decay**k for k in range(len(losses))]
@@ -419,7 +418,7 @@ def new_drafter(
     EAGLE and the parallel kinds read the target's final hidden state next to its tap layers; `tied_rank`: the
     Markov head's extra rank through the target's embeddings (dspark only); `ffn_hidden`: the SwiGLU width of its
     layers (0 = the target's); `qk_norm`: the parallel kinds' layers norm q and k per head (Qwen3's, what the
-    serving engines load); `eagle3_layer`: EAGLE's one layer is EAGLE-3's own (drafters/eagle3_layer.py)."""
+    serving engines load); `eagle3_layer`: EAGLE's one layer is EAGLE-3's own (drafters/autoregressive.py, Eagle3Layer)."""
     ffn_hidden = ffn_hidden or target.config.ffn_hidden
     if kind in PARALLEL_KINDS:
         config = ParallelDrafterConfig(kind, gamma, layers or ParallelDrafterConfig.n_layers, ffn_hidden,

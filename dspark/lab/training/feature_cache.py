@@ -44,7 +44,7 @@ from tqdm import tqdm
 from dspark.device import model_device
 from dspark.lab import storage
 from dspark.model import Transformer
-from dspark.training.features import FeatureBatch
+from dspark.training import FeatureBatch
 
 CACHE_VERSION = 2  # 2: lse.npy
 DTYPES = {"float16": (np.float16, torch.float16), "float32": (np.float32, torch.float32)}

@@ -1,0 +1,252 @@
+"""How a drafter learns: DSpark's training objective over many packed blocks per sequence.
+
+For a batch of target-regenerated sequences and the frozen target's features of every token (`FeatureBatch`;
+walkthrough/DESIGN.md section 3, paper 3.3):
+  1. p_t, the target's distribution, is computed only at the supervised positions (`supervised_target_probs`);
+  2. the anchors a (response positions, no repeats) each form a block [x_a, MASK, ..., MASK] at positions
+     a..a+γ-1. All blocks of a sequence are packed into one backbone pass: a block sees the context
+     strictly before its own anchor and its own slots, never another block (`block_visibility`);
+  3. the sequential head is teacher-forced (it sees the true previous token);
+  4. loss = 0.1·L_ce + 0.9·L_tv + 1.0·L_conf (`BlockLoss`), each averaged with position weights
+     w_k = exp(-(k-1)/decay), decay 4 as in the reference trainer, where L_tv = ‖q_k − p_t‖₁ and the
+     confidence target is the detached c*_k = 1 − ½‖q_k − p_t‖₁. L_ce is against the sampled token, or with
+     `soft_ce` against p_t. DFlash (rank 0) trains with cross-entropy only, its original recipe
+     (`DFLASH_LOSS`); it has no confidence head.
+
+What this file does not do: the optimizer loop, the feature cache and the anchor sampler (dspark/lab/training/),
+whose trainer passes the CPU speed paths of the packed pass and the distance (fast_loss.py) to `block_losses`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from dspark.drafters.base import TargetFeatures
+from dspark.drafters.parallel import ParallelDrafter
+from dspark.drafters.vocab import DraftVocabulary
+from dspark.model import Transformer
+
+
+@dataclass
+class FeatureBatch:
+    """A padded batch of training sequences and the frozen target's features of every token."""
+
+    tokens: torch.Tensor  # (B, T) int64, right-padded with 0
+    lengths: torch.Tensor  # (B,) prompt + response tokens of each row
+    prompt_lens: torch.Tensor  # (B,) where each response starts
+    taps: torch.Tensor  # (B, T, n_taps, dim) float32, residual stream after each tap layer
+    last_hidden: torch.Tensor  # (B, T, dim) float32, final-normed hidden state (LM head input)
+    lse: torch.Tensor | None = None  # (B, T) float32 log-sum-exp of the target's logits (None: not known)
+
+    def to(self, device: torch.device) -> FeatureBatch:
+        """The same batch with its tensors on `device`; lengths and prompt lengths stay on the host (the anchor
+        sampler reads them there)."""
+        move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+        return FeatureBatch(move(self.tokens), self.lengths, self.prompt_lens, move(self.taps),
+                            move(self.last_hidden), move(self.lse))  # fmt: skip
+
+    def flat_features(self) -> TargetFeatures:
+        """Every position of every row, flattened: taps (B·T, n_taps, dim), last_hidden (B·T, dim)."""
+        return TargetFeatures(self.taps.flatten(0, 1), self.last_hidden.flatten(0, 1))
+
+
+def supervised_target_probs(
+    target: Transformer, batch: FeatureBatch, ids: torch.Tensor | None = None, chunk: int = 256
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """p_t only where a drafter is supervised: positions j in [P, L-2] of each row, whose next
+    token is a response token (anchors.py). Returns (probs (N + 1, V) fp32, row_of (B, T) long):
+    row_of[b, j] is the row of position j, or N -- an all-zero row -- where j is not supervised.
+    With `ids` (K,) only p_t at those ids is kept, (N + 1, K) -- a draft vocabulary's -- still
+    normalised over the whole vocabulary. Computed `chunk` rows at a time: a (N, V) fp32 tensor is
+    never held (SmolLM2: 49k ids, 200 MB for a batch)."""
+    B, T = batch.tokens.shape
+    device = batch.tokens.device
+    j = torch.arange(T, device=device)[None, :]
+    prompt_lens, lengths = batch.prompt_lens.to(device), batch.lengths.to(device)
+    need = (j >= prompt_lens[:, None]) & (j + 1 < lengths[:, None])  # (B, T)
+    hidden = batch.last_hidden[need]  # (N, dim)
+    pieces = []
+    with torch.no_grad():
+        if ids is not None and batch.lse is not None:  # K head rows and the known normaliser: no softmax
+            rows, lse = target.lm_head.weight[ids], batch.lse[need]  # (K, dim), (N,)
+            for start in range(0, hidden.shape[0], chunk):
+                logits = F.linear(hidden[start : start + chunk].to(rows.dtype), rows).float()  # (n, K)
+                pieces.append((logits - lse[start : start + chunk, None]).exp())
+        else:
+            for start in range(0, hidden.shape[0], chunk):
+                logits = target.lm_head(
+                    hidden[start : start + chunk].to(target.lm_head.weight.dtype)
+                )  # (n, V)
+                log_p = torch.log_softmax(logits.float(), dim=-1)
+                pieces.append((log_p if ids is None else log_p[:, ids]).exp())
+    width = target.config.vocab_size if ids is None else ids.shape[0]
+    probs = torch.cat([*pieces, hidden.new_zeros(1, width, dtype=torch.float32)])  # (N + 1, V or K)
+    row_of = torch.full((B, T), probs.shape[0] - 1, dtype=torch.long, device=device)
+    row_of[need] = torch.arange(probs.shape[0] - 1, device=device)
+    return probs, row_of
+
+
+@dataclass(frozen=True)
+class BlockLoss:
+    ce: float = 0.1  # weight of the cross-entropy term
+    tv: float = 0.9  # weight of the total-variation term ‖q_k − p_t‖₁
+    conf: float = 1.0  # weight of the confidence head's BCE against c*_k
+    soft_ce: bool = False  # cross-entropy against p_t instead of the sampled response token
+    decay: float = 4.0  # position weight w_k = exp(-(k-1)/decay) (the paper writes γ; the reference uses 4)
+
+
+DFLASH_LOSS = BlockLoss(ce=1.0, tv=0.0, conf=0.0, decay=4.0)
+
+
+def block_visibility(anchors: torch.Tensor, T: int, gamma: int) -> torch.Tensor:
+    """(B, A·γ, T + A·γ) bool: slot s of block j sees context positions < anchor_j and
+    the γ slots of block j only."""
+    B, A = anchors.shape
+    block_of = torch.arange(A * gamma, device=anchors.device) // gamma  # (A·γ,) which block each slot is in
+    ctx = torch.arange(T, device=anchors.device)[None, None, :] < anchors[:, block_of, None]  # (B, A·γ, T)
+    same = (block_of[:, None] == block_of[None, :]).expand(B, -1, -1)  # (B, A·γ, A·γ)
+    return torch.cat([ctx, same], dim=-1)
+
+
+def packed_backbone(
+    drafter: ParallelDrafter, h_ctx: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor
+) -> torch.Tensor:
+    """`drafter.backbone` over all A blocks of each sequence in ONE pass: the A·γ slots attend to the T
+    context features and to every slot, masked by `block_visibility`. Returns (B, A, γ, dim).
+    h_ctx (B, T, dim) context features; anchors (B, A) positions in 0..T-1."""
+    T, A, gamma = tokens.shape[1], anchors.shape[1], drafter.config.gamma
+    block_pos = anchors[:, :, None] + torch.arange(gamma, device=tokens.device)  # (B, A, γ)
+    block = torch.full_like(block_pos, drafter.mask_id)
+    block[:, :, 0] = tokens.gather(1, anchors)  # [anchor, MASK × (γ−1)] per block
+    kv = [drafter.context_kv(layer, h_ctx, torch.arange(T, device=tokens.device)) for layer in drafter.layers]
+    ctx_k, ctx_v = [k.transpose(1, 2) for k, _ in kv], [v.transpose(1, 2) for _, v in kv]  # (B, Hkv, T, hd)
+    visible = block_visibility(anchors, T, gamma)  # (B, A·γ, T + A·γ)
+    h = drafter.backbone(block.flatten(1), block_pos.flatten(1), ctx_k, ctx_v, visible)  # (B, A·γ, dim)
+    return h.unflatten(1, (A, gamma))
+
+
+def soft_target_loss(
+    logits: torch.Tensor, table: torch.Tensor, rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ce, l1, lse), each (R,) fp32, of logits z (R, V) against p = table[rows]: −Σ p log q, ‖q − p‖₁
+    (2·TV; c* = 1 − ½·l1) and log Σ exp z, with q = softmax(z) in fp32."""
+    z = logits.float()
+    lse = torch.logsumexp(z, dim=-1)
+    log_q, p = z - lse[:, None], table[rows]
+    return -(p * log_q).sum(-1), (log_q.exp() - p).abs().sum(-1), lse
+
+
+def packed_blocks(
+    drafter: ParallelDrafter,
+    target_taps: torch.Tensor,
+    tokens: torch.Tensor,
+    anchors: torch.Tensor,
+    keep: torch.Tensor | None = None,
+    last_hidden: torch.Tensor | None = None,
+    backbone: Callable = packed_backbone,
+):
+    """Backbone over all blocks of a batch at once: (head input h, U), (B, A, γ, dim) and (B, A, γ, V),
+    or with `keep` (B, A) bool only the kept blocks' (N, γ, dim) and (N, γ, V).
+
+    target_taps (B, T, n_taps, dim); anchors (B, A) positions in 0..T-1; last_hidden (B, T, dim) the
+    target's final hidden state, read by a drafter configured with `final_hidden`."""
+    h_ctx = drafter.context_features(TargetFeatures(target_taps, last_hidden))  # (B, T, dim), as at inference
+    h = backbone(drafter, h_ctx, tokens, anchors)
+    return drafter.block_outputs(h if keep is None else h[keep])
+
+
+def block_slots(
+    batch: FeatureBatch, anchors: torch.Tensor, valid_anchor: torch.Tensor, gamma: int, vocab: DraftVocabulary
+) -> tuple[torch.Tensor, ...]:
+    """Where the γ slots of the N kept blocks read: (N,) the sequence of each block; (N, γ) the position of
+    each slot's previous token (clamped into the sequence), whether the token it predicts exists, that
+    previous token (teacher forcing) and the label, both in draft indices (K: outside the draft vocabulary)."""
+    (B, T), device = batch.tokens.shape, batch.tokens.device
+    row = torch.arange(B, device=device)[:, None].expand_as(anchors)[valid_anchor]  # (N,)
+    pos = anchors[valid_anchor][:, None] + torch.arange(gamma, device=device)  # (N, γ)
+    valid = (pos + 1) < batch.lengths.to(device)[row][:, None]
+    safe = pos.clamp(max=T - 1)
+    prev = vocab.to_draft(batch.tokens[row[:, None], safe])
+    label = vocab.to_draft(batch.tokens[row[:, None], (safe + 1).clamp(max=T - 1)])
+    return row, safe, valid, prev, label
+
+
+def position_terms(
+    logits: torch.Tensor,
+    probs: torch.Tensor,
+    p_row: torch.Tensor,
+    label: torch.Tensor,
+    vocab: DraftVocabulary,
+    soft_ce: bool = True,
+    mass: torch.Tensor | None = None,
+    distance: Callable = soft_target_loss,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N,) cross-entropy and ‖q − p_t‖₁ of one block position, q from `logits` (N, V or K), p_t the rows
+    `p_row` of `probs`. soft_ce False: CE against the sampled `label` (outside the draft vocabulary: no
+    log q). With a draft vocabulary p_t's mass off its ids (1 − `mass`, `probs.sum(-1)`) counts in full."""
+    ce, tv, lse = distance(logits, probs, p_row)  # −Σ p_t log q, ‖q − p_t‖₁, log Σ exp
+    if not soft_ce:
+        in_vocab = label < vocab.n_out
+        z_label = logits.gather(-1, label[:, None].clamp(max=vocab.n_out - 1)).squeeze(-1).float()
+        ce = (lse - z_label) * in_vocab
+    if vocab.size:
+        mass = probs.sum(-1) if mass is None else mass
+        tv = tv + (1 - mass[p_row]).clamp(min=0) * (p_row < probs.shape[0] - 1)
+    return ce, tv
+
+
+def block_losses(
+    drafter: ParallelDrafter,
+    target: Transformer,
+    batch: FeatureBatch,
+    anchors: torch.Tensor,
+    valid_anchor: torch.Tensor,
+    loss: BlockLoss | None = None,
+    target_probs: tuple[torch.Tensor, torch.Tensor] | None = None,
+    speed: tuple[Callable, Callable] = (packed_backbone, soft_target_loss),
+) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]:
+    """(total loss, mean c* per block position, the three loss terms) of the blocks at `anchors`
+    (B, A) where `valid_anchor` (B, A); `loss` defaults to DSpark's (DFlash: `DFLASH_LOSS`);
+    `target_probs`: supervised_target_probs(target, batch, the draft ids) if the caller has it already;
+    `speed`: the packed pass and the distance (the lab's trainer passes its faster equals)."""
+    gamma, tokens, device = drafter.config.gamma, batch.tokens, batch.tokens.device
+    loss = loss or (BlockLoss() if drafter.has_confidence else DFLASH_LOSS)
+    vocab = drafter.vocab  # with a draft vocabulary: q over its K ids, p_t at those ids (the rest is dropped)
+    if target_probs is None:
+        target_probs = supervised_target_probs(target, batch, vocab.ids if vocab.size else None)
+    probs, row_of = target_probs  # (N + 1, K or V)
+    h, u_logits = packed_blocks(
+        drafter, batch.taps, tokens, anchors, valid_anchor, batch.last_hidden, speed[0]
+    )
+    row, safe, valid, prev, label = block_slots(batch, anchors, valid_anchor, gamma, vocab)
+    p_row = row_of[row[:, None], safe]  # (N, γ) row of p_t in `probs` (the zero row where not supervised)
+    mass = probs.sum(-1) if vocab.size else None  # (N + 1,) p_t's mass on the draft ids
+
+    state = h.new_zeros(h.shape[0], drafter.config.rank)
+    terms = {"ce": 0.0, "tv": 0.0, "conf": 0.0}
+    c_star_by_pos, w_sum = [], 0.0
+    for k, (u_k, h_k) in enumerate(zip(u_logits.unbind(1), h.unbind(1))):
+        logits, conf, state = drafter.sequential_logits(u_k, h_k, prev[:, k], state)
+        m = valid[:, k].float()
+        n = m.sum()
+        w = math.exp(-k / loss.decay)
+        w_sum += w
+        if n == 0:
+            c_star_by_pos.append(torch.tensor(float("nan"), device=device))
+            continue
+        ce, tv = position_terms(logits, probs, p_row[:, k], label[:, k], vocab, loss.soft_ce, mass, speed[1])
+        c_star = (1 - 0.5 * tv).detach().clamp(0, 1)
+        terms["ce"] = terms["ce"] + w * (ce * m).sum() / n
+        terms["tv"] = terms["tv"] + w * (tv * m).sum() / n
+        if conf is not None:
+            bce = F.binary_cross_entropy(conf.float().clamp(1e-6, 1 - 1e-6), c_star, reduction="none")
+            terms["conf"] = terms["conf"] + w * (bce * m).sum() / n
+        c_star_by_pos.append((c_star * m).sum() / n)
+    terms = {name: value / w_sum for name, value in terms.items()}
+    total = loss.ce * terms["ce"] + loss.tv * terms["tv"] + loss.conf * terms["conf"]
+    return total, c_star_by_pos, terms
