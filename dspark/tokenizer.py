@@ -1,14 +1,10 @@
 """Byte-level BPE tokenizer and the chat format every sample uses.
 
-What this file does:
-  * trains a byte-level BPE vocabulary (4k-8k entries) on the training corpus
-    with the `tokenizers` library (Rust; hand-written BPE training in Python
-    would take many minutes on this corpus) and saves it as `tokenizer.json`;
-  * wraps it in `Tokenizer`, which knows the special tokens and builds the
-    token ids of a chat turn from a `ChatFormat`. The shipped tiny target uses
-    `DSPARK_CHAT`: `<|bos|><|user|> prompt <|assistant|> response <|eos|>`;
-    a pretrained instruct model brings its own (`chatml`, e.g. SmolLM2:
-    `<|im_start|>user\n prompt <|im_end|>\n<|im_start|>assistant\n response <|im_end|>`).
+`Tokenizer` wraps a byte-level BPE vocabulary (`tokenizer.json`, read with the `tokenizers` library; the
+lab trains it: dspark/lab/training/target.py), knows the special tokens and builds the token ids of a chat
+turn from a `ChatFormat`. The shipped tiny target uses `DSPARK_CHAT`:
+`<|bos|><|user|> prompt <|assistant|> response <|eos|>`; a pretrained instruct model brings its own
+(dspark/lab/pretrained/llama.py, e.g. SmolLM2's ChatML).
 
 What it does not do: no normalisation, no truncation, no padding, no Jinja
 (a pretrained model's template is recognised by `dspark.lab.pretrained`, not run).
@@ -25,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, trainers
 
 BOS = "<|bos|>"
 EOS = "<|eos|>"
@@ -34,8 +29,6 @@ ASSISTANT = "<|assistant|>"
 MASK = "<|mask|>"
 PAD = "<|pad|>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, USER, ASSISTANT, MASK)  # ids 0..5, in this order
-
-DEFAULT_VOCAB_SIZE = 4096
 
 
 @dataclass(frozen=True)
@@ -52,19 +45,6 @@ class ChatFormat:
 
 
 DSPARK_CHAT = ChatFormat("dspark", BOS + USER, ASSISTANT, EOS)
-
-
-def chatml(system: str | None = None) -> ChatFormat:
-    """The ChatML turn format (SmolLM2, Qwen, ...), with an optional system turn first."""
-    system_turn = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
-    return ChatFormat(
-        "chatml", system_turn + "<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>"
-    )
-
-
-def plain(bos: str, eos: str) -> ChatFormat:
-    """No chat template (a base model): BOS, then the prompt, and the reply continues it."""
-    return ChatFormat("plain", bos, "", eos)
 
 
 class Tokenizer:
@@ -111,23 +91,6 @@ class Tokenizer:
         except Exception as exc:  # the Rust error text is not very readable
             raise ValueError(f"tokenizer file {path} is corrupt: {exc}") from None
         return cls(backend, chat)
-
-    @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE) -> Tokenizer:
-        """Learn merges on `texts` (an iterator is fine); special tokens get ids 0..5."""
-        if not 256 + len(SPECIAL_TOKENS) < vocab_size <= 65535:
-            raise ValueError(f"vocab_size must be in ({256 + len(SPECIAL_TOKENS)}, 65535]")
-        backend = HFTokenizer(models.BPE())
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        backend.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            special_tokens=list(SPECIAL_TOKENS),
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes
-            show_progress=False,
-        )
-        backend.train_from_iterator(texts, trainer=trainer)
-        return cls(backend)
 
     def save(self, path: str | Path) -> None:
         self.backend.save(str(path))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from dspark.lab.training.target import train_tokenizer
 from dspark.tokenizer import SPECIAL_TOKENS, Tokenizer
 
 TEXTS = [
@@ -55,7 +56,7 @@ def test_chat_format(tokenizer):
 
 
 def test_train_tiny_tokenizer_and_reload(tmp_path):
-    tok = Tokenizer.train(["hello world " * 50, "def f(): pass\n" * 50], vocab_size=300)
+    tok = train_tokenizer(["hello world " * 50, "def f(): pass\n" * 50], vocab_size=300)
     tok.save(tmp_path / "t.json")
     again = Tokenizer.load(tmp_path / "t.json")
     assert again.encode("hello world") == tok.encode("hello world")

@@ -36,8 +36,7 @@ from dspark.lab.train_commands.drafter import cmd_drafter
 from dspark.lab.train_commands.drafter_data import cmd_features, cmd_instructions, cmd_responses
 from dspark.lab.train_commands.pretraining import cmd_data, cmd_target
 from dspark.lab.training.drafters import DrafterTrainConfig
-from dspark.lab.training.target import TrainConfig
-from dspark.tokenizer import DEFAULT_VOCAB_SIZE
+from dspark.lab.training.target import DEFAULT_VOCAB_SIZE, TrainConfig
 
 PARALLEL, AUTOREGRESSIVE = ParallelDrafterConfig(), AutoregressiveDrafterConfig()  # the drafters' defaults
 

@@ -24,7 +24,7 @@ import torch
 from dspark.checkpoint import CheckpointError, mismatch
 from dspark.config import ModelConfig
 from dspark.model import Transformer, rope_table
-from dspark.tokenizer import ChatFormat, chatml, plain
+from dspark.tokenizer import ChatFormat
 
 # Llama block tensor names: Hugging Face suffix -> this project's module path (per layer)
 BLOCK_NAMES = {
@@ -42,6 +42,19 @@ BLOCK_NAMES = {
 # Context the KV cache is sized for when the caller does not choose one: a real model's own context (8k for
 # SmolLM2) would cost 30 layers x 2 x 3 heads x 64 x 8192 x 2 B = 190 MB of bf16 cache per request.
 DEFAULT_CONTEXT = 2048
+
+
+def chatml(system: str | None = None) -> ChatFormat:
+    """The ChatML turn format (SmolLM2, Qwen, ...), with an optional system turn first."""
+    system_turn = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
+    return ChatFormat(
+        "chatml", system_turn + "<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>"
+    )
+
+
+def plain(bos: str, eos: str) -> ChatFormat:
+    """No chat template (a base model): BOS, then the prompt, and the reply continues it."""
+    return ChatFormat("plain", bos, "", eos)
 
 
 @dataclass

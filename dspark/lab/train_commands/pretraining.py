@@ -32,7 +32,7 @@ from dspark.lab.data.corpus import (
     write_jsonl,
 )
 from dspark.lab.storage import save_checkpoint
-from dspark.lab.training.target import TrainConfig, train_target
+from dspark.lab.training.target import TrainConfig, train_target, train_tokenizer
 from dspark.tokenizer import Tokenizer
 
 
@@ -51,7 +51,7 @@ def cmd_data(args: argparse.Namespace) -> None:
     if args.retrain_tokenizer or not paths.TOKENIZER_PATH.is_file():
         print(f"training a byte-level BPE tokenizer, vocabulary {args.vocab_size} ...")
         texts = (s.prompt + "\n" + s.response for s in samples if s.split == "train")
-        tokenizer = Tokenizer.train(texts, args.vocab_size)
+        tokenizer = train_tokenizer(texts, args.vocab_size)
         tokenizer.save(out / "tokenizer.json")
     else:
         print(f"using the shipped tokenizer {paths.TOKENIZER_PATH} (--retrain-tokenizer to learn a new one)")

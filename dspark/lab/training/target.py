@@ -16,12 +16,15 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 
 from dspark.checkpoint import read_checkpoint
@@ -29,6 +32,7 @@ from dspark.config import ModelConfig
 from dspark.lab.data.corpus import DOMAINS, load_token_array
 from dspark.lab.storage import save_checkpoint
 from dspark.model import Transformer
+from dspark.tokenizer import SPECIAL_TOKENS, Tokenizer
 
 
 @dataclass
@@ -195,3 +199,24 @@ def train_target(
     if not meta:  # resumed a finished run
         meta = checkpoint(validation_loss(model, val, tc))
     return meta
+
+
+DEFAULT_VOCAB_SIZE = 4096
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE) -> Tokenizer:
+    """A byte-level BPE vocabulary learnt on `texts` (an iterator is fine) with the `tokenizers` library (Rust:
+    BPE training in Python would take minutes on the corpus); the special tokens get ids 0..5."""
+    if not 256 + len(SPECIAL_TOKENS) < vocab_size <= 65535:
+        raise ValueError(f"vocab_size must be in ({256 + len(SPECIAL_TOKENS)}, 65535]")
+    backend = HFTokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes
+        show_progress=False,
+    )
+    backend.train_from_iterator(texts, trainer=trainer)
+    return Tokenizer(backend)
