@@ -89,9 +89,29 @@ class Round:
     block_lens: list[int]  # per request: ℓ + 1, its anchor and the verified drafts
     blocks: torch.Tensor  # (N,) the verified tokens, request-major
     features: TargetFeatures  # of the N positions
-    outcome: torch.Tensor  # (R, 2 + g [+ g]) on the host: accepted a, next token, drafts..., confidences...
+    accepted: list[int]  # per request: a, the drafts it accepted
+    next_token: list[int]  # per request: the correction or bonus token
+    drafts: list[list[int]]  # per request: the g drafted tokens
+    confidences: list[list[float]]  # per request: their confidences ([] without a confidence head)
     drafting: list[bool]  # per request: did it draft this step
-    width: int  # g, the block drafted this step (0: nobody drafted)
+
+
+def read_outcome(
+    accepted: torch.Tensor, next_token: torch.Tensor, drafts: torch.Tensor, confidence: torch.Tensor | None
+) -> tuple[list[int], list[int], list[list[int]], list[list[float]]]:
+    """The round's outcome on the host in ONE read: (R,) accepted counts and next tokens, (R, g) drafts and
+    confidences (int64 values and fp32 confidences are exact in fp64) -- emitting and stopping are decided
+    from these."""
+    g = drafts.shape[1]
+    parts = [
+        accepted[:, None],
+        next_token[:, None],
+        drafts,
+        *([confidence] if confidence is not None else []),
+    ]
+    rows = to_host(torch.cat([t.double() for t in parts], dim=1), "engine: the round's outcome")  # host sync
+    ints = [[int(x) for x in row[: 2 + g]] for row in rows]
+    return [r[0] for r in ints], [r[1] for r in ints], [r[2:] for r in ints], [row[2 + g :] for row in rows]
 
 
 class Engine:
@@ -250,15 +270,18 @@ class Engine:
         """Step 5: per request, record the round, emit the accepted drafts + the next token, stop at EOS or
         a limit (freeing the slot), and keep the committed tokens' features for the drafter's next call
         (the caches were already rolled back to anchor + accepted drafts)."""
-        g, still = step.width, []
-        features = step.features.split(step.block_lens)
-        for a, tokens, feats, row, ell, drafting in zip(run.active, step.blocks.split(step.block_lens), features,
-                                                        step.outcome, step.ells, step.drafting):  # fmt: skip
-            accepted, next_token, rec = int(row[0]), int(row[1]), a.record
-            rec.verify_lens.append(ell)
+        still, features = [], step.features.split(step.block_lens)
+        for r, (a, tokens, feats) in enumerate(zip(run.active, step.blocks.split(step.block_lens), features)):
+            accepted, next_token, drafting, rec = (
+                step.accepted[r],
+                step.next_token[r],
+                step.drafting[r],
+                a.record,
+            )
+            rec.verify_lens.append(step.ells[r])
             rec.accepted.append(accepted)
             if self.drafter.has_confidence:
-                conf = row[2 + g :] if drafting else []  # [] for a round without drafts
+                conf = step.confidences[r] if drafting else []  # [] for a round without drafts
                 rec.confidences.append(conf)
                 if drafting:
                     a.recent = [*a.recent, conf][-RECENT_ROUNDS:]
@@ -266,8 +289,8 @@ class Engine:
             a.length += accepted + 1
             a.anchor = next_token
             n_before = len(rec.tokens)
-            drafts = [*map(int, row[2 : 2 + accepted]), next_token]
-            finished = a.emit(drafts, [True] * accepted + [False], self.eos_id, run.now())
+            committed = [*step.drafts[r][:accepted], next_token]
+            finished = a.emit(committed, [True] * accepted + [False], self.eos_id, run.now())
             rec.emitted.append(len(rec.tokens) - n_before)  # a + 1, fewer if EOS/the limit cut it
             if finished:
                 self.finish(run, a)
@@ -290,14 +313,12 @@ class Engine:
         R = len(slots)
         res = self.target.forward_cached(anchors, slots, torch.ones_like(slots), self.cache, return_taps=True)
         next_token = self.target_tokens(res.logits, generator)  # (R,)
+        nothing = torch.zeros(R, dtype=torch.long, device=slots.device)
         if self.scheduler is not None:
-            nothing = torch.zeros(R, dtype=torch.long, device=slots.device)
             self.scheduler.observe(nothing, nothing)
-        # host sync: the round's next tokens (emitting and stopping are decided here)
-        outcome = to_host(torch.stack([torch.zeros_like(next_token), next_token], 1).double(),
-                          "engine: the round's outcome")  # fmt: skip
+        outcome = read_outcome(nothing, next_token, nothing[:, None][:, :0], None)  # no drafts: (R, 0)
         features = TargetFeatures(res.taps, res.last_hidden)
-        return Round([0] * R, [1] * R, anchors, features, outcome, [False] * R, 0)
+        return Round([0] * R, [1] * R, anchors, features, *outcome, [False] * R)
 
     def verify_round(
         self,
@@ -340,14 +361,8 @@ class Engine:
         if self.scheduler is not None:
             self.scheduler.observe(verify_lens, result.accepted)
         cache.lengths[slots] -= verify_lens - result.accepted  # roll back: anchor + accepted drafts stay
-        outcome = [result.accepted[:, None], result.next_token[:, None], drafts]
-        if proposal.confidence is not None:
-            outcome.append(proposal.confidence)
-        # host sync: the round's outcome (accepted count, next token, drafts, confidences; int64 values
-        # and fp32 confidences are exact in fp64) -- emitting tokens and stopping are decided here
-        outcome = to_host(torch.cat([t.double() for t in outcome], dim=1), "engine: the round's outcome")
-        features = TargetFeatures(res.taps, res.last_hidden)
-        return Round(ells, block_lens, blocks, features, outcome, drafting, g)
+        outcome = read_outcome(result.accepted, result.next_token, drafts, proposal.confidence)
+        return Round(ells, block_lens, blocks, TargetFeatures(res.taps, res.last_hidden), *outcome, drafting)
 
     def target_tokens(self, logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """(S, V) target logits -> (S,) tokens drawn from the target's distribution. At T = 0 the argmax:
