@@ -129,11 +129,8 @@ def masked_attention_on_cpu(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
     """The core's `masked_attention` (same arguments), by `grouped_attention` for bf16/fp16 inference on a CPU."""
-    if (
-        q.dtype in (torch.bfloat16, torch.float16)
-        and q.device.type == "cpu"
-        and not torch.is_autocast_enabled("cpu")
-    ):
+    half = q.dtype in (torch.bfloat16, torch.float16)
+    if half and q.device.type == "cpu" and not torch.is_autocast_enabled("cpu"):  # inference: no autocast
         return grouped_attention(q, keys.to(q.dtype), values.to(q.dtype), mask)
     return masked_attention(q, keys, values, mask)
 
@@ -177,10 +174,8 @@ def by_request(rb: RaggedIndex, context: int) -> list[Part]:
     short = [r for r in range(S) if lens[r] < BY_REQUEST_MIN_BLOCK]
     parts = []
     for rows in groups + ([short] if short else []):
-        at, tokens = (
-            torch.tensor(rows),
-            torch.tensor([t for r in rows for t in range(first[r], first[r + 1])]),
-        )
+        at = torch.tensor(rows)
+        tokens = torch.tensor([t for r in rows for t in range(first[r], first[r + 1])])  # (N_p,)
         parts.append(part(RaggedIndex.build(rb.slots[at], rb.block_lens[at], rb.starts[at], context), tokens))
     return parts
 
