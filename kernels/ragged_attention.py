@@ -14,8 +14,8 @@ with slot = slots[r] and K, V the kv head h // (H // Hkv) (grouped-query
 attention, as `enable_gqa` in SDPA): everything in the cache before the block,
 plus the block causally up to the token itself.
 
-The reference is `dspark.model.ragged_attention_reference`: it pads every block to the longest one and runs SDPA with a
-mask. This kernel needs no padding of q and no mask tensor. It uses the
+The reference is `dspark.model.ragged_attention_reference`: it gathers the slots' keys, pads every block to the
+longest one and runs SDPA with a mask. This kernel needs no padding of q and no mask tensor. It uses the
 FlashAttention "varlen" layout: one program per (request, query head, query
 tile). Program (r, h, m) takes the queries m·BLOCK_M .. m·BLOCK_M + BLOCK_M - 1
 of request r's block (rows past the block's end are masked) and walks the keys
@@ -165,7 +165,7 @@ def ragged_verify_attention(
     q (N, H, hd) fp32/fp16/bf16; layer_keys, layer_values (n_slots_total, Hkv,
     T_max, hd), one float dtype for both (it may differ from q's); slots,
     starts (S,), cu_seqlens (S+1,), request_ids (N,) int32/int64, as built by
-    `dspark.model.RaggedIndex`. The caller guarantees starts[r] + block length
+    `dspark.model.RaggedIndex.build`. The caller guarantees starts[r] + block length
     <= T_max and that the block's keys are in the cache. Returns out (N, H, hd)
     in q's dtype. `block_n` and `block_m` (powers of two) are the key and query
     tile lengths; when both are >= 16 the tiles are multiplied with tl.dot.

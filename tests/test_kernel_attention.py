@@ -26,7 +26,7 @@ def ragged_case(n_slots_total, n_heads, n_kv_heads, slots, starts, block_lens, s
     cache.values.copy_(torch.randn(cache.values.shape, generator=gen))
     slots, block_lens = torch.tensor(slots), torch.tensor(block_lens)
     cache.lengths[slots] = torch.tensor(starts)
-    rb = RaggedIndex(slots, block_lens, cache)
+    rb = RaggedIndex.build(slots, block_lens, cache.lengths[slots], cache.max_seq_len)
     q = torch.randn(int(block_lens.sum()), n_heads, HEAD_DIM, generator=gen)  # (N, H, hd)
     return q, cache.keys[0], cache.values[0], rb
 
@@ -88,7 +88,7 @@ def test_hand_worked_case():
     cache.keys[0, 1, 0, :4] = torch.tensor([[math.log(i), 0.0] for i in (1, 2, 3, 4)])
     cache.values[0, 1, 0, :4] = torch.tensor([[6.0, 0.0], [0.0, 6.0], [0.0, 0.0], [10.0, 10.0]])
     cache.lengths[1] = 2  # keys 0, 1 before the block; keys 2, 3 are the block's own
-    rb = RaggedIndex(torch.tensor([1]), torch.tensor([2]), cache)
+    rb = RaggedIndex.build(torch.tensor([1]), torch.tensor([2]), cache.lengths[[1]], cache.max_seq_len)
     q = torch.tensor([[[s2, 0.0]], [[s2, 0.0]]])  # (N=2, H=1, hd=2)
     # token at position 2 sees keys 0..2: (1·(6,0) + 2·(0,6) + 3·(0,0)) / 6 = (1, 2)
     # token at position 3 sees keys 0..3: (1·(6,0) + 2·(0,6) + 3·(0,0) + 4·(10,10)) / 10 = (4.6, 5.2)

@@ -9,6 +9,8 @@ import pytest
 import torch
 from conftest import TINY
 
+from dspark.model import RaggedIndex
+
 ATOL = 2e-5
 
 
@@ -54,8 +56,12 @@ def random_schedule(lengths, prefill, max_block, rng):
     return schedule
 
 
+@pytest.mark.parametrize("swapped", [False, True])  # the core's attention, the lab's CPU one (`fast_on_cpu`)
 @pytest.mark.parametrize("max_block", [1, 2, 8])  # token-by-token decode, small and large blocks
-def test_prefill_decode_and_ragged_blocks_match_full_forward(tiny_model, max_block):
+def test_prefill_decode_and_ragged_blocks_match_full_forward(tiny_model, max_block, swapped):
+    from dspark.lab.cpu_speed import fast_on_cpu
+
+    model = fast_on_cpu(copy.deepcopy(tiny_model)) if swapped else tiny_model
     rng = random.Random(max_block)
     torch.manual_seed(max_block)
     lengths = [23, 9, 40, 1, 64]  # includes a one-token sequence and one exactly the context
@@ -64,7 +70,7 @@ def test_prefill_decode_and_ragged_blocks_match_full_forward(tiny_model, max_blo
     cache = tiny_model.new_cache(n_slots=7)
     slots = [cache.allocate() for _ in range(7)][2:]  # not starting at slot 0
     logits, taps, pos = run_blocks(
-        tiny_model, cache, seqs, slots, random_schedule(lengths, prefill, max_block, rng)
+        model, cache, seqs, slots, random_schedule(lengths, prefill, max_block, rng)
     )
     assert pos == lengths
     for seq, got_l, got_t in zip(seqs, logits, taps):
@@ -87,69 +93,100 @@ def test_non_contiguous_slots_in_any_order(tiny_model):
         torch.testing.assert_close(got, full_logits(tiny_model, seq)[0], atol=ATOL, rtol=0)
 
 
+def ragged_index(cache, slots, lens):
+    slots = torch.tensor(slots)
+    return RaggedIndex.build(slots, torch.tensor(lens), cache.lengths[slots], cache.max_seq_len)
+
+
 def test_slots_that_fill_a_range_in_any_order_are_read_as_a_view(tiny_model):
-    """A full batch's slots are a permutation of a range (requests finish and are replaced in any order):
-    the attention reads the cache rows as a view, request r at row slots[r] - lo, and equals the full
-    forward; scattered slots are gathered in request order."""
-    from dspark.model import RaggedIndex
+    """The CPU path (`fast_on_cpu`): a full batch's slots are a permutation of a range (requests finish and
+    are replaced in any order), read as a view of the cache, request r at row slots[r] - lo; scattered or
+    repeated slots are gathered in request order. Either way the swapped model equals the full forward."""
+    from dspark.lab import cpu_speed
 
     torch.manual_seed(2)
     cache = tiny_model.new_cache(n_slots=6)
     for _ in range(6):
         cache.allocate()
-    lens = torch.tensor([3, 1, 2])
-    rb = RaggedIndex(torch.tensor([4, 2, 3]), lens, cache)
-    assert rb.row.tolist() == [2, 0, 1] and rb.take_slots(cache.keys[0])._base is not None
-    assert RaggedIndex(torch.tensor([5, 0, 3]), lens, cache).row.tolist() == [0, 1, 2]
-    assert RaggedIndex(torch.tensor([3, 3, 4]), lens, cache)._slot_range is None  # not distinct: no view
+    lens = [3, 1, 2]
+    view = cpu_speed.part(ragged_index(cache, [4, 2, 3], lens))
+    assert view.first == 2 and view.token_row.tolist() == [2, 2, 2, 0, 1, 1]
+    assert cpu_speed.part(ragged_index(cache, [5, 0, 3], lens)).first is None
+    assert cpu_speed.part(ragged_index(cache, [3, 3, 4], lens)).first is None  # not distinct: no view
+    fast = cpu_speed.fast_on_cpu(copy.deepcopy(tiny_model))
     seqs = [torch.randint(0, TINY.vocab_size, (n,)) for n in (12, 7, 15)]
     slots = [4, 2, 3]
     schedule = [{0: 4, 1: 7, 2: 2}, {0: 3, 2: 6}, {0: 5, 2: 7}]  # then slots 4, 3: the range 3..4 reversed
-    logits, _, _ = run_blocks(tiny_model, cache, seqs, slots, schedule)
+    logits, _, _ = run_blocks(fast, cache, seqs, slots, schedule)
     for seq, got in zip(seqs, logits):
         torch.testing.assert_close(got, full_logits(tiny_model, seq)[0], atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_long_blocks_beside_short_ones_attend_on_their_own(tiny_model, dtype, monkeypatch):
-    """A prefill of one long prompt among short ones, then a pass of short blocks after cached context
-    beside a new long prompt: padding every block to the longest would cost several times the query-key
-    pairs the requests need, so the reference attends to each long block on its own and pads the short
-    ones together -- equal to the full forward in fp32, and to the all-padded attention within bf16
-    rounding. Blocks of equal or short lengths (verify and decode passes) keep the padded attention."""
-    import dspark.model as model_module
-    from dspark.model import RaggedIndex
+def test_the_cpu_attention_is_the_core_attention(dtype):
+    """`ragged_attention_on_cpu` (by parts, through a view, written out in bf16) computes the core's plain path
+    (`ragged_attention_reference`: gather, pad, SDPA) on passes that take each of its ways: slots that fill a
+    range, scattered ones, long blocks beside short ones after cached context. fp32: to rounding; bf16: within
+    bf16 rounding."""
+    from dspark.kv_cache import KVCache
+    from dspark.lab.cpu_speed import by_request, ragged_attention_on_cpu
+    from dspark.model import ragged_attention_reference
+
+    torch.manual_seed(4)
+    cache = KVCache(1, 6, 2, 96, 8, dtype)
+    cache.keys.copy_(torch.randn(cache.keys.shape))
+    cache.values.copy_(torch.randn(cache.values.shape))
+    cache.lengths[:] = torch.tensor([5, 0, 9, 2, 17, 3])
+    cases = {"range": ([3, 1, 2], [1, 4, 2], 1), "scattered": ([5, 0, 2], [5, 1, 3], 1),
+             "by parts": ([4, 1, 0, 2, 3], [2, 60, 3, 20, 1], 3)}  # fmt: skip
+    for name, (slots, lens, n_parts) in cases.items():
+        rb = ragged_index(cache, slots, lens)
+        assert len(by_request(rb, cache.max_seq_len)) == n_parts, name
+        q = torch.randn(rb.n_tokens, 6, 8).to(dtype)  # (N, H, hd)
+        got = ragged_attention_on_cpu(q, cache.keys[0], cache.values[0], rb)
+        want = ragged_attention_reference(q, cache.keys[0], cache.values[0], rb)
+        tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got.float(), want.float(), **tol, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_blocks_beside_short_ones_attend_on_their_own(tiny_model, dtype):
+    """The CPU path: a prefill of one long prompt among short ones, then a pass of short blocks after cached
+    context beside a new long prompt: padding every block to the longest would cost several times the query-key
+    pairs the requests need, so each long block attends on its own and the short ones are padded together --
+    equal to the full forward in fp32, and to the core's all-padded attention within bf16 rounding. Blocks of
+    equal or short lengths (verify and decode passes) keep the padded attention."""
+    from dspark.lab.cpu_speed import by_request, fast_on_cpu
 
     torch.manual_seed(3)
     # cast works in place: the shared fixture is copied first
-    model = copy.deepcopy(tiny_model).cast(dtype) if dtype != torch.float32 else tiny_model
+    plain = copy.deepcopy(tiny_model).cast(dtype) if dtype != torch.float32 else tiny_model
+    fast = fast_on_cpu(copy.deepcopy(plain))
     schedule = [{0: 6, 1: 60, 2: 3, 3: 9}, {0: 2, 2: 5, 3: 1, 4: 40}]
     lens = [sum(step.get(i, 0) for step in schedule) for i in range(5)]
     seqs = [torch.randint(0, TINY.vocab_size, (n,)) for n in lens]
-    probe = model.new_cache(n_slots=4)
+    probe = plain.new_cache(n_slots=4)
     for _ in range(4):
         probe.allocate()
-    rb = RaggedIndex(torch.arange(4), torch.tensor([6, 60, 3, 9]), probe)
-    (long_part, long_tokens), (short_part, short_tokens) = rb.split()
-    assert rb.pads_wastefully and long_part.block_max == 60 and long_tokens.tolist() == [*range(6, 66)]
-    assert short_tokens.tolist() == [*range(6), *range(66, 78)]  # the flat tokens of blocks 0, 2, 3
-    assert not long_part.pads_wastefully and not short_part.pads_wastefully
-    assert not RaggedIndex(torch.arange(4), torch.tensor([40, 40, 38, 40]), probe).pads_wastefully
-    assert not RaggedIndex(torch.arange(4), torch.tensor([8, 1, 3, 8]), probe).pads_wastefully
+    long_part, short_part = by_request(ragged_index(probe, [0, 1, 2, 3], [6, 60, 3, 9]), probe.max_seq_len)
+    assert long_part.rb.block_max == 60 and long_part.tokens.tolist() == [*range(6, 66)]
+    assert short_part.tokens.tolist() == [*range(6), *range(66, 78)]  # the flat tokens of blocks 0, 2, 3
+    assert len(by_request(long_part.rb, 64)) == 1 and len(by_request(short_part.rb, 64)) == 1
+    assert len(by_request(ragged_index(probe, [0, 1, 2, 3], [40, 40, 38, 40]), 64)) == 1
+    assert len(by_request(ragged_index(probe, [0, 1, 2, 3], [8, 1, 3, 8]), 64)) == 1
 
-    def run():
+    def run(model):
         cache = model.new_cache(n_slots=5)
         slots = [cache.allocate() for _ in range(5)]
         logits, _, _ = run_blocks(model, cache, seqs, slots, schedule)
         return logits
 
-    mixed = run()
+    mixed = run(fast)
     if dtype == torch.float32:
         for seq, got in zip(seqs, mixed):
-            torch.testing.assert_close(got, full_logits(model, seq)[0], atol=ATOL, rtol=0)
+            torch.testing.assert_close(got, full_logits(plain, seq)[0], atol=ATOL, rtol=0)
     else:
-        monkeypatch.setattr(model_module, "BY_REQUEST_MIN_BLOCK", 10**9)  # pad every block to the longest
-        for got, padded in zip(mixed, run()):
+        for got, padded in zip(mixed, run(plain)):
             torch.testing.assert_close(got.float(), padded.float(), atol=0.05, rtol=0.02)
 
 
@@ -311,14 +348,14 @@ def test_layer_linear_is_nn_linear_in_another_order(monkeypatch):
 
 
 def test_the_cpu_speed_swap_is_the_plain_model_in_another_order(tiny_model, monkeypatch):
-    """`fast_on_cpu` turns exactly the named layer projections into `LayerLinear` (same state_dict) and the LM
-    head into `project_to_vocab`. A swapped model with weights above the thresholds computes the plain model's
-    logits to fp32 rounding, taking the other order, and decodes the same greedy tokens; the tiny target (all
-    below them) gives the same bits."""
+    """`fast_on_cpu` turns exactly the named layer projections into `LayerLinear` (same state_dict), the LM
+    head into `project_to_vocab` and every attention into the CPU one. A swapped model with weights above the
+    thresholds computes the plain model's logits to fp32 rounding, taking the other order, and decodes the same
+    greedy tokens; the tiny target (all below them) gives the same bits, and the same greedy tokens cached."""
     from dspark.config import ModelConfig
     from dspark.decoding import generate
     from dspark.lab import cpu_speed
-    from dspark.model import Transformer
+    from dspark.model import Transformer, ragged_attention
     from dspark.sampling import SamplingParams
 
     taken = []
@@ -334,6 +371,10 @@ def test_the_cpu_speed_swap_is_the_plain_model_in_another_order(tiny_model, monk
                        ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "ffn.w_gate", "ffn.w_up", "ffn.w_down")}  # fmt: skip
     assert type(fast.lm_head) is torch.nn.Linear and fast.speed_paths == cpu_speed.PROJECTION_METHOD
     assert fast.state_dict().keys() == plain.state_dict().keys() and plain.speed_paths == "F.linear"
+    assert {(b.attn.attend, b.attn.attend_masked) for b in fast.blocks} == {
+        (cpu_speed.ragged_attention_on_cpu, cpu_speed.masked_attention_on_cpu)
+    }
+    assert plain.blocks[0].attn.attend is ragged_attention  # the plain model keeps the core's
     tokens = torch.randint(0, config.vocab_size, (1, 12))
     with torch.no_grad():
         torch.testing.assert_close(fast(tokens).logits, plain(tokens).logits, rtol=1e-4, atol=1e-4)
@@ -345,3 +386,5 @@ def test_the_cpu_speed_swap_is_the_plain_model_in_another_order(tiny_model, monk
     with torch.no_grad():
         small = tokens % tiny_model.config.vocab_size
         assert torch.equal(tiny(small).logits, tiny_model(small).logits)
+    prompts = [small[0].tolist(), small[0, :5].tolist()]
+    assert generate(tiny, prompts, 8, greedy).tokens == generate(tiny_model, prompts, 8, greedy).tokens

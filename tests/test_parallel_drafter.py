@@ -263,3 +263,35 @@ def test_sampled_output_follows_the_target_exactly(kind):
         accepted += sum(itertools.chain(*result.from_draft))
     assert accepted > 500
     assert_matches(counts, joint.flatten())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_swap_drafts_what_the_plain_backbone_does(tiny_model, dtype):
+    """`fast_on_cpu` swaps the drafter layers' attention too (in bf16 written out, `grouped_attention`): the
+    backbone's block outputs stay within rounding of the plain drafter's (fp32: to fp32 rounding), and in fp32 a
+    swapped target and drafter decode the target's greedy tokens."""
+    import copy
+
+    from dspark.lab.cpu_speed import fast_on_cpu, masked_attention_on_cpu
+    from dspark.model import cast_keeping_rope
+
+    plain = cast_keeping_rope(make(copy.deepcopy(tiny_model).cast(dtype), "dspark"), dtype)
+    fast = fast_on_cpu(copy.deepcopy(plain))
+    assert all(layer.attn.attend_masked is masked_attention_on_cpu for layer in fast.layers)
+    torch.manual_seed(0)
+    feats = TargetFeatures(torch.randn(7, len(TINY.tap_layers), TINY.dim), torch.randn(7, TINY.dim))
+    feats = TargetFeatures(feats.taps.to(dtype), feats.last_hidden.to(dtype))
+    slots, outs = torch.tensor([0, 1]), []
+    with torch.no_grad():
+        for d in (plain, fast):
+            d.reset(2)
+            d.append_context(slots, feats, torch.tensor([3, 4]))
+            outs.append(d.draft_block(slots, torch.tensor([5, 6]), 4))
+    tol = dict(atol=5e-2, rtol=5e-2) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
+    for got, want in zip(outs[1], outs[0]):
+        torch.testing.assert_close(got.float(), want.float(), **tol)
+    if dtype == torch.float32:
+        target = fast_on_cpu(copy.deepcopy(tiny_model))
+        ps = prompts(RAGGED, seed=6)
+        result = speculative_generate(target, fast_on_cpu(make(target, "dspark")), ps, 24, GREEDY, 4)
+        assert result.tokens == generate(tiny_model, ps, 24, GREEDY).tokens

@@ -315,7 +315,10 @@ def test_chat_format_refuses_unknown_templates():
 
 
 def test_grouped_attention_equals_sdpa():
-    from dspark.model import grouped_attention
+    """The lab's written-out attention (`fast_on_cpu`'s bf16 path) computes the core's SDPA; in bf16 the swapped
+    `masked_attention_on_cpu` takes it and stays within bf16 rounding of the core's `masked_attention`."""
+    from dspark.lab.cpu_speed import grouped_attention, masked_attention_on_cpu
+    from dspark.model import masked_attention
 
     torch.manual_seed(0)
     S, Tb, H, Hkv, L, hd = 3, 5, 6, 2, 11, 8
@@ -326,6 +329,9 @@ def test_grouped_attention_equals_sdpa():
         q.transpose(1, 2), k, v, attn_mask=mask, enable_gqa=True
     ).transpose(1, 2)
     torch.testing.assert_close(grouped_attention(q, k, v, mask), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(masked_attention(q, k, v, mask), want, rtol=1e-5, atol=1e-5)
+    bf16 = masked_attention_on_cpu(*(t.bfloat16() for t in (q, k, v)), mask)
+    torch.testing.assert_close(bf16.float(), want, rtol=2e-2, atol=2e-2)
 
 
 def test_bf16_cached_forward_is_close_to_fp32(tmp_path, original, hf_tok):

@@ -171,7 +171,8 @@ class AutoregressiveDrafter(Drafter):
         self.committed[slot] = 0
 
     def _run(self, x: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-        rb = RaggedIndex(slots, lens, self.cache)  # host sync: the pass's shapes (and the room check)
+        # host sync: the pass's shapes (and the room check)
+        rb = RaggedIndex.build(slots, lens, self.cache.lengths[slots], self.cache.max_seq_len)
         g, _ = run_blocks_cached(self.layers, x, rb, self.cache, self.rope_cos, self.rope_sin)
         self.cache.advance(slots, lens)
         return g

@@ -67,7 +67,6 @@ from dspark.model import (
     RaggedIndex,
     RMSNorm,
     Transformer,
-    grouped_attention,
     rope_table,
 )
 from dspark.sampling import SamplingParams, draw_token, probabilities
@@ -261,12 +260,7 @@ class ParallelDrafter(Drafter):
             q, k, v = attn._qkv(layer.attn_norm(x), cos, sin)  # (R, S, H|Hkv, hd)
             keys = torch.cat([k_ctx, k.transpose(1, 2)], dim=2)  # (R, Hkv, L + S, hd)
             values = torch.cat([v_ctx, v.transpose(1, 2)], dim=2)
-            if q.dtype != torch.float32 and q.device.type == "cpu" and not torch.is_autocast_enabled("cpu"):
-                out = grouped_attention(q, keys.to(q.dtype), values.to(q.dtype), mask)  # bf16 inference
-            else:
-                out = F.scaled_dot_product_attention(
-                    q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True
-                ).transpose(1, 2)
+            out = attn.attend_masked(q, keys, values, mask)  # (R, S, H, hd)
             x = x + attn.wo(out.flatten(2))
             x = x + layer.ffn(layer.ffn_norm(x))
         return x
@@ -332,7 +326,8 @@ class ParallelDrafter(Drafter):
     ) -> int:
         """Write the context keys/values of newly committed positions into every layer's cache.
         Returns the longest context of these slots afterwards (read on the host with the index)."""
-        rb = RaggedIndex(slots, committed_lens, self.cache)  # host sync: shapes, room check, longest context
+        # host sync: shapes, room check, longest context
+        rb = RaggedIndex.build(slots, committed_lens, self.cache.lengths[slots], self.cache.max_seq_len)
         h_ctx = self.context_features(features)
         for i, layer in enumerate(self.layers):
             k, v = self.context_kv(layer, h_ctx, rb.positions)

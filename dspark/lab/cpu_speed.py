@@ -1,26 +1,33 @@
-"""The CPU speed path, as ONE swap applied to a plain model: where x Wᵀ of a few rows is computed as (W xᵀ)ᵀ.
+"""The CPU speed paths, as ONE swap applied to a plain model: x Wᵀ of a few rows computed as (W xᵀ)ᵀ, and
+attention that pads less, copies fewer keys and skips torch's slow bf16 SDPA.
 
 The paper's premise -- verifying ℓ + 1 tokens costs about what decoding one does -- needs every matmul of a
 few rows to stream its weight once. In fp32 on a CPU `F.linear` does that for one row (the matrix-vector
 path) but re-packs the whole weight for a matrix product from two rows on. `project_to_vocab` (LM heads) and
 `LayerLinear` (decoder-layer projections) take the transposed product instead where that was measured to
 pay. The same sums in another order: equal to `F.linear` up to fp32 rounding (walkthrough/DESIGN.md §8).
-`fast_on_cpu` applies both to a core model or drafter (the core itself is plain `nn.Linear` and `F.linear`),
-as gpt-fast's quantize.py swaps `nn.Linear`; the lab's loaders (`cli.load_target`, `exported.get_drafter`)
-apply it, so every command runs with it.
+Attention (`ragged_attention_on_cpu`, `masked_attention_on_cpu`) computes what the core's one SDPA path does,
+but a pass of long blocks beside short ones attends part by part (`by_request`), slots that fill a range read
+the cache as a view, and bf16/fp16 take `grouped_attention`. `fast_on_cpu` applies all of them to a core model
+or drafter (the core itself is plain `nn.Linear`, `F.linear` and SDPA), as gpt-fast's quantize.py swaps
+`nn.Linear`; the lab's loaders (`cli.load_target`, `exported.get_drafter`) apply it, so every command runs
+with it.
 
-What this file does not do: anything on a GPU, in bf16 or under autograd (all `F.linear`, unchanged).
+What this file does not do: anything on a GPU (the core's paths, the attention kernel included), or change a
+projection in bf16 or under autograd (`F.linear`, unchanged).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dspark.model import Transformer
+from dspark import backend
+from dspark.model import Attention, RaggedIndex, Transformer, masked_attention, ragged_attention
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -95,6 +102,116 @@ class LayerLinear(nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
 
+# blocks this long are prefills, where attending part by part can pay (`by_request`)
+BY_REQUEST_MIN_BLOCK = 16
+
+
+def grouped_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """`masked_attention` written out: q (S, Tb, H, hd), keys/values (S, Hkv, L, hd), mask (S, 1, Tb, L) True =
+    visible -> (S, Tb, H, hd). Scores and softmax in fp32.
+
+    For bf16 on a CPU: there torch's SDPA kernel parallelises a one-token query badly (batch 16 decode: 2.5 ms
+    a layer against 0.25 ms written out, measured on this 2-core machine)."""
+    S, Tb, H, hd = q.shape
+    Hkv, L = keys.shape[1], keys.shape[2]
+    g = H // Hkv  # query heads per key/value head
+    q = q.view(S, Tb, Hkv, g, hd).permute(0, 2, 3, 1, 4).reshape(S, Hkv, g * Tb, hd)
+    scores = torch.matmul(q, keys.transpose(-1, -2)).float().mul_(hd**-0.5).view(S, Hkv, g, Tb, L)
+    scores = scores.masked_fill_(~mask[:, :, None], float("-inf"))  # mask (S, 1, 1, Tb, L)
+    weights = torch.softmax(scores, dim=-1).to(values.dtype).view(S, Hkv, g * Tb, L)
+    out = torch.matmul(weights, values).view(S, Hkv, g, Tb, hd)
+    return out.permute(0, 3, 1, 2, 4).reshape(S, Tb, H, hd)
+
+
+def masked_attention_on_cpu(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """The core's `masked_attention` (same arguments), by `grouped_attention` for bf16/fp16 inference on a CPU."""
+    half = q.dtype in (torch.bfloat16, torch.float16)
+    if half and q.device.type == "cpu" and not torch.is_autocast_enabled("cpu"):  # inference: no autocast
+        return grouped_attention(q, keys.to(q.dtype), values.to(q.dtype), mask)
+    return masked_attention(q, keys, values, mask)
+
+
+@dataclass
+class Part:
+    """One attention call of a pass on the CPU: the index of some of its blocks, their flat tokens (N_p,) (None:
+    all), the first slot when the slots fill a range in any order (their keys are then a view of the cache, row
+    slots[r] - first for request r; else gathered in request order), each token's row (N_p,), the mask by row."""
+
+    rb: RaggedIndex
+    tokens: torch.Tensor | None
+    first: int | None
+    token_row: torch.Tensor
+    mask: torch.Tensor
+
+
+def part(rb: RaggedIndex, tokens: torch.Tensor | None = None) -> Part:
+    """The `Part` of index `rb`: read as a view when its slots fill a range (every step of a full batch, as
+    requests finish and are replaced in any order), which saves copying every slot's keys every layer."""
+    slots = rb.slots.tolist()  # a CPU tensor: no device sync
+    first = min(slots)
+    if sorted(slots) != list(range(first, first + len(slots))):
+        return Part(rb, tokens, None, rb.slot_index, rb.mask)
+    row = rb.slots - first  # (S,) request r's row of the view
+    mask = torch.empty_like(rb.mask)
+    mask[row] = rb.mask
+    return Part(rb, tokens, first, row[rb.slot_index], mask)
+
+
+def by_request(rb: RaggedIndex, context: int) -> list[Part]:
+    """The parts a pass attends by: itself, or, where padding every block to the longest would cost over twice
+    the query-key pairs its requests need (a prefill of prompts of unequal lengths; prompts beside verify
+    blocks), each block of >= BY_REQUEST_MIN_BLOCK tokens alone and the shorter ones padded together."""
+    lens, starts, first = rb.block_lens.tolist(), rb.starts.tolist(), rb.cu_seqlens.tolist()  # CPU: no sync
+    useful = sum(n * (s + n) for n, s in zip(lens, starts))
+    S = len(lens)
+    if rb.block_max < BY_REQUEST_MIN_BLOCK or S == 1 or S * rb.block_max * rb.kv_len <= 2 * useful:
+        return [part(rb)]
+    groups = [[r] for r in range(S) if lens[r] >= BY_REQUEST_MIN_BLOCK]  # each long block
+    short = [r for r in range(S) if lens[r] < BY_REQUEST_MIN_BLOCK]
+    parts = []
+    for rows in groups + ([short] if short else []):
+        at = torch.tensor(rows)
+        tokens = torch.tensor([t for r in rows for t in range(first[r], first[r + 1])])  # (N_p,)
+        parts.append(part(RaggedIndex.build(rb.slots[at], rb.block_lens[at], rb.starts[at], context), tokens))
+    return parts
+
+
+def attend_part(
+    q: torch.Tensor, layer_keys: torch.Tensor, layer_values: torch.Tensor, p: Part
+) -> torch.Tensor:
+    """The core's `ragged_attention_reference` over one part, its keys read by row: q (N_p, H, hd) -> the same."""
+    rb = p.rb
+    at = slice(p.first, p.first + len(rb.slots)) if p.first is not None else rb.slots
+    keys = layer_keys[at, :, : rb.kv_len]  # (S, Hkv, L, hd)
+    values = layer_values[at, :, : rb.kv_len]
+    q_pad = q.new_zeros(len(rb.slots), rb.block_max, *q.shape[1:])  # (S, Tb, H, hd), rows as keys
+    q_pad[p.token_row, rb.offsets] = q
+    out = masked_attention_on_cpu(q_pad, keys.to(q.dtype), values.to(q.dtype), p.mask)
+    return out[p.token_row, rb.offsets]  # (N_p, H, hd)
+
+
+def ragged_attention_on_cpu(
+    q: torch.Tensor, layer_keys: torch.Tensor, layer_values: torch.Tensor, rb: RaggedIndex
+) -> torch.Tensor:
+    """The core's `ragged_attention` (same arguments and result): the kernel or, off the CPU, the core's path
+    as they are; on the CPU the pass's `by_request` parts, found once a pass (`rb.memo`), each by `attend_part`."""
+    if q.device.type != "cpu" or backend.use_kernel(q, layer_keys, layer_values):
+        return ragged_attention(q, layer_keys, layer_values, rb)
+    if "cpu parts" not in rb.memo:
+        rb.memo["cpu parts"] = by_request(rb, layer_keys.shape[2])
+    parts = rb.memo["cpu parts"]
+    if len(parts) == 1:
+        return attend_part(q, layer_keys, layer_values, parts[0])
+    out = torch.empty_like(q)
+    for p in parts:
+        out[p.tokens] = attend_part(q[p.tokens], layer_keys, layer_values, p)
+    return out
+
+
 # the layer projections that take `LayerLinear`: a decoder layer's q/k/v/o and SwiGLU, and a drafter's input
 # projections (EAGLE's fuse and w_in, the parallel drafters' W_c); nothing else changes class
 LAYER_PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "fuse", "w_in", "ctx_proj")
@@ -103,9 +220,13 @@ LAYER_PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "fuse",
 def fast_on_cpu(model: M) -> M:
     """Swap the CPU speed path into a target (`Transformer`) or a drafter, in place; returns it. Every
     `nn.Linear` named in LAYER_PROJECTIONS becomes a `LayerLinear` (same parameters, same state_dict), and a
-    target's LM-head projection (which its drafters' heads call too) becomes `project_to_vocab`. On a GPU, in
-    bf16 or under autograd both take `F.linear` as before, so the swap is safe everywhere."""
+    target's LM-head projection (which its drafters' heads call too) becomes `project_to_vocab`, and every
+    `Attention` attends through `ragged_attention_on_cpu` / `masked_attention_on_cpu`. On a GPU, in bf16 or
+    under autograd the projections take `F.linear`, and on a GPU attention the core's path, so the swap is safe
+    everywhere."""
     for module in model.modules():
+        if isinstance(module, Attention):
+            module.attend, module.attend_masked = ragged_attention_on_cpu, masked_attention_on_cpu
         for name in LAYER_PROJECTIONS:
             child = getattr(module, name, None)
             if type(child) is nn.Linear:

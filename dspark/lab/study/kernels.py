@@ -118,7 +118,9 @@ def cases(R: int, gamma: int, small: bool, device: str):
     cache.values[0].copy_(randn(*cache.values[0].shape))
     cache.lengths[:] = ctx
     slots = torch.arange(R, device=device)
-    rb = RaggedIndex(slots, torch.full((R,), gamma + 1, device=device), cache)
+    rb = RaggedIndex.build(
+        slots, torch.full((R,), gamma + 1, device=device), cache.lengths[slots], cache.max_seq_len
+    )
     q = randn(R * (gamma + 1), H, hd)
     a_args = (q, cache.keys[0], cache.values[0])
     yield (
