@@ -154,7 +154,7 @@ def packed_blocks(
     or with `keep` (B, A) bool only the kept blocks' (N, γ, dim) and (N, γ, V).
 
     target_taps (B, T, n_taps, dim); anchors (B, A) positions in 0..T-1; last_hidden (B, T, dim) the
-    target's final hidden state, read by a drafter configured with `final_hidden`."""
+    target's final hidden state, the rest of its features (a parallel drafter reads the taps)."""
     h_ctx = drafter.context_features(TargetFeatures(target_taps, last_hidden))  # (B, T, dim), as at inference
     h = backbone(drafter, h_ctx, tokens, anchors)
     return drafter.block_outputs(h if keep is None else h[keep])

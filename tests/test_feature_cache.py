@@ -264,12 +264,12 @@ def test_train_features_and_drafter_commands(small_checkpoint, tmp_path, capsys)
     assert capsys.readouterr().out.count("building it") == 2  # train and val
     out = tmp_path / "d.safetensors"
     train.main(["drafter", "--kind", "dspark", *common, "--epochs", "2", "--gamma", "3", "--layers", "1",
-                "--rank", "4", "--tied-rank", "3", "--width", "24", "--out", str(out), "--batch-size", "4",
+                "--rank", "4", "--width", "24", "--out", str(out), "--batch-size", "4",
                 "--keep-at", "1"])  # fmt: skip
     printed = capsys.readouterr().out
     assert "building it" not in printed and " epochs, " in printed  # the cache was reused
     config = json.loads(out.with_suffix(".json").read_text())["config"]
-    assert (config["rank"], config["tied_rank"], config["ffn_hidden"]) == (4, 3, 24)
+    assert (config["rank"], config["ffn_hidden"]) == (4, 24)
     assert config["qk_norm"] is True  # a parallel kind gets the reference's q/k RMSNorm unless --no-qk-norm
     meta = json.loads(out.with_suffix(".json").read_text())["meta"]
     assert (
@@ -279,22 +279,9 @@ def test_train_features_and_drafter_commands(small_checkpoint, tmp_path, capsys)
     )
     assert json.loads((tmp_path / "d.epochs-1.json").read_text())["meta"]["epochs"] >= 1  # --keep-at's copy
     target, _ = load_target(small_checkpoint)
-    assert load_drafter(out, target).markov_weights()[0].shape[1] == 7  # loads for the taps it was trained on
+    assert load_drafter(out, target).markov_weights()[0].shape[1] == 4  # loads for the taps it was trained on
     with pytest.raises(UsageError, match="--keep-at takes epochs inside the run"):
         train.main(["drafter", "--kind", "mtp", *common, "--epochs", "2", "--keep-at", "0.5", "2"])
-    with pytest.raises(UsageError, match="--tied-rank is for the dspark kind"):  # the Markov head's option
-        train.main(
-            [
-                "drafter",
-                "--kind",
-                "mtp",
-                *common,
-                "--tied-rank",
-                "3",
-                "--out",
-                str(tmp_path / "x.safetensors"),
-            ]
-        )
     train.main(["drafter", "--kind", "mtp", *common, "--taps", "1", "--out", str(tmp_path / "m.safetensors")])
     assert capsys.readouterr().out.count("building it") == 2  # a new cache for taps [1]
     assert "qk_norm" not in json.loads((tmp_path / "m.json").read_text())["config"]  # not a parallel kind

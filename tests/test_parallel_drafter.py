@@ -4,6 +4,7 @@ greedy identity and exact sampling through the speculative loop."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 import torch
@@ -11,9 +12,12 @@ from conftest import TINY
 from stats_helpers import assert_matches
 from test_speculative import GREEDY, MICRO, MICRO_LENGTH, MICRO_PROMPT, RAGGED, micro_target_and_law, prompts
 
+from dspark.checkpoint import CheckpointError
 from dspark.decoding import generate
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
+from dspark.drafters.registry import load_drafter
+from dspark.lab.storage import save_checkpoint
 from dspark.lab.training import fast_loss
 from dspark.lab.training.anchors import every_anchor, sample_anchors
 from dspark.sampling import SamplingParams
@@ -21,16 +25,13 @@ from dspark.serving.speculative import speculative_generate
 from dspark.training import BlockLoss, FeatureBatch, block_losses, block_visibility, packed_blocks
 
 
-def make(target, kind, gamma=4, rank=8, seed=0, final_hidden=False, tied_rank=0):
+def make(target, kind, gamma=4, rank=8, seed=0):
     torch.manual_seed(seed)
     mask_id = min(5, target.config.vocab_size - 1)
-    config = ParallelDrafterConfig(kind, gamma=gamma, ffn_hidden=64, rank=rank, mask_id=mask_id,
-                                   final_hidden=final_hidden, tied_rank=tied_rank)  # fmt: skip
+    config = ParallelDrafterConfig(kind, gamma=gamma, ffn_hidden=64, rank=rank, mask_id=mask_id)
     drafter = ParallelDrafter(target, config)
     if kind != "dflash":  # a non-trivial sequential head (W2 starts at zero)
         torch.nn.init.normal_(drafter.w2.weight, std=0.5)
-    if tied_rank:  # and a non-trivial tied part (P starts at zero)
-        torch.nn.init.normal_(drafter.tied_out.weight, std=0.5)
     return drafter.eval()
 
 
@@ -44,20 +45,15 @@ def test_block_visibility_hand_worked():
     assert vis.tolist() == expected
 
 
-@pytest.mark.parametrize("kind, final_hidden", [("dflash", False), ("dspark", False), ("dspark-rnn", False),
-                                               ("dspark", True)])  # fmt: skip
-def test_packed_training_blocks_equal_the_inference_path(tiny_model, kind, final_hidden):
-    drafter = make(tiny_model, kind, final_hidden=final_hidden)
+@pytest.mark.parametrize("kind", ["dflash", "dspark", "dspark-rnn"])
+def test_packed_training_blocks_equal_the_inference_path(tiny_model, kind):
+    drafter = make(tiny_model, kind)
     tokens = torch.randint(0, TINY.vocab_size, (1, 30), generator=torch.Generator().manual_seed(1))
     anchors = torch.tensor([[3, 11, 12, 25]])
     with torch.no_grad():
         out = tiny_model(tokens, return_taps=True)
         taps, last = out.taps, out.last_hidden
         _, u_packed = packed_blocks(drafter, taps, tokens, anchors, last_hidden=last)
-        _, u_other = packed_blocks(drafter, taps, tokens, anchors, last_hidden=torch.randn_like(last))
-        assert (
-            torch.equal(u_packed, u_other) != final_hidden
-        )  # it reads the final hidden state iff configured
         for j, a in enumerate(anchors[0].tolist()):
             _, u_alone = packed_blocks(drafter, taps, tokens, anchors[:, j : j + 1], last_hidden=last)
             torch.testing.assert_close(
@@ -109,14 +105,12 @@ def test_rank_zero_dspark_is_the_dflash_path(tiny_model):
     assert ParallelDrafterConfig("dflash", rank=64).rank == 0
 
 
-@pytest.mark.parametrize("kind", ["dflash", "dspark", "dspark-rnn", "dspark-tied"])
+@pytest.mark.parametrize("kind", ["dflash", "dspark", "dspark-rnn"])
 @pytest.mark.parametrize("gamma", [1, 3, 4])
 def test_greedy_identity(tiny_model, kind, gamma):
     ps = prompts(RAGGED, seed=6)
     reference = generate(tiny_model, ps, 24, GREEDY)
-    drafter = (
-        make(tiny_model, "dspark", gamma=4, tied_rank=6) if kind == "dspark-tied" else make(tiny_model, kind)
-    )
+    drafter = make(tiny_model, kind)
     result = speculative_generate(tiny_model, drafter, ps, 24, GREEDY, gamma)
     assert result.tokens == reference.tokens and result.stop_reasons == reference.stop_reasons
     assert result.stats.tau > 1.0  # some drafts accepted, so verification is exercised
@@ -159,55 +153,6 @@ def test_the_labs_packed_pass_and_distance_equal_the_cores_dense_mask(tiny_model
         torch.testing.assert_close(grad, dense_grads[name], atol=1e-6, rtol=1e-4, msg=name)
 
 
-def test_tied_rank_is_a_markov_head_factored_through_the_targets_embeddings(tiny_model):
-    drafter = make(tiny_model, "dspark", rank=8, tied_rank=6)
-    emb, head = tiny_model.embed.weight.detach(), tiny_model.lm_head.weight.detach()
-    with torch.no_grad():
-        w1, w2, conf_w, _ = drafter.markov_weights()
-        assert w1.shape == (TINY.vocab_size, 14) and w2.shape == (TINY.vocab_size, 14)
-        assert conf_w.shape == (TINY.dim + 14,)
-        torch.testing.assert_close(w1, torch.cat([drafter.w1.weight, emb @ drafter.tied_in.weight.T], -1))
-        torch.testing.assert_close(w2, torch.cat([drafter.w2.weight, head @ drafter.tied_out.weight], -1))
-        assert drafter.markov_weights()[0] is w1  # built once, reused while no weight changes
-        drafter.tied_in.weight.add_(1.0)  # an in-place update (what an optimizer step does)
-        w1_new = drafter.markov_weights()[0]
-    assert (
-        w1_new is not w1
-        and not torch.equal(w1_new[:, 8:], w1[:, 8:])
-        and torch.equal(w1_new[:, :8], w1[:, :8])
-    )
-    # training: gradients reach both factors and the free part
-    drafter.train()
-    tokens = torch.randint(0, TINY.vocab_size, (2, 20), generator=torch.Generator().manual_seed(4))
-    batch = live(tiny_model, tokens, [20, 9], [3, 2])
-    anchors, valid = sample_anchors(batch.lengths, batch.prompt_lens, 5, torch.Generator().manual_seed(0))
-    block_losses(drafter, tiny_model, batch, anchors, valid)[0].backward()
-    for weight in (drafter.w1.weight, drafter.tied_in.weight, drafter.tied_out.weight):
-        assert weight.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match="tied_rank"):
-        ParallelDrafterConfig("dspark-rnn", tied_rank=4)
-    assert ParallelDrafterConfig("dflash", tied_rank=4).tied_rank == 0
-
-
-def test_tied_rank_with_a_draft_vocabulary_reads_the_draft_ids_rows(tiny_model):
-    """W1' holds the embeddings of the draft ids (zeros for "other"), W2' their LM-head rows; choosing other ids
-    rebuilds both."""
-    config = ParallelDrafterConfig("dspark", ffn_hidden=64, rank=4, draft_vocab=20, tied_rank=3)
-    drafter = ParallelDrafter(tiny_model, config).eval()
-    torch.nn.init.normal_(drafter.tied_out.weight)
-    drafter.vocab.set_ids(torch.arange(30, 50))
-    emb, head = tiny_model.embed.weight.detach(), tiny_model.lm_head.weight.detach()
-    with torch.no_grad():
-        w1, w2 = drafter.markov_tables()
-        assert w1.shape == (21, 7) and w2.shape == (20, 7) and torch.equal(w1[20, 4:], torch.zeros(3))
-        torch.testing.assert_close(w1[:20, 4:], emb[30:50] @ drafter.tied_in.weight.T)
-        torch.testing.assert_close(w2[:, 4:], head[30:50] @ drafter.tied_out.weight)
-        drafter.vocab.set_ids(torch.arange(50, 70))
-        w1_new, w2_new = drafter.markov_tables()
-    torch.testing.assert_close(w1_new[:20, 4:], emb[50:70] @ drafter.tied_in.weight.T)
-    torch.testing.assert_close(w2_new[:, 4:], head[50:70] @ drafter.tied_out.weight)
-
-
 def live(target, tokens, lengths, prompt_lens) -> FeatureBatch:
     with torch.no_grad():
         out = target(tokens, return_taps=True)
@@ -235,16 +180,14 @@ def test_loss_recipe_options(tiny_model):
         assert terms["conf"] == 0.0 and float(loss) == pytest.approx(float(terms["ce"]))
 
 
-@pytest.mark.parametrize("normed", [True, False])
-def test_heads_read_the_normed_hidden_state(tiny_model, normed):
+def test_heads_read_the_normed_hidden_state(tiny_model):
     drafter = ParallelDrafter(
-        tiny_model,
-        ParallelDrafterConfig("dspark", gamma=3, ffn_hidden=64, rank=8, mask_id=5, normed_head_input=normed),
+        tiny_model, ParallelDrafterConfig("dspark", gamma=3, ffn_hidden=64, rank=8, mask_id=5)
     )
     h = torch.randn(2, 3, TINY.dim) * 7
     head_input, u = drafter.block_outputs(h)
     normed_h = drafter.out_norm(h)
-    torch.testing.assert_close(head_input, normed_h if normed else h)
+    torch.testing.assert_close(head_input, normed_h)
     torch.testing.assert_close(u, tiny_model.lm_head(normed_h))
 
 
@@ -295,3 +238,21 @@ def test_the_cpu_swap_drafts_what_the_plain_backbone_does(tiny_model, dtype):
         ps = prompts(RAGGED, seed=6)
         result = speculative_generate(target, fast_on_cpu(make(target, "dspark")), ps, 24, GREEDY, 4)
         assert result.tokens == generate(tiny_model, ps, 24, GREEDY).tokens
+
+
+def test_retired_options_load_at_their_shipped_value_and_are_refused_otherwise(tiny_model, tmp_path):
+    """The shipped JSONs still name three removed options (normed_head_input, final_hidden, tied_rank) at the one
+    value every shipped drafter holds: those load as before; a checkpoint trained with another value is refused
+    in one line naming the option."""
+    drafter = make(tiny_model, "dspark")
+    path = tmp_path / "d.safetensors"
+    save_checkpoint(drafter, drafter.config, path)
+    record = json.loads(path.with_suffix(".json").read_text())
+    record["config"] |= {"normed_head_input": True, "final_hidden": False, "tied_rank": 0}
+    path.with_suffix(".json").write_text(json.dumps(record))
+    loaded = load_drafter(path, tiny_model)
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), drafter.state_dict().values()))
+    for key, other in (("normed_head_input", False), ("final_hidden", True), ("tied_rank", 64)):
+        path.with_suffix(".json").write_text(json.dumps(record | {"config": record["config"] | {key: other}}))
+        with pytest.raises(CheckpointError, match=f"trained with {key}="):
+            load_drafter(path, tiny_model)

@@ -91,7 +91,6 @@ class AutoregressiveDrafterConfig:
     n_layers: int = 1  # decoder layers of the drafter
     ffn_hidden: int = 688  # SwiGLU width of its decoder layer
     draft_vocab: int = 0  # K: score only the K most frequent target ids (drafters/vocab.py); 0 = all of them
-    final_hidden: bool = False  # eagle: also fuse the target's final-normed hidden state with its tap layers
     eagle3_layer: bool = False  # eagle: EAGLE-3's own layer (`Eagle3Layer`: no W_in, 2·dim attention input)
 
     def __post_init__(self) -> None:
@@ -115,7 +114,7 @@ class AutoregressiveDrafter(Drafter):
         tc = target.config
         self.config, self.name, self.max_gamma = config, config.kind, config.max_gamma
         self.layer_config = tc.drafter_layers(config.n_layers, config.ffn_hidden, config.max_gamma + 1)
-        n_feat = len(tc.tap_layers) + config.final_hidden if config.kind == "eagle" else 1
+        n_feat = len(tc.tap_layers) if config.kind == "eagle" else 1
         self.fuse = nn.Linear(n_feat * tc.dim, tc.dim, bias=False) if n_feat > 1 else nn.Identity()
         self.token_norm = RMSNorm(tc.dim, tc.norm_eps)
         self.feature_norm = RMSNorm(tc.dim, tc.norm_eps)
@@ -146,7 +145,7 @@ class AutoregressiveDrafter(Drafter):
         """(N, dim) drafter feature for each position from the target's outputs."""
         if self.config.kind == "mtp":
             return features.last_hidden
-        return self.fuse(features.flat(self.config.final_hidden))  # (N, n_feat * dim) -> (N, dim)
+        return self.fuse(features.flat())  # (N, n_feat * dim) -> (N, dim)
 
     def entries(self, next_tokens: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
         """entry_i (N, dim) from the token at i+1 (N,) and the feature at i (N, dim); with the EAGLE-3 layer

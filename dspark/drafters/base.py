@@ -82,11 +82,10 @@ class TargetFeatures:
         """The first n positions."""
         return TargetFeatures(self.taps[:n], self.last_hidden[:n])
 
-    def flat(self, final_hidden: bool = False) -> torch.Tensor:
-        """(..., n_taps * dim) the taps side by side; with `final_hidden` the final hidden state after them
-        (any leading dims: (N, ·) at inference, (B, T, ·) in packed training)."""
-        taps = self.taps.flatten(-2)
-        return torch.cat([taps, self.last_hidden.to(taps.dtype)], dim=-1) if final_hidden else taps
+    def flat(self) -> torch.Tensor:
+        """(..., n_taps * dim) the taps side by side (any leading dims: (N, ·) at inference, (B, T, ·) in
+        packed training)."""
+        return self.taps.flatten(-2)
 
 
 class Drafter(nn.Module):

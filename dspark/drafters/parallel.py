@@ -23,14 +23,6 @@ Sequential stage (paper section 3.1, eq. for p_k): left to right,
   * RNN head: z = [s_{k-1}; W1[x_{k-1}]; h_k] -> gate g, candidate c, output o;
     s_k = σ(g) s_{k-1} + (1 - σ(g)) tanh(c);  B = tanh(o) W2;
   * rank r = 0: no sequential term -- the DFlash baseline, same code path.
-  * tied rank r_t (optional, Markov head only): r_t more columns of W1 and W2
-    factored through the target's own frozen embeddings, W1' = E_in Q and
-    W2' = E_out P (Q: dim x r_t, P: dim x r_t), i.e. B gains E_out P Qᵀ e_{x_{k-1}}:
-    a previous-token correction in the LM head's input space. It stores
-    2·dim·r_t numbers instead of 2·V·r, so a real target's large vocabulary
-    does not make a higher rank expensive to ship. W1 and W2 are materialised
-    ([W1 | W1'], [W2 | W2']) once per weight update and reused, so inference and
-    the Triton kernel see an ordinary rank r + r_t Markov head.
 
 `markov_block_sample` runs the Markov stage of a whole block in one call: the
 PyTorch loop `markov_block_reference`, or on CUDA tensors the Triton kernel in
@@ -40,8 +32,7 @@ Confidence head: c_k = σ(wᵀ [h_k ; W1[x_{k-1}]]), an estimate of
 P(token k survives | tokens < k survived), returned in each `Proposal` for
 the verify-length policy. DFlash (rank 0) has no confidence head: its
 proposals carry `confidence=None`. The heads read h_k = RMSNorm(backbone
-output), the LM head's own input, as in the reference trainer
-(`normed_head_input`; checkpoints trained before it read the raw output).
+output), the LM head's own input, as in the reference trainer.
 
 Its tensors live on its weights' device (the target's). One round reads the host once:
 the ragged index of the context it appends (shapes, room, longest context).
@@ -159,21 +150,16 @@ class ParallelDrafterConfig:
     ffn_hidden: int = 688  # SwiGLU width of each backbone layer
     rank: int = 64  # r of W1 (V x r) and W2 (r x V); 0 for dflash
     mask_id: int = SPECIAL_TOKENS.index(MASK)  # token that fills the γ-1 future slots (<|mask|>)
-    normed_head_input: bool = True  # heads read RMSNorm(h), the LM head's input (False: raw h)
     draft_vocab: int = 0  # K: score only the K most frequent target ids (drafters/vocab.py); 0 = all of them
-    final_hidden: bool = False  # also read the target's final-normed hidden state next to its tap layers
-    tied_rank: int = 0  # r_t: Markov-head rank factored through the target's embeddings (2·dim·r_t weights)
     qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3's q_norm/k_norm); old JSONs: off
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {sorted(KINDS)}, got {self.kind!r}")
         if self.kind == "dflash":
-            self.rank, self.tied_rank = 0, 0
+            self.rank = 0
         if self.kind != "dflash" and self.rank < 1:
             raise ValueError("DSpark's sequential head needs rank >= 1 (rank 0 is the dflash kind)")
-        if self.tied_rank < 0 or (self.tied_rank and self.head != "markov"):
-            raise ValueError(f"tied_rank must be >= 0 and only the Markov head has one, got {self.tied_rank}")
         for name in ("gamma", "n_layers", "ffn_hidden"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -192,8 +178,7 @@ class ParallelDrafter(Drafter):
         tc = target.config
         self.config, self.name, self.max_gamma = config, config.kind, config.gamma
         self.layer_config = tc.drafter_layers(config.n_layers, config.ffn_hidden, config.gamma + 1)
-        n_feat = len(tc.tap_layers) + config.final_hidden
-        self.ctx_proj = nn.Linear(n_feat * tc.dim, tc.dim, bias=False)  # W_c
+        self.ctx_proj = nn.Linear(len(tc.tap_layers) * tc.dim, tc.dim, bias=False)  # W_c
         self.ctx_norm = RMSNorm(tc.dim, tc.norm_eps)
         self.layers = nn.ModuleList(Block(self.layer_config, config.qk_norm) for _ in range(config.n_layers))
         self.out_norm = RMSNorm(tc.dim, tc.norm_eps)
@@ -204,13 +189,8 @@ class ParallelDrafter(Drafter):
             self.w2 = nn.Linear(r, self.vocab.n_out, bias=False)  # W2: r -> V (or K)
         if config.head == "rnn":
             self.rnn = nn.Linear(r + r + tc.dim, 3 * r)  # [s; W1[x]; h] -> gate, candidate, output
-        rt = config.tied_rank
-        if rt > 0:  # W1' = E_in Q, W2' = E_out P through the target's frozen embeddings
-            self.tied_in = nn.Linear(tc.dim, rt, bias=False)  # Qᵀ: e_x (dim) -> (r_t)
-            self.tied_out = nn.Linear(rt, tc.dim, bias=False)  # P: (r_t) -> a vector the LM-head rows read
-        self._markov_cache: tuple | None = None  # (weights' versions, [W1 | W1'], [W2 | W2'])
         if config.head != "none":  # DFlash has no confidence head
-            self.confidence = nn.Linear(tc.dim + r + rt, 1)  # w of c_k = σ(wᵀ[h_k; W1[x_{k-1}]])
+            self.confidence = nn.Linear(tc.dim + r, 1)  # w of c_k = σ(wᵀ[h_k; W1[x_{k-1}]])
         cos, sin = rope_table(self.layer_config)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -225,8 +205,6 @@ class ParallelDrafter(Drafter):
                 nn.init.normal_(m.weight, std=0.02)
         if r > 0:
             nn.init.zeros_(self.w2.weight)  # the sequential term starts as a no-op on top of U
-        if rt > 0:
-            nn.init.zeros_(self.tied_out.weight)
 
     @property
     def target(self) -> Transformer:
@@ -234,8 +212,8 @@ class ParallelDrafter(Drafter):
 
     # ---- context features and their keys/values ------------------------------------------
     def context_features(self, features: TargetFeatures) -> torch.Tensor:
-        """H_ctx (N, dim) = RMSNorm(W_c [taps]) (taps and the final hidden state with `final_hidden`)."""
-        return self.ctx_norm(self.ctx_proj(features.flat(self.config.final_hidden)))
+        """H_ctx (N, dim) = RMSNorm(W_c [taps])."""
+        return self.ctx_norm(self.ctx_proj(features.flat()))
 
     def context_kv(self, layer: Block, h_ctx: torch.Tensor, positions: torch.Tensor):
         """Keys/values of context features through `layer`'s own projections (..., Hkv, hd): the keys
@@ -281,37 +259,8 @@ class ParallelDrafter(Drafter):
         return u_k, conf, state
 
     def markov_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(W1 (V, r), W2 (V, r) as nn.Linear stores it, confidence w (dim + r,), its bias (1,));
-        with a tied rank, W1 and W2 are [W1 | E_in Q] and [W2 | E_out P] (r + r_t columns)."""
-        conf = (self.confidence.weight[0], self.confidence.bias)
-        if not self.config.tied_rank:
-            return self.w1.weight, self.w2.weight, *conf
-        return (*self.markov_tables(), *conf)
-
-    def markov_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """[W1 | E_in Q] (n_prev, r + r_t) and [W2 | E_out P] (n_out, r + r_t), built once per weight update:
-        the key holds every input's storage and in-place version (an optimizer step or a load bumps it) -- the
-        target's embedding and the draft ids stand for E_in, gathered only when the tables are built --
-        whether autograd records, and the autocast state."""
-        w1, w2, q, p = self.w1.weight, self.w2.weight, self.tied_in.weight, self.tied_out.weight
-        rows_out = self.vocab.output_rows()
-        inputs = (w1, w2, q, p, rows_out, self.target.embed.weight,
-                  *([self.vocab.ids] if self.vocab.size else []))  # fmt: skip
-        device = w1.device.type
-        key = (
-            tuple((t.data_ptr(), t._version, t.dtype) for t in inputs),
-            torch.is_grad_enabled(),
-            torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device),
-        )
-        if self._markov_cache is None or self._markov_cache[0] != key:
-            t1 = F.linear(self.vocab.previous_rows().to(q.dtype), q)  # (n_prev, r_t) = E_in Q
-            t2 = F.linear(rows_out.to(p.dtype), p.T)  # (n_out, r_t) = E_out P
-            self._markov_cache = (
-                key,
-                torch.cat([w1, t1.to(w1.dtype)], -1),
-                torch.cat([w2, t2.to(w2.dtype)], -1),
-            )
-        return self._markov_cache[1], self._markov_cache[2]
+        """(W1 (V, r), W2 (V, r) as nn.Linear stores it, confidence w (dim + r,), its bias (1,))."""
+        return self.w1.weight, self.w2.weight, self.confidence.weight[0], self.confidence.bias
 
     # ---- inference ------------------------------------------------------------------------------
     def reset(self, n_slots: int) -> None:
@@ -355,10 +304,10 @@ class ParallelDrafter(Drafter):
         return self.block_outputs(h)
 
     def block_outputs(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(what the sequential and confidence heads read, U = LMHead(RMSNorm(h))) of backbone output h;
-        U is over the draft vocabulary (the target's LM-head rows of its ids) when there is one."""
+        """(RMSNorm(h), what the sequential and confidence heads read, and U = LMHead(RMSNorm(h))) of backbone
+        output h; U is over the draft vocabulary (the target's LM-head rows of its ids) when there is one."""
         normed = self.out_norm(h)
-        return (normed if self.config.normed_head_input else h), self.vocab.logits(normed)
+        return normed, self.vocab.logits(normed)
 
     @torch.no_grad()
     def propose(self, slots, committed_tokens, features, committed_lens, anchors, gamma, params, generator):

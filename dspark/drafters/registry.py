@@ -45,6 +45,20 @@ def trained_for(record: dict) -> str:
     return f" (it was trained for the target {name!r})" if name else ""
 
 
+# options a drafter no longer has, each with the one value every shipped checkpoint holds (the commit before
+# their removal, 4acc240, still has them)
+RETIRED = {"normed_head_input": True, "final_hidden": False, "tied_rank": 0}
+
+
+def without_retired(config: dict, path: str | Path) -> dict:
+    """A drafter checkpoint's `config` without the retired options; a checkpoint that used one is refused."""
+    for key, only in RETIRED.items():
+        if config.get(key, only) != only:
+            raise CheckpointError(f"{path} was trained with {key}={config[key]!r}, an option dspark no longer has "
+                                  "(commit 4acc240 reads it)")  # fmt: skip
+    return {k: v for k, v in config.items() if k not in RETIRED}
+
+
 def load_drafter(path: str | Path, target: Transformer) -> Drafter:
     """Rebuild a trained drafter for `target` from its checkpoint, on the target's device."""
     if Path(path).is_dir():  # a folder in a serving engine's layout (python -m dspark.export, DeepSpec)
@@ -56,6 +70,7 @@ def load_drafter(path: str | Path, target: Transformer) -> Drafter:
         raise CheckpointError(f"{path} is a target model checkpoint, not a drafter: pass it as --checkpoint, and "
                               "as --drafter-checkpoint a drafter trained for it")  # fmt: skip
     try:
+        config = without_retired(config, path)
         if config.get("kind") in PARALLEL_KINDS:
             drafter = ParallelDrafter(target, ParallelDrafterConfig(**config))
         else:

@@ -159,13 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
                    f"for mtp/eagle, {PARALLEL.n_layers} for the parallel ones)")  # fmt: skip
     option(p, "--rank", PARALLEL.rank, "DSpark sequential-head rank r", low=1)
     option(p, "--width", 0, "SwiGLU width of the drafter's layers (0 = the target's)", low=0)
-    option(p, "--tied-rank", PARALLEL.tied_rank, "dspark only: r_t more Markov-head rank factored through the "
-           "target's own embeddings (2 x dim x r_t weights, whatever the vocabulary)", low=0)  # fmt: skip
     option(p, "--draft-vocab", PARALLEL.draft_vocab, "score only the K ids the target writes most often in "
            "the training responses (q = 0 elsewhere: still lossless); 0 = the whole vocabulary", low=0)  # fmt: skip
-    p.add_argument("--final-hidden", action="store_true",
-                   help="eagle and the parallel kinds also read the target's final-normed hidden state (what "
-                   "mtp reads) next to the tap layers")  # fmt: skip
     p.add_argument("--qk-norm", action=argparse.BooleanOptionalAction, default=None,
                    help="parallel kinds: RMSNorm q and k per head before RoPE in every drafter layer (Qwen3's "
                    "q_norm/k_norm, as DeepSpec's drafter; the deepspec and speculators export formats need it). "

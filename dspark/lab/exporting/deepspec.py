@@ -4,7 +4,7 @@ config.json is DeepSpec's draft config (deepspec/modeling/dspark/qwen3/config.py
 layer fields at the top level with `architectures: ["Qwen3DSparkModel"]`, `num_target_layers`,
 `block_size` (= γ: anchor-first, slot k predicts anchor + k + 1, so a block of γ slots drafts γ tokens),
 `target_layer_ids` (this project's tap layers as they are: DeepSpec reads `hidden_states[id + 1]`),
-`mask_token_id`, `num_anchors` (a training setting), `markov_rank` (r + r_t: a tied rank is folded into
+`mask_token_id`, `num_anchors` (a training setting), `markov_rank` (r, the rank of
 W1/W2), `markov_head_type` "vanilla", `enable_confidence_head` and `confidence_head_with_markov`. DFlash is
 the same model with `markov_rank` 0 and no confidence head (DeepSpec's config/dflash/*.py). Copies of the
 block fields sit in `dflash_config` / `dspark_config` too, where SGLang's and vLLM's DFlash loaders look for
@@ -44,7 +44,7 @@ DEFAULT_ANCHORS = 16  # num_anchors when the checkpoint does not record its trai
 def dspark_fields(drafter, info: ExportInfo) -> dict:
     """The DSpark fields DeepSpec's config adds to the layer config (anchor-first block of γ slots)."""
     cfg = drafter.config
-    rank = cfg.rank + cfg.tied_rank
+    rank = cfg.rank
     fields = {"block_size": cfg.gamma, "mask_token_id": cfg.mask_id, "markov_rank": rank,
               "enable_confidence_head": rank > 0}  # fmt: skip
     if rank:
@@ -86,7 +86,7 @@ def build(drafter, info: ExportInfo) -> tuple[dict, dict, str]:
 def readme_text(drafter, info: ExportInfo) -> str:
     """README.md: the facts a user serving it needs, and the three engines' command lines."""
     cfg, d, t = drafter.config, shell(info.drafter_dir), shell(info.target_ref)
-    head = f"a vanilla Markov head of rank {cfg.rank + cfg.tied_rank} and a confidence head" if cfg.rank else (
+    head = f"a vanilla Markov head of rank {cfg.rank} and a confidence head" if cfg.rank else (
         "no sequential head (DFlash: markov_rank 0)")  # fmt: skip
     facts = [
         f"Layout: DeepSpec `Qwen3DSparkModel`, Qwen3 layers: {cfg.n_layers} (per-head q/k RMSNorm), {head}.",

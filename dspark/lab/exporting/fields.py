@@ -55,9 +55,6 @@ def checked_taps(drafter, layout: str) -> list[int]:
     """The drafter's tap layers (this project's count), refused if `layout` cannot name them."""
     tc = drafter.target.config
     taps = list(tc.tap_layers)
-    if getattr(drafter.config, "final_hidden", False):
-        refuse(f"the {layout} layout cannot hold a drafter that reads the target's final-normed hidden state "
-               "(--final-hidden): the engines hand a drafter layer outputs only")  # fmt: skip
     if any(b <= a for a, b in zip(taps, taps[1:])):
         refuse(f"the {layout} layout needs strictly increasing target layers, this target taps {taps}")
     if taps and taps[-1] == tc.n_layers - 1:
@@ -68,7 +65,7 @@ def checked_taps(drafter, layout: str) -> list[int]:
 
 
 def parallel_checks(drafter, layout: str) -> ParallelDrafter:
-    """What the DSpark layouts need of a parallel drafter (q/k norm, a vanilla Markov head, normed heads)."""
+    """What the DSpark layouts need of a parallel drafter (q/k norm, a vanilla Markov head)."""
     if isinstance(drafter, AutoregressiveDrafter):
         hint = (
             "for eagle use --format eagle3"
@@ -84,10 +81,6 @@ def parallel_checks(drafter, layout: str) -> ParallelDrafter:
     if cfg.head == "rnn":
         refuse(f"the {layout} layout is refused for the RNN head: vLLM, SGLang and llama.cpp serve the vanilla "
                "Markov head only (DeepSpec and speculators define markov_head_type rnn, the engines do not)")  # fmt: skip
-    if cfg.head != "none" and not cfg.normed_head_input:
-        refuse(
-            f"this drafter's heads read the raw backbone output; the {layout} layout's read the normed one"
-        )
     checked_taps(drafter, layout)
     return drafter
 

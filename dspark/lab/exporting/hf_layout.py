@@ -10,7 +10,7 @@ Two families of layouts, both safetensors with Hugging Face names:
       norm (out_norm), fc [H, n_taps·H] (ctx_proj), hidden_norm (ctx_norm), embed_tokens, lm_head
       markov_head.markov_w1 [V_target, r]   W1 indexed by TARGET ids: this project's W1 rows are draft
                                             indices plus one "other" row, so every id outside the draft
-                                            vocabulary gets that row; a tied rank is folded in (r + r_t)
+                                            vocabulary gets that row
       markov_head.markov_w2 [V_draft, r], markov_head.joint_proj (the RNN head), confidence_head.proj
 
 * the EAGLE-3 drafter with EAGLE-3's own layer (`eagle3_tensors` / `load_eagle3`): `fc` [H, 3·H],
@@ -85,7 +85,7 @@ def parallel_tensors(drafter: ParallelDrafter) -> dict[str, torch.Tensor]:
     out |= vocabulary_tensors(drafter.vocab)
     if drafter.config.head != "none":
         if drafter.config.head == "markov":
-            w1, w2, conf_w, conf_b = drafter.markov_weights()  # a tied rank materialised: r + r_t columns
+            w1, w2, conf_w, conf_b = drafter.markov_weights()
         else:
             w1, w2 = drafter.w1.weight, drafter.w2.weight
             conf_w, conf_b = drafter.confidence.weight[0], drafter.confidence.bias
@@ -149,7 +149,7 @@ def reorder(ids: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
 def load_parallel(
     drafter: ParallelDrafter, tensors: dict[str, torch.Tensor], order: torch.Tensor | None
 ) -> None:
-    """Fill a freshly built `drafter` (config from the folder, tied rank 0) with DeepSpec-layout `tensors`;
+    """Fill a freshly built `drafter` (config from the folder) with DeepSpec-layout `tensors`;
     `order`: the draft ids in the order to keep (None: ascending). CheckpointError on what it cannot hold."""
     vocab, source = drafter.vocab, "the folder's weights"
     ids = draft_ids(tensors, vocab.target_vocab, source)

@@ -57,8 +57,6 @@ def cmd_drafter(args: argparse.Namespace) -> None:
     if args.keep_at and (min(args.keep_at) <= 0 or (not args.steps and max(args.keep_at) >= args.epochs)):
         raise UsageError(f"--keep-at takes epochs inside the run (0 < E < --epochs {args.epochs:g}); the end of "
                          "the run is --out itself")  # fmt: skip
-    if args.tied_rank and args.kind != "dspark":
-        raise UsageError(f"--tied-rank is for the dspark kind (its Markov head), not {args.kind}")
     if args.qk_norm is None:  # the default: the reference drafter's layers for the parallel kinds
         args.qk_norm = args.kind in PARALLEL_KINDS
     if args.qk_norm and args.kind not in PARALLEL_KINDS:
@@ -83,8 +81,6 @@ def cmd_drafter(args: argparse.Namespace) -> None:
         args.layers,
         args.rank,
         args.draft_vocab,
-        args.final_hidden,
-        args.tied_rank,
         args.width,
         qk_norm=args.qk_norm,
         eagle3_layer=args.eagle3_layer,

@@ -406,26 +406,21 @@ def new_drafter(
     layers: int = 0,
     rank: int | None = None,
     draft_vocab: int = 0,
-    final_hidden: bool = False,
-    tied_rank: int = 0,
     ffn_hidden: int = 0,
     qk_norm: bool = False,
     eagle3_layer: bool = False,
 ) -> Drafter:
     """A freshly initialised drafter of `kind` for `target` (its SwiGLU width); MTP-1 always drafts 1 token,
     `layers` 0 = the kind's default depth, `rank` None = the default sequential-head rank, `draft_vocab` K > 0:
-    it scores K target ids (the first K until `drafter.vocab.set_ids` chooses them), 0 = all; `final_hidden`:
-    EAGLE and the parallel kinds read the target's final hidden state next to its tap layers; `tied_rank`: the
-    Markov head's extra rank through the target's embeddings (dspark only); `ffn_hidden`: the SwiGLU width of its
-    layers (0 = the target's); `qk_norm`: the parallel kinds' layers norm q and k per head (Qwen3's, what the
+    it scores K target ids (the first K until `drafter.vocab.set_ids` chooses them), 0 = all; `ffn_hidden`: the
+    SwiGLU width of its layers (0 = the target's); `qk_norm`: the parallel kinds' layers norm q and k per head (Qwen3's, what the
     serving engines load); `eagle3_layer`: EAGLE's one layer is EAGLE-3's own (drafters/autoregressive.py, Eagle3Layer)."""
     ffn_hidden = ffn_hidden or target.config.ffn_hidden
     if kind in PARALLEL_KINDS:
         config = ParallelDrafterConfig(kind, gamma, layers or ParallelDrafterConfig.n_layers, ffn_hidden,
                                        rank=ParallelDrafterConfig.rank if rank is None else rank,
                                        mask_id=min(ParallelDrafterConfig.mask_id, target.config.vocab_size - 1),
-                                       draft_vocab=draft_vocab, final_hidden=final_hidden,
-                                       tied_rank=tied_rank, qk_norm=qk_norm)  # fmt: skip
+                                       draft_vocab=draft_vocab, qk_norm=qk_norm)  # fmt: skip
         return ParallelDrafter(target, config)
     layers = layers or AutoregressiveDrafterConfig.n_layers
     config = AutoregressiveDrafterConfig(
@@ -434,7 +429,6 @@ def new_drafter(
         layers,
         ffn_hidden,
         draft_vocab=draft_vocab,
-        final_hidden=final_hidden and kind == "eagle",
         eagle3_layer=eagle3_layer and kind == "eagle",
     )
     return AutoregressiveDrafter(target, config)
