@@ -45,12 +45,11 @@ if _module == "dspark" or _module.startswith("dspark."):
 
 from dspark import paths  # noqa: F401
 from dspark.checkpoint import CheckpointError, load_target
-from dspark.config import ModelConfig
 from dspark.decoding import GenerationResult
 from dspark.drafters.base import Drafter, NoDrafter, Proposal, TargetFeatures
 from dspark.drafters.registry import DRAFTER_NAMES, get_calibration, get_drafter
 from dspark.kv_cache import KVCache
-from dspark.model import Transformer
+from dspark.model import ModelConfig, Transformer
 from dspark.sampling import SamplingParams, probabilities, sample
 from dspark.scheduling.scheduler import (
     POLICY_NAMES,

@@ -19,8 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from dspark import paths
-from dspark.config import ModelConfig
-from dspark.model import Transformer
+from dspark.model import ModelConfig, Transformer
 from dspark.paths import config_path
 
 

@@ -45,8 +45,8 @@ import sys
 
 import torch
 
-from dspark.backend import KERNEL_MODES, kernel_mode, kernels_as
 from dspark.decoding import check_prompts, generate
+from dspark.device import KERNEL_MODES, kernel_mode, kernels_as
 from dspark.lab import cli
 from dspark.lab.calibration import get_calibration
 from dspark.lab.cli import UsageError, run_main

@@ -12,23 +12,86 @@ One model, two entry points:
 
 Attention has one PyTorch path, `ragged_attention_reference` (gather the slots' keys, pad the blocks to the
 longest *inside the attention op only*, SDPA under a mask), and `ragged_attention` dispatches to the Triton
-kernel in `kernels/ragged_attention.py` when `dspark.backend` says so. What this file does not do: sampling,
+kernel in `kernels/ragged_attention.py` when `dspark.device.use_kernel` says so. What this file does not do: sampling,
 generation loops, drafting, or the CPU speed paths (dspark/lab/cpu_speed.py swaps them in).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dspark import backend
-from dspark.config import ModelConfig
-from dspark.device import to_host
+from dspark.device import to_host, use_kernel
 from dspark.kv_cache import KVCache
+
+
+@dataclass
+class ModelConfig:
+    """The target model's shape, one comment per field; stored as JSON beside every checkpoint."""
+
+    vocab_size: int = 4096  # size of the BPE vocabulary (tokenizer.json)
+    dim: int = 256  # width of the residual stream
+    n_layers: int = 6  # number of transformer blocks
+    n_heads: int = 8  # query heads per attention layer
+    n_kv_heads: int = 2  # key/value heads (grouped-query attention: n_heads % n_kv_heads == 0)
+    ffn_hidden: int = 688  # hidden width of the SwiGLU feed-forward
+    max_seq_len: int = 512  # context length: RoPE table and KV-cache size
+    rope_theta: float = 10000.0  # RoPE base frequency
+    norm_eps: float = 1e-5  # RMSNorm epsilon
+    tie_embeddings: bool = True  # LM head shares the token-embedding matrix
+    # Layers whose outputs drafters read as context features (0-based block
+    # index; the value is the residual stream after that block). Evenly spaced
+    # from the first to the third-to-last, as in walkthrough/DESIGN.md section 2.
+    tap_layers: tuple[int, ...] = (0, 2, 3)
+
+    def __post_init__(self) -> None:
+        self.tap_layers = tuple(self.tap_layers)
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("rope_theta", "norm_eps"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        if self.dim % self.n_heads:
+            raise ValueError("dim must be divisible by n_heads")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError("n_heads must be divisible by n_kv_heads")
+        if (self.dim // self.n_heads) % 2:
+            raise ValueError("head dimension must be even for RoPE")
+        if any(not 0 <= t < self.n_layers for t in self.tap_layers):
+            raise ValueError(f"tap_layers {self.tap_layers} outside 0..{self.n_layers - 1}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def drafter_layers(self, n_layers: int, ffn_hidden: int, extra_positions: int) -> ModelConfig:
+        """Config of a drafter's own layers: this model's width, heads and RoPE, the
+        drafter's depth and FFN width, room for `extra_positions` draft positions."""
+        return replace(
+            self,
+            n_layers=n_layers,
+            ffn_hidden=ffn_hidden,
+            max_seq_len=self.max_seq_len + extra_positions,
+            tap_layers=(),
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown config fields: {sorted(unknown)}")
+        return cls(**d)
 
 
 @dataclass
@@ -133,8 +196,8 @@ def ragged_attention_reference(
 
 
 def ragged_attention(q: Tensor, layer_keys: Tensor, layer_values: Tensor, rb: RaggedIndex) -> Tensor:
-    """`ragged_attention_reference`, or the Triton kernel when `dspark.backend` picks it."""
-    if backend.use_kernel(q, layer_keys, layer_values):
+    """`ragged_attention_reference`, or the Triton kernel when `dspark.device.use_kernel` picks it."""
+    if use_kernel(q, layer_keys, layer_values):
         from kernels.ragged_attention import ragged_verify_attention
 
         return ragged_verify_attention(

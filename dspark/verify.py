@@ -21,7 +21,7 @@ and the residual of a rejection is the target's one-hot argmax.
 drafts with the target's argmax ids and never builds the (R, γ+1, V) one-hot
 tensors (tested equal to `verify_reference` on one-hot inputs).
 
-`verify` dispatches to a Triton kernel for CUDA tensors (dspark/backend.py);
+`verify` dispatches to a Triton kernel for CUDA tensors (dspark/device.py);
 `verify_reference` is the PyTorch ground truth the kernel is tested against.
 
 This is a pure function: all randomness comes in as uniforms, so the same
@@ -37,8 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dspark.backend import use_kernel
-from dspark.device import generator_uniforms, to_host
+from dspark.device import generator_uniforms, to_host, use_kernel
 from dspark.sampling import sample_from_probs
 
 
@@ -79,7 +78,7 @@ def verify(
 ) -> VerifyResult:
     """Batched, ragged speculative verification: `verify_reference`, run by the
     Triton rejection-sampling kernel (kernels/rejection_sampler.py) where
-    `dspark.backend` says so (CUDA tensors, by default). Both check their inputs."""
+    `dspark.device.use_kernel` says so (CUDA tensors, by default). Both check their inputs."""
     if use_kernel(draft_probs, target_probs):
         from kernels.rejection_sampler import rejection_sample_triton
 

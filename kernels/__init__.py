@@ -9,7 +9,7 @@
 Every kernel file reads top to bottom: what it computes → which function in
 `dspark/` is its reference → the kernel with each argument explained → a
 wrapper that checks shapes, dtypes and contiguity. `dspark` picks kernel or
-reference per call (`dspark/backend.py`): kernels for CUDA tensors, the
+reference per call (`dspark/device.py`): kernels for CUDA tensors, the
 reference on CPU, unless a mode is forced.
 
 On CPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set

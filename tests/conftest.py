@@ -13,9 +13,8 @@ import pytest  # noqa: E402
 import torch
 
 from dspark import paths
-from dspark.config import ModelConfig
 from dspark.lab.storage import save_checkpoint
-from dspark.model import Transformer
+from dspark.model import ModelConfig, Transformer
 from dspark.tokenizer import Tokenizer
 
 TINY = ModelConfig(

@@ -13,9 +13,8 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from dspark.config import ModelConfig
 from dspark.lab.pretrained.llama import permute_rotary
-from dspark.model import Transformer
+from dspark.model import ModelConfig, Transformer
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 SYSTEM = "You are a tiny test model"

@@ -26,7 +26,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "paths, backend and device",
         (
             "dspark.paths",
-            "dspark.backend",
             "dspark.device",
             "dspark.lab.storage",
             "dspark.lab.machine",
@@ -36,7 +35,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "target and plain decoding",
         (
-            "dspark.config",
             "dspark.lab.cpu_speed",
             "dspark.model",
             "dspark.kv_cache",
@@ -262,9 +260,9 @@ def test_the_scan_sees_the_package():
     assert {"dspark", "dspark.model", "dspark.drafters.base", "kernels", "kernels.markov_sampler"} <= set(
         modules
     )
-    assert any(i.importer == "dspark.model" and i.target == "dspark.config" for i in imports)
+    assert any(i.importer == "dspark.model" and i.target == "dspark.kv_cache" for i in imports)
     assert any(
-        i.importer == "dspark.model" and i.target == "dspark.backend" for i in imports
+        i.importer == "dspark.checkpoint" and i.target == "dspark.paths" for i in imports
     )  # from dspark import x
 
 
@@ -388,7 +386,7 @@ def test_the_core_imports_neither_lab_nor_course():
 
 # The core's size in lines of Python: a ratchet on the way to the goal of at most 3,500 (issue #60). Lower it
 # as code leaves the core; never raise it.
-CORE_LINE_BUDGET = 4108
+CORE_LINE_BUDGET = 4068
 
 
 def test_the_core_stays_within_its_line_budget():
@@ -481,3 +479,16 @@ def test_the_shim_checker_sees_a_body(tmp_path):
     found = shim_problems(shim, "x.z")
     assert len(found) == 4, found  # too long, X = 1, def helper, and no `from x.z import main`
     assert "over 10" in found[0] and "X = 1" in found[1] and "def helper" in found[2] and "x.z" in found[3]
+
+
+def test_the_readme_reading_path_names_exactly_the_core():
+    """Goal of issue #60: the README's reading path lists every file of the core, and nothing else (the
+    subpackages' `__init__.py`, a docstring each, aside)."""
+    rows = set(re.findall(r"^\| \d+ \| `(dspark/[\w/]+\.py)` \|", (ROOT / "README.md").read_text(), re.M))
+    modules = find_modules(ROOT)
+    core = {modules[m].relative_to(ROOT).as_posix() for m in core_modules(modules)}
+    markers = {f for f in core if f.endswith("/__init__.py") and f != "dspark/__init__.py"}
+    assert rows == core - markers, (f"missing from the reading path: {sorted(core - markers - rows)}; "
+                                    f"not core: {sorted(rows - core)}")  # fmt: skip
+    for marker in markers:  # what the reading path leaves out is a docstring, no code
+        assert not ast.parse((ROOT / marker).read_text()).body[1:], f"{marker} holds more than a docstring"

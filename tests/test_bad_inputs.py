@@ -82,7 +82,7 @@ def files(small_checkpoint, small_drafters, tmp_path_factory) -> dict[str, str]:
 
 
 def json_config(checkpoint: Path):
-    from dspark.config import ModelConfig
+    from dspark.model import ModelConfig
 
     return ModelConfig.from_dict(json.loads(checkpoint.with_suffix(".json").read_text())["config"])
 

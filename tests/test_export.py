@@ -14,7 +14,6 @@ from export_reference import dspark_logits, eagle3_logits
 
 from dspark import export
 from dspark.checkpoint import CheckpointError
-from dspark.config import ModelConfig
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
@@ -23,7 +22,7 @@ from dspark.lab.exporting import folder as writer
 from dspark.lab.exporting.exported import get_drafter
 from dspark.lab.exporting.fields import ExportInfo
 from dspark.lab.storage import save_checkpoint
-from dspark.model import Transformer
+from dspark.model import ModelConfig, Transformer
 from dspark.sampling import SamplingParams
 
 CONFIG = ModelConfig(vocab_size=97, dim=48, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=80, max_seq_len=64,

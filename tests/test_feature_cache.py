@@ -10,7 +10,6 @@ import pytest
 import torch
 from conftest import TINY
 
-from dspark.config import ModelConfig
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from dspark.lab.training.anchors import anchor_counts, candidate_counts, every_anchor, sample_anchors
@@ -24,7 +23,7 @@ from dspark.lab.training.feature_cache import (
     live_features,
     response_caches,
 )
-from dspark.model import Transformer
+from dspark.model import ModelConfig, Transformer
 from dspark.training import supervised_target_probs
 
 

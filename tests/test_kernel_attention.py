@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("triton")
 
 import kernels.ragged_attention  # noqa: E402
-from dspark.backend import kernels_as  # noqa: E402
+from dspark.device import kernels_as
 from dspark.kv_cache import KVCache  # noqa: E402
 from dspark.model import RaggedIndex, ragged_attention_reference  # noqa: E402
 from kernels.ragged_attention import ragged_verify_attention  # noqa: E402

@@ -18,7 +18,7 @@ from stats_helpers import assert_matches  # noqa: E402
 from test_parallel_drafter import make  # noqa: E402
 from test_speculative import GREEDY, prompts  # noqa: E402
 
-from dspark.backend import kernels_as  # noqa: E402
+from dspark.device import kernels_as
 from dspark.drafters.parallel import markov_block_reference  # noqa: E402
 from dspark.sampling import SamplingParams  # noqa: E402
 from dspark.serving.speculative import speculative_generate  # noqa: E402

@@ -14,7 +14,7 @@ pytest.importorskip("triton")
 
 import torch  # noqa: E402
 
-from dspark.backend import kernels_as  # noqa: E402
+from dspark.device import kernels_as
 from dspark.scheduling.scheduler import (  # noqa: E402
     PrefixPolicy,
     ThresholdPolicy,

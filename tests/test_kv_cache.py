@@ -352,10 +352,9 @@ def test_the_cpu_speed_swap_is_the_plain_model_in_another_order(tiny_model, monk
     head into `project_to_vocab` and every attention into the CPU one. A swapped model with weights above the
     thresholds computes the plain model's logits to fp32 rounding, taking the other order, and decodes the same
     greedy tokens; the tiny target (all below them) gives the same bits, and the same greedy tokens cached."""
-    from dspark.config import ModelConfig
     from dspark.decoding import generate
     from dspark.lab import cpu_speed
-    from dspark.model import Transformer, ragged_attention
+    from dspark.model import ModelConfig, Transformer, ragged_attention
     from dspark.sampling import SamplingParams
 
     taken = []

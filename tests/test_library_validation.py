@@ -11,11 +11,11 @@ from conftest import TINY
 
 from dspark import paths
 from dspark.checkpoint import CheckpointError, load_target, read_checkpoint, restore_hint
-from dspark.config import ModelConfig
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.parallel import ParallelDrafterConfig
 from dspark.drafters.registry import get_drafter
 from dspark.lab.storage import save_checkpoint
+from dspark.model import ModelConfig
 from dspark.sampling import SamplingParams
 
 

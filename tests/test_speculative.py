@@ -10,11 +10,10 @@ import torch
 from conftest import TINY
 from stats_helpers import assert_matches
 
-from dspark.config import ModelConfig
 from dspark.decoding import generate
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import Drafter, NoDrafter, Proposal
-from dspark.model import Transformer
+from dspark.model import ModelConfig, Transformer
 from dspark.sampling import SamplingParams, probabilities
 from dspark.scheduling.scheduler import Scheduler, ThroughputProfile, make_policy
 from dspark.serving.speculative import speculative_generate

@@ -26,11 +26,10 @@ from typing import Any
 
 import torch
 
-from dspark.config import ModelConfig
 from dspark.course.framework import Probe
 from dspark.decoding import generate
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
-from dspark.model import Transformer
+from dspark.model import ModelConfig, Transformer
 from dspark.sampling import SamplingParams
 
 TINY = ModelConfig(

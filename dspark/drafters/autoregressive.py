@@ -35,7 +35,6 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from dspark.config import ModelConfig
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
 from dspark.drafters.vocab import DraftVocabulary
 from dspark.kv_cache import KVCache
@@ -43,6 +42,7 @@ from dspark.model import (
     Attention,
     Block,
     FeedForward,
+    ModelConfig,
     RaggedIndex,
     RMSNorm,
     Transformer,

@@ -48,8 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dspark.backend import use_kernel
-from dspark.device import generator_uniforms, to_host
+from dspark.device import generator_uniforms, to_host, use_kernel
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
 from dspark.drafters.vocab import DraftVocabulary
 from dspark.kv_cache import KVCache
@@ -126,7 +125,7 @@ def markov_block_sample(
     params: SamplingParams,
     uniforms: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`markov_block_reference`, run by the Triton kernel where `dspark.backend` says so.
+    """`markov_block_reference`, run by the Triton kernel where `dspark.device.use_kernel` says so.
     The kernel does temperature (incl. greedy) but not top-k/top-p: those stay in PyTorch."""
     full_vocab = (
         w1.shape[0] == base_logits.shape[-1]

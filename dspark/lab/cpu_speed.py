@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dspark import backend
+from dspark.device import use_kernel
 from dspark.model import Attention, RaggedIndex, Transformer, masked_attention, ragged_attention
 
 M = TypeVar("M", bound=nn.Module)
@@ -199,7 +199,7 @@ def ragged_attention_on_cpu(
 ) -> torch.Tensor:
     """The core's `ragged_attention` (same arguments and result): the kernel or, off the CPU, the core's path
     as they are; on the CPU the pass's `by_request` parts, found once a pass (`rb.memo`), each by `attend_part`."""
-    if q.device.type != "cpu" or backend.use_kernel(q, layer_keys, layer_values):
+    if q.device.type != "cpu" or use_kernel(q, layer_keys, layer_values):
         return ragged_attention(q, layer_keys, layer_values, rb)
     if "cpu parts" not in rb.memo:
         rb.memo["cpu parts"] = by_request(rb, layer_keys.shape[2])

@@ -32,8 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dspark import backend
-from dspark.device import to_host
+from dspark.device import to_host, use_kernel
 from dspark.drafters.base import Drafter, Proposal
 
 POLICY_NAMES = ("none", "mtp1", "fixed", "threshold", "goodput", "dspark", "dspark-async")
@@ -201,9 +200,9 @@ def scheduled_lengths(
     budget: int | None = None,
 ) -> torch.Tensor:
     """(R, γ) confidences -> (R,) verify lengths: Algorithm 1 on the calibrated survivals.
-    The Triton kernel where `backend.use_kernel` says so and the batch fits its one tile
+    The Triton kernel where `use_kernel` says so and the batch fits its one tile
     (lengths stay on the device), else `prefix_schedule(prefix_survival(...))`."""
-    if backend.use_kernel(confidences):
+    if use_kernel(confidences):
         from kernels import prefix_scheduler  # imports Triton: only when a kernel may run
 
         if prefix_scheduler.fits(*confidences.shape):

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from dspark.config import ModelConfig
 from dspark.drafters.autoregressive import AutoregressiveDrafterConfig
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.parallel import ParallelDrafterConfig
@@ -37,6 +36,7 @@ from dspark.lab.train_commands.drafter_data import cmd_features, cmd_instruction
 from dspark.lab.train_commands.pretraining import cmd_data, cmd_target
 from dspark.lab.training.drafters import DrafterTrainConfig
 from dspark.lab.training.target import DEFAULT_VOCAB_SIZE, TrainConfig
+from dspark.model import ModelConfig
 
 PARALLEL, AUTOREGRESSIVE = ParallelDrafterConfig(), AutoregressiveDrafterConfig()  # the drafters' defaults
 

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from dspark.checkpoint import CheckpointError, mismatch
-from dspark.config import ModelConfig
-from dspark.model import Transformer, rope_table
+from dspark.model import ModelConfig, Transformer, rope_table
 from dspark.tokenizer import ChatFormat
 
 # Llama block tensor names: Hugging Face suffix -> this project's module path (per layer)

@@ -20,7 +20,6 @@ import torch
 
 from dspark import paths
 from dspark.checkpoint import load_target
-from dspark.config import ModelConfig
 from dspark.lab import storage
 from dspark.lab.cli import UsageError
 from dspark.lab.data.corpus import (
@@ -33,6 +32,7 @@ from dspark.lab.data.corpus import (
 )
 from dspark.lab.storage import save_checkpoint
 from dspark.lab.training.target import TrainConfig, train_target, train_tokenizer
+from dspark.model import ModelConfig
 from dspark.tokenizer import Tokenizer
 
 

@@ -28,10 +28,9 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 
 from dspark.checkpoint import read_checkpoint
-from dspark.config import ModelConfig
 from dspark.lab.data.corpus import DOMAINS, load_token_array
 from dspark.lab.storage import save_checkpoint
-from dspark.model import Transformer
+from dspark.model import ModelConfig, Transformer
 from dspark.tokenizer import SPECIAL_TOKENS, Tokenizer
 
 
