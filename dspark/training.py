@@ -26,9 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from dspark.drafters.base import TargetFeatures
+from dspark.drafters.base import TargetFeatures, Vocabulary
 from dspark.drafters.parallel import ParallelDrafter
-from dspark.drafters.vocab import DraftVocabulary
 from dspark.model import Transformer
 
 
@@ -161,7 +160,7 @@ def packed_blocks(
 
 
 def block_slots(
-    batch: FeatureBatch, anchors: torch.Tensor, valid_anchor: torch.Tensor, gamma: int, vocab: DraftVocabulary
+    batch: FeatureBatch, anchors: torch.Tensor, valid_anchor: torch.Tensor, gamma: int, vocab: Vocabulary
 ) -> tuple[torch.Tensor, ...]:
     """Where the γ slots of the N kept blocks read: (N,) the sequence of each block; (N, γ) the position of
     each slot's previous token (clamped into the sequence), whether the token it predicts exists, that
@@ -181,7 +180,7 @@ def position_terms(
     probs: torch.Tensor,
     p_row: torch.Tensor,
     label: torch.Tensor,
-    vocab: DraftVocabulary,
+    vocab: Vocabulary,
     soft_ce: bool = True,
     mass: torch.Tensor | None = None,
     distance: Callable = soft_target_loss,

@@ -43,7 +43,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "dspark.decoding",
         ),
     ),
-    ("drafters", ("dspark.drafters.*", "dspark.lab.pretrained.*")),
+    ("drafters", ("dspark.drafters.*", "dspark.lab.draft_vocab", "dspark.lab.pretrained.*")),
     ("verify", ("dspark.verify",)),
     ("scheduling", ("dspark.scheduling.*", "dspark.lab.calibration", "dspark.lab.profiles")),
     ("serving", ("dspark.serving.*", "dspark.lab.step_cost", "dspark.lab.cost_aware.*")),
@@ -386,7 +386,7 @@ def test_the_core_imports_neither_lab_nor_course():
 
 # The core's size in lines of Python: a ratchet on the way to the goal of at most 3,500 (issue #60). Lower it
 # as code leaves the core; never raise it.
-CORE_LINE_BUDGET = 4068
+CORE_LINE_BUDGET = 3977
 
 
 def test_the_core_stays_within_its_line_budget():

@@ -1,4 +1,4 @@
-"""Reduced draft vocabularies (dspark/drafters/vocab.py): drafts only from the K chosen ids, q = 0 elsewhere,
+"""Reduced draft vocabularies (dspark/lab/draft_vocab.py): drafts only from the K chosen ids, q = 0 elsewhere,
 and speculative decoding stays exact -- greedy token-identical, sampling chi-square-matched on the 5-token
 micro target with K = 3 (target tokens the drafter can never propose still come out at their probability)."""
 
@@ -15,7 +15,7 @@ from test_speculative import GREEDY, MICRO, MICRO_LENGTH, MICRO_PROMPT, RAGGED, 
 from dspark.decoding import generate
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.registry import load_drafter
-from dspark.drafters.vocab import DraftVocabulary, most_frequent
+from dspark.lab.draft_vocab import DraftVocabulary, most_frequent, vocabulary
 from dspark.lab.storage import save_checkpoint
 from dspark.lab.training.drafters import DrafterTrainConfig, batch_loss, new_drafter
 from dspark.sampling import SamplingParams
@@ -131,7 +131,7 @@ def test_sampling_is_exact_when_the_drafter_cannot_propose_some_tokens(kind):
 def test_checkpoint_keeps_the_ids(tiny_model, kind, tmp_path):
     drafter = drafter_with_vocab(tiny_model, kind, [50, 3, 11, 7, 60, 2])
     save_checkpoint(drafter, drafter.config, tmp_path / "d.safetensors", dtype=torch.float16)
-    again = load_drafter(tmp_path / "d.safetensors", tiny_model)
+    again = load_drafter(tmp_path / "d.safetensors", tiny_model, vocabulary)
     assert again.vocab.ids.tolist() == [50, 3, 11, 7, 60, 2] and again.vocab.ids.dtype == torch.long
     assert again.vocab.to_draft(torch.tensor([60])).tolist() == [4]
 

@@ -18,6 +18,7 @@ from dspark.drafters.autoregressive import AutoregressiveDrafter, Autoregressive
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from dspark.lab.cli import run_main
+from dspark.lab.draft_vocab import vocabulary
 from dspark.lab.exporting import folder as writer
 from dspark.lab.exporting.exported import get_drafter
 from dspark.lab.exporting.fields import ExportInfo
@@ -53,13 +54,13 @@ def randomise(drafter, vocab: int):
 def parallel(target, kind: str, vocab: int = 0, **options) -> ParallelDrafter:
     options = {"qk_norm": True} | options
     config = ParallelDrafterConfig(kind, GAMMA, 2, 64, rank=8, mask_id=5, draft_vocab=vocab, **options)
-    return randomise(ParallelDrafter(target, config), vocab)
+    return randomise(ParallelDrafter(target, config, vocabulary(target, vocab)), vocab)
 
 
 def eagle(target, vocab: int = 0, **options) -> AutoregressiveDrafter:
     options = {"eagle3_layer": True} | options
-    return randomise(AutoregressiveDrafter(target, AutoregressiveDrafterConfig("eagle", GAMMA, 1, 64,
-                                                                               draft_vocab=vocab, **options)), vocab)  # fmt: skip
+    config = AutoregressiveDrafterConfig("eagle", GAMMA, 1, 64, draft_vocab=vocab, **options)
+    return randomise(AutoregressiveDrafter(target, config, vocabulary(target, vocab)), vocab)
 
 
 def propose(drafter, target, temperature: float = 1.0, seed: int = 0):

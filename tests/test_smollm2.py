@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from dspark.decoding import generate
-from dspark.drafters.registry import DRAFTER_NAMES, default_path, get_drafter
+from dspark.drafters.registry import DRAFTER_NAMES, default_path
 from dspark.lab.data.prompt_files import read_prompts
+from dspark.lab.exporting.exported import get_drafter
 from dspark.lab.pretrained import load_pretrained
 from dspark.lab.training.drafters import new_drafter
 from dspark.sampling import SamplingParams

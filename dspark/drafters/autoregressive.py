@@ -35,8 +35,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from dspark.drafters.base import Drafter, Proposal, TargetFeatures
-from dspark.drafters.vocab import DraftVocabulary
+from dspark.drafters.base import Drafter, Proposal, TargetFeatures, scored_vocabulary
 from dspark.kv_cache import KVCache
 from dspark.model import (
     Attention,
@@ -90,7 +89,7 @@ class AutoregressiveDrafterConfig:
     max_gamma: int = 7  # longest block it may draft (MTP: 1)
     n_layers: int = 1  # decoder layers of the drafter
     ffn_hidden: int = 688  # SwiGLU width of its decoder layer
-    draft_vocab: int = 0  # K: score only the K most frequent target ids (drafters/vocab.py); 0 = all of them
+    draft_vocab: int = 0  # K: score only the K most frequent target ids (the lab's draft_vocab.py); 0 = all
     eagle3_layer: bool = False  # eagle: EAGLE-3's own layer (`Eagle3Layer`: no W_in, 2·dim attention input)
 
     def __post_init__(self) -> None:
@@ -109,7 +108,9 @@ class AutoregressiveDrafterConfig:
 
 
 class AutoregressiveDrafter(Drafter):
-    def __init__(self, target: Transformer, config: AutoregressiveDrafterConfig) -> None:
+    def __init__(
+        self, target: Transformer, config: AutoregressiveDrafterConfig, vocab: nn.Module | None = None
+    ) -> None:
         super().__init__()
         tc = target.config
         self.config, self.name, self.max_gamma = config, config.kind, config.max_gamma
@@ -124,7 +125,7 @@ class AutoregressiveDrafter(Drafter):
             self.w_in = nn.Linear(2 * tc.dim, tc.dim, bias=False)
             self.layers = nn.ModuleList(Block(self.layer_config) for _ in range(config.n_layers))
         self.out_norm = RMSNorm(tc.dim, tc.norm_eps)
-        self.vocab = DraftVocabulary(target, config.draft_vocab)  # what the drafter scores: V or K ids
+        self.vocab = scored_vocabulary(target, config.draft_vocab, vocab)  # what it scores: V or K ids
         cos, sin = rope_table(self.layer_config)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)

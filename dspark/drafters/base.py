@@ -88,6 +88,43 @@ class TargetFeatures:
         return self.taps.flatten(-2)
 
 
+class Vocabulary(nn.Module):
+    """What a drafter scores: here the target's whole vocabulary, so draft indices are target ids (the lab's
+    `DraftVocabulary` scores K of them: dspark/lab/draft_vocab.py, for large real vocabularies)."""
+
+    size = 0  # K: 0, no reduced vocabulary (the lab's has `ids`, the K target ids)
+
+    def __init__(self, target: nn.Module) -> None:
+        super().__init__()
+        self._target = (target,)  # frozen and shared: its head rows are read, never trained
+        self.target_vocab = self.n_out = self.n_prev = target.config.vocab_size
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """(..., dim) -> (..., V): the target's frozen LM head."""
+        target = self._target[0]
+        return target.project_to_vocab(normed, target.lm_head.weight)
+
+    def output_rows(self) -> torch.Tensor:
+        """(V, dim): the target's LM-head rows."""
+        return self._target[0].lm_head.weight.detach()
+
+    def to_draft(self, ids: torch.Tensor) -> torch.Tensor:
+        """Target ids <-> draft indices, and probabilities over one <-> over the other: all the identity here."""
+        return ids
+
+    to_target = expand = restrict = to_draft
+
+
+def scored_vocabulary(target: nn.Module, size: int, vocab: nn.Module | None = None) -> nn.Module:
+    """What a drafter built for `size` draft ids (its config's `draft_vocab`) scores: `vocab` if given (the lab's
+    DraftVocabulary), else the whole vocabulary; a mismatch is a ValueError."""
+    vocab = vocab if vocab is not None else Vocabulary(target)
+    if vocab.size != size:
+        raise ValueError(f"the drafter's config scores {size or 'all'} ids, its vocabulary {vocab.size or 'all'}; "
+                         "a reduced one is built by the lab (dspark.lab.draft_vocab.DraftVocabulary)")  # fmt: skip
+    return vocab
+
+
 class Drafter(nn.Module):
     """Base class; subclasses implement `reset`, `propose` and optionally `release`."""
 

@@ -49,8 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark.device import generator_uniforms, to_host, use_kernel
-from dspark.drafters.base import Drafter, Proposal, TargetFeatures
-from dspark.drafters.vocab import DraftVocabulary
+from dspark.drafters.base import Drafter, Proposal, TargetFeatures, scored_vocabulary
 from dspark.kv_cache import KVCache
 from dspark.model import (
     Block,
@@ -149,7 +148,7 @@ class ParallelDrafterConfig:
     ffn_hidden: int = 688  # SwiGLU width of each backbone layer
     rank: int = 64  # r of W1 (V x r) and W2 (r x V); 0 for dflash
     mask_id: int = SPECIAL_TOKENS.index(MASK)  # token that fills the γ-1 future slots (<|mask|>)
-    draft_vocab: int = 0  # K: score only the K most frequent target ids (drafters/vocab.py); 0 = all of them
+    draft_vocab: int = 0  # K: score only the K most frequent target ids (the lab's draft_vocab.py); 0 = all
     qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3's q_norm/k_norm); old JSONs: off
 
     def __post_init__(self) -> None:
@@ -172,7 +171,9 @@ class ParallelDrafterConfig:
 
 
 class ParallelDrafter(Drafter):
-    def __init__(self, target: Transformer, config: ParallelDrafterConfig) -> None:
+    def __init__(
+        self, target: Transformer, config: ParallelDrafterConfig, vocab: nn.Module | None = None
+    ) -> None:
         super().__init__()
         tc = target.config
         self.config, self.name, self.max_gamma = config, config.kind, config.gamma
@@ -181,7 +182,7 @@ class ParallelDrafter(Drafter):
         self.ctx_norm = RMSNorm(tc.dim, tc.norm_eps)
         self.layers = nn.ModuleList(Block(self.layer_config, config.qk_norm) for _ in range(config.n_layers))
         self.out_norm = RMSNorm(tc.dim, tc.norm_eps)
-        self.vocab = DraftVocabulary(target, config.draft_vocab)  # what the drafter scores: V or K ids
+        self.vocab = scored_vocabulary(target, config.draft_vocab, vocab)  # what it scores: V or K ids
         r = config.rank
         if r > 0:  # the sequential head (absent in DFlash); indexed by draft indices (+ "other" with K ids)
             self.w1 = nn.Embedding(self.vocab.n_prev, r)  # W1[x]: (r,)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from dspark import paths
 from dspark.checkpoint import CheckpointError, mismatch, read_checkpoint
@@ -59,8 +60,20 @@ def without_retired(config: dict, path: str | Path) -> dict:
     return {k: v for k, v in config.items() if k not in RETIRED}
 
 
-def load_drafter(path: str | Path, target: Transformer) -> Drafter:
-    """Rebuild a trained drafter for `target` from its checkpoint, on the target's device."""
+def whole_vocabulary(target: Transformer, size: int) -> None:
+    """The core's drafters score the whole vocabulary; one of K draft ids is the lab's to build."""
+    if size:
+        raise CheckpointError(f"this drafter scores a reduced vocabulary of {size} ids: the lab reads it "
+                              "(dspark.lab.exporting.exported.load_any), as every command does")  # fmt: skip
+
+
+def load_drafter(
+    path: str | Path,
+    target: Transformer,
+    vocabulary: Callable[[Transformer, int], nn.Module | None] = whole_vocabulary,
+) -> Drafter:
+    """Rebuild a trained drafter for `target` from its checkpoint, on the target's device; `vocabulary(target, K)`
+    builds what it scores (None: the whole vocabulary)."""
     if Path(path).is_dir():  # a folder in a serving engine's layout (python -m dspark.export, DeepSpec)
         raise CheckpointError(f"{path} is a folder in a serving engine's layout: the lab reads it "
                               "(dspark.lab.exporting.exported.load_any), as every command does")  # fmt: skip
@@ -71,10 +84,10 @@ def load_drafter(path: str | Path, target: Transformer) -> Drafter:
                               "as --drafter-checkpoint a drafter trained for it")  # fmt: skip
     try:
         config = without_retired(config, path)
-        if config.get("kind") in PARALLEL_KINDS:
-            drafter = ParallelDrafter(target, ParallelDrafterConfig(**config))
-        else:
-            drafter = AutoregressiveDrafter(target, AutoregressiveDrafterConfig(**config))
+        parallel = config.get("kind") in PARALLEL_KINDS
+        config = (ParallelDrafterConfig if parallel else AutoregressiveDrafterConfig)(**config)
+        vocab = vocabulary(target, config.draft_vocab)
+        drafter = (ParallelDrafter if parallel else AutoregressiveDrafter)(target, config, vocab)
     except (AttributeError, TypeError, ValueError) as exc:
         raise CheckpointError(f"drafter config of {path} is invalid ({exc}){other_target}") from None
     taps = record.get("meta", {}).get("tap_layers")  # the target layers it was trained on

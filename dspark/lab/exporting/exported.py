@@ -43,6 +43,7 @@ from dspark.drafters.base import Drafter
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from dspark.drafters.registry import load_drafter
 from dspark.lab.cpu_speed import fast_on_cpu
+from dspark.lab.draft_vocab import vocabulary
 from dspark.lab.exporting.hf_layout import draft_ids, head_rows, load_eagle3, load_parallel
 from dspark.model import Transformer, cast_keeping_rope
 
@@ -158,7 +159,7 @@ def parallel_drafter(config: dict, tensors: dict, extra: dict, target: Transform
             draft_vocab=0 if ids is None else ids.shape[0],
             qk_norm="layers.0.self_attn.q_norm.weight" in tensors,
         )  # fmt: skip
-        drafter = ParallelDrafter(target, drafter_config)
+        drafter = ParallelDrafter(target, drafter_config, vocabulary(target, drafter_config.draft_vocab))
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{folder}: config.json does not describe a drafter this project can build "
                               f"({exc})") from None  # fmt: skip
@@ -185,7 +186,9 @@ def eagle3_drafter(config: dict, tensors: dict, extra: dict, target: Transformer
             "eagle", int(gamma), int(layer.get("num_hidden_layers", 1)), int(layer["intermediate_size"]),
             draft_vocab=0 if ids is None else ids.shape[0], eagle3_layer=True,
         )  # fmt: skip
-        drafter = AutoregressiveDrafter(target, drafter_config)
+        drafter = AutoregressiveDrafter(
+            target, drafter_config, vocabulary(target, drafter_config.draft_vocab)
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{folder}: config.json does not describe an EAGLE-3 drafter this project can "
                               f"build ({exc})") from None  # fmt: skip
@@ -225,7 +228,8 @@ def load_exported(folder: str | Path, target: Transformer) -> Drafter:
 def load_any(path: str | Path, target: Transformer) -> Drafter:
     """A drafter from a checkpoint (the core's `load_drafter`) or from a folder in a serving engine's layout,
     with the CPU speed path swapped in (`cpu_speed.fast_on_cpu`)."""
-    return fast_on_cpu(load_exported(path, target) if Path(path).is_dir() else load_drafter(path, target))
+    drafter = load_exported(path, target) if Path(path).is_dir() else load_drafter(path, target, vocabulary)
+    return fast_on_cpu(drafter)
 
 
 def get_drafter(

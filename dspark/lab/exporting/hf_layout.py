@@ -33,8 +33,8 @@ import torch
 
 from dspark.checkpoint import CheckpointError, mismatch
 from dspark.drafters.autoregressive import AutoregressiveDrafter
+from dspark.drafters.base import Vocabulary
 from dspark.drafters.parallel import ParallelDrafter
-from dspark.drafters.vocab import DraftVocabulary
 from dspark.lab.pretrained.llama import BLOCK_NAMES  # Llama block tensor names: HF suffix -> ours
 
 # this project's per-layer key -> the Hugging Face suffix (Llama's, plus Qwen3's per-head q/k norms)
@@ -54,12 +54,12 @@ EAGLE3_LAYER = {  # the EAGLE-3 layer's keys (its input norms are the drafter's)
 }  # fmt: skip
 
 
-def sorted_order(vocab: DraftVocabulary) -> torch.Tensor:
+def sorted_order(vocab: Vocabulary) -> torch.Tensor:
     """(K,) the draft indices in ascending target-id order (K = 0: empty)."""
     return torch.argsort(vocab.ids) if vocab.size else torch.empty(0, dtype=torch.long, device="cpu")
 
 
-def vocabulary_tensors(vocab: DraftVocabulary) -> dict[str, torch.Tensor]:
+def vocabulary_tensors(vocab: Vocabulary) -> dict[str, torch.Tensor]:
     """`d2t` int64 (K,) and `t2d` bool (V,) of a reduced draft vocabulary, ids ascending; {} without one."""
     if not vocab.size:
         return {}
@@ -69,7 +69,7 @@ def vocabulary_tensors(vocab: DraftVocabulary) -> dict[str, torch.Tensor]:
     return {"d2t": ids - torch.arange(vocab.size, device=ids.device), "t2d": t2d}
 
 
-def head_rows(vocab: DraftVocabulary) -> torch.Tensor:
+def head_rows(vocab: Vocabulary) -> torch.Tensor:
     """`lm_head` (K or V, dim): the target's head rows the drafter scores, ids ascending."""
     rows = vocab.output_rows().detach()
     return rows[sorted_order(vocab).to(rows.device)] if vocab.size else rows

@@ -20,10 +20,10 @@ import torch
 from dspark.device import model_device
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.registry import default_path
-from dspark.drafters.vocab import most_frequent
 from dspark.lab import storage
 from dspark.lab.cli import UsageError
 from dspark.lab.cpu_speed import fast_on_cpu
+from dspark.lab.draft_vocab import most_frequent
 from dspark.lab.machine import cpu_has_bf16
 from dspark.lab.train_commands.drafter_data import feature_caches, load_training_target
 from dspark.lab.training.drafters import DrafterTrainConfig, new_drafter

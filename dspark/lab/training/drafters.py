@@ -49,6 +49,7 @@ from dspark.drafters.autoregressive import AutoregressiveDrafter, Autoregressive
 from dspark.drafters.base import Drafter
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
+from dspark.lab.draft_vocab import vocabulary
 from dspark.lab.storage import save_checkpoint
 from dspark.lab.training.anchors import anchor_counts, candidate_counts, every_anchor, sample_anchors
 from dspark.lab.training.fast_loss import packed_backbone, soft_target_loss
@@ -421,7 +422,7 @@ def new_drafter(
                                        rank=ParallelDrafterConfig.rank if rank is None else rank,
                                        mask_id=min(ParallelDrafterConfig.mask_id, target.config.vocab_size - 1),
                                        draft_vocab=draft_vocab, qk_norm=qk_norm)  # fmt: skip
-        return ParallelDrafter(target, config)
+        return ParallelDrafter(target, config, vocabulary(target, draft_vocab))
     layers = layers or AutoregressiveDrafterConfig.n_layers
     config = AutoregressiveDrafterConfig(
         kind,
@@ -431,4 +432,4 @@ def new_drafter(
         draft_vocab=draft_vocab,
         eagle3_layer=eagle3_layer and kind == "eagle",
     )
-    return AutoregressiveDrafter(target, config)
+    return AutoregressiveDrafter(target, config, vocabulary(target, draft_vocab))

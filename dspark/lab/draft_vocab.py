@@ -19,15 +19,15 @@ The sequential head looks up the previous token in draft indices: `to_draft`
 maps a target id to its index, and every id outside the vocabulary to one
 extra index K ("other"), so an anchor outside the vocabulary still has a row.
 
-What this file does not do: choose K or count frequencies from data (the
-drafter trainer calls `most_frequent`), or train anything.
+The core's drafters score the whole vocabulary (`dspark.drafters.base.Vocabulary`); this subclass is
+handed to them by the lab's builders and loaders when a config's `draft_vocab` is K > 0.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import nn
 
+from dspark.drafters.base import Vocabulary
 from dspark.model import Transformer
 
 
@@ -43,37 +43,23 @@ def most_frequent(counts: torch.Tensor, size: int, keep: tuple[int, ...] = ()) -
     return torch.cat([forced, rest.long()])
 
 
-class DraftVocabulary(nn.Module):
-    """Maps between a drafter's output space and the target's vocabulary (identity when `size` is 0)."""
+class DraftVocabulary(Vocabulary):
+    """The K draft ids (`ids`, saved with the drafter) and the maps between draft indices and target ids."""
 
-    def __init__(self, target: Transformer, size: int = 0) -> None:
-        super().__init__()
+    def __init__(self, target: Transformer, size: int) -> None:
+        super().__init__(target)
         V = target.config.vocab_size
-        if not 0 <= size <= V:
-            raise ValueError(f"draft vocabulary size must be 0 (the whole {V}) or at most {V}, got {size}")
-        self.size, self.target_vocab = size, V
-        self._target = (target,)  # frozen and shared: its head rows are read, never trained
-        if size:
-            device = target.embed.weight.device
-            self.register_buffer(
-                "ids", torch.arange(size, device=device)
-            )  # (K,) target id of each draft index
-            self.register_buffer(
-                "to_draft_index", torch.empty(V, dtype=torch.long, device=device), persistent=False
-            )
-            self.register_buffer("head_rows", torch.empty(0, device=device), persistent=False)  # (K, dim)
-            self.register_load_state_dict_post_hook(lambda module, keys: module.refresh())
-            self.refresh()
-
-    @property
-    def n_out(self) -> int:
-        """Width of the drafter's logits: K, or the target's V."""
-        return self.size or self.target_vocab
-
-    @property
-    def n_prev(self) -> int:
-        """Rows a previous-token lookup needs: K + 1 ("other"), or V."""
-        return self.size + 1 if self.size else self.target_vocab
+        if not 0 < size <= V:
+            raise ValueError(f"a draft vocabulary has 1..{V} ids, got {size}")
+        self.size, self.n_out, self.n_prev = size, size, size + 1  # + 1: "other", every id off the K
+        device = target.embed.weight.device
+        self.register_buffer("ids", torch.arange(size, device=device))  # (K,) target id of each draft index
+        self.register_buffer(
+            "to_draft_index", torch.empty(V, dtype=torch.long, device=device), persistent=False
+        )
+        self.register_buffer("head_rows", torch.empty(0, device=device), persistent=False)  # (K, dim)
+        self.register_load_state_dict_post_hook(lambda module, keys: module.refresh())
+        self.refresh()
 
     def set_ids(self, ids: torch.Tensor) -> None:
         """Use these target ids (K distinct, in 0..V-1) as the draft vocabulary."""
@@ -92,8 +78,6 @@ class DraftVocabulary(nn.Module):
 
     def refresh(self) -> None:
         """Recompute the id map and the head rows from `ids` (after loading or setting them)."""
-        if not self.size:
-            return
         head = self._target[0].lm_head.weight
         self._check(self.ids)
         self.to_draft_index = torch.full(
@@ -103,40 +87,31 @@ class DraftVocabulary(nn.Module):
         self.head_rows = head.detach()[self.ids.to(head.device)].clone()
 
     def output_rows(self) -> torch.Tensor:
-        """(n_out, dim): the target's frozen LM-head row of every draft index."""
-        return self.head_rows if self.size else self._target[0].lm_head.weight.detach()
-
-    def previous_rows(self) -> torch.Tensor:
-        """(n_prev, dim): the target's frozen input embedding of every previous-token index (zeros for "other");
-        gathered on each call with a draft vocabulary (its caller keeps what it builds from them)."""
-        embed = self._target[0].embed.weight.detach()
-        if not self.size:
-            return embed
-        other = embed.new_zeros(1, embed.shape[1])  # "other" has no embedding of its own
-        return torch.cat([embed[self.ids.to(embed.device)], other])
+        """(K, dim): the target's frozen LM-head row of every draft index."""
+        return self.head_rows
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
-        """(..., dim) -> (..., n_out): the target's frozen LM head, restricted to the draft ids."""
-        if not self.size:
-            return self._target[0].project_to_vocab(normed, self._target[0].lm_head.weight)
+        """(..., dim) -> (..., K): the target's frozen LM head, restricted to the draft ids."""
         return self._target[0].project_to_vocab(normed, self.head_rows.to(normed.dtype))
 
     def to_draft(self, target_ids: torch.Tensor) -> torch.Tensor:
         """Target ids -> draft indices (K for an id outside the draft vocabulary)."""
-        return self.to_draft_index[target_ids] if self.size else target_ids
+        return self.to_draft_index[target_ids]
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft indices (< K) -> target ids."""
-        return self.ids[draft_ids] if self.size else draft_ids
+        return self.ids[draft_ids]
 
     def expand(self, probs: torch.Tensor) -> torch.Tensor:
         """(..., K) draft probabilities -> (..., V) over the target's vocabulary, zero off the draft ids."""
-        if not self.size:
-            return probs
         out = probs.new_zeros(*probs.shape[:-1], self.target_vocab)
-        # scatter_: 2-3x faster than index_copy_ along the last dimension
-        return out.scatter_(-1, self.ids.expand_as(probs), probs)
+        return out.scatter_(-1, self.ids.expand_as(probs), probs)  # scatter_: faster than index_copy_ here
 
     def restrict(self, probs: torch.Tensor) -> torch.Tensor:
         """(..., V) target probabilities -> (..., K) at the draft ids (the mass elsewhere is dropped)."""
-        return probs[..., self.ids] if self.size else probs
+        return probs[..., self.ids]
+
+
+def vocabulary(target: Transformer, size: int) -> Vocabulary | None:
+    """What a drafter of `draft_vocab` = size scores: a DraftVocabulary of K ids, or None (the whole one)."""
+    return DraftVocabulary(target, size) if size else None
