@@ -1,26 +1,11 @@
-"""A drafter's output vocabulary: the target's whole vocabulary, or a reduced draft vocabulary.
-
-A real target's vocabulary is large (SmolLM2: 49,152 ids), and a drafter that
-scores every id pays for the full LM head at every draft position -- about a
-fifth of a target decode step on a CPU. Most generated tokens come from a few
-thousand ids (SmolLM2: ids below 8k cover ~89%), so the drafter may score only
-the K most frequent ids of the target's own outputs:
+"""A drafter's output vocabulary: the target's whole vocabulary, or its K most frequent ids.
 
     U = LMHead_K(h)       the target's frozen head rows of those ids   (K,)
     q over the K ids,     q = 0 for every other id
 
-The drafts are sampled from q over the K ids and mapped back to target ids,
-and `expand` writes q into the full vocabulary with zeros elsewhere, so
-verification is unchanged and still lossless: a target token outside the draft
-vocabulary is never drafted, but the residual max(p - q, 0) gives it its full
-probability when a draft is rejected.
-
-The sequential head looks up the previous token in draft indices: `to_draft`
-maps a target id to its index, and every id outside the vocabulary to one
-extra index K ("other"), so an anchor outside the vocabulary still has a row.
-
-What this file does not do: choose K or count frequencies from data (the
-drafter trainer calls `most_frequent`), or train anything.
+Still lossless: `expand` writes q into the full vocabulary with zeros elsewhere, so an id off the K is
+never drafted, but the residual max(p - q, 0) gives it its full probability on a rejection. `to_draft`
+maps every id off the K to one extra index K ("other"), so any anchor has a row in W1.
 """
 
 from __future__ import annotations
@@ -55,9 +40,7 @@ class DraftVocabulary(nn.Module):
         self._target = (target,)  # frozen and shared: its head rows are read, never trained
         if size:
             device = target.embed.weight.device
-            self.register_buffer(
-                "ids", torch.arange(size, device=device)
-            )  # (K,) target id of each draft index
+            self.register_buffer("ids", torch.arange(size, device=device))  # (K,) target id of each index
             self.register_buffer(
                 "to_draft_index", torch.empty(V, dtype=torch.long, device=device), persistent=False
             )
@@ -107,8 +90,7 @@ class DraftVocabulary(nn.Module):
         return self.head_rows if self.size else self._target[0].lm_head.weight.detach()
 
     def previous_rows(self) -> torch.Tensor:
-        """(n_prev, dim): the target's frozen input embedding of every previous-token index (zeros for "other");
-        gathered on each call with a draft vocabulary (its caller keeps what it builds from them)."""
+        """(n_prev, dim): the target's frozen embedding of every previous-token index (zeros for "other")."""
         embed = self._target[0].embed.weight.detach()
         if not self.size:
             return embed
@@ -134,7 +116,6 @@ class DraftVocabulary(nn.Module):
         if not self.size:
             return probs
         out = probs.new_zeros(*probs.shape[:-1], self.target_vocab)
-        # scatter_: 2-3x faster than index_copy_ along the last dimension
         return out.scatter_(-1, self.ids.expand_as(probs), probs)
 
     def restrict(self, probs: torch.Tensor) -> torch.Tensor:
