@@ -11,10 +11,7 @@ The public API, in the order the data flows (README "Architecture"):
     result = speculative_generate(target, drafter, [tok.chat_prompt("Hi")], 64, SamplingParams(0.0), 7)
     print(tok.decode(result.tokens[0]), result.stats.tau)
 
-Everything else (the training pipelines, the offline study, the simulator, plots) is
-imported from the lab: `dspark.lab.training`, `dspark.lab.study`. Plain decoding is
-`dspark.decoding.generate`; it is not re-exported here, because
-`dspark.generate` is the command module (`python -m dspark.generate`).
+Plain decoding is `dspark.decoding.generate` (not re-exported: `dspark.generate` is the command).
 """
 
 # ruff: noqa: E402 (the Ctrl-C hook below is set before the imports that load torch)
@@ -25,8 +22,8 @@ import sys as _sys
 def _interrupted(
     kind: type[BaseException], value: BaseException, tb: object, previous=_sys.excepthook
 ) -> None:
-    """Ctrl-C while `python -m dspark.<command>` is still importing torch: `interrupted` and exit status 130,
-    what `dspark.lab.cli.run_main` says once the command runs; every other error goes to the hook before."""
+    """Ctrl-C while `python -m dspark.<command>` is still importing torch: `interrupted`, exit status 130;
+    every other error goes to the previous hook."""
     if not issubclass(kind, KeyboardInterrupt):
         return previous(kind, value, tb)
     try:
@@ -37,7 +34,7 @@ def _interrupted(
     _os._exit(130)  # 128 + SIGINT; sys.exit is not allowed in an excepthook
 
 
-# before torch loads, and only for `python -m dspark...` (a program that imports dspark keeps Python's hook)
+# before torch loads, and only for `python -m dspark...`
 _argv = getattr(_sys, "orig_argv", [])
 _module = next((a[2:] or b for a, b in zip(_argv, [*_argv[1:], ""]) if a.startswith("-m")), "")
 if _module == "dspark" or _module.startswith("dspark."):

@@ -1,12 +1,5 @@
-"""Saving and loading model weights: safetensors + a JSON config beside them.
-
-`model.safetensors` holds the tensors; `model.json` holds
-`{"config": {...}, "meta": {...}}` where meta records how the weights were made
-(training steps, validation losses, corpus hash). Shipped checkpoints are
-stored in fp16 to keep the repository small and loaded back as fp32.
-
-Every failure to read a checkpoint becomes a `CheckpointError` with a sentence
-a user can act on; CLIs print it without a traceback.
+"""Loading model weights: `model.safetensors` (stored fp16, loaded fp32) and its twin `model.json`,
+`{"config": {...}, "meta": {...}}` (how the weights were made). Every failure is a one-line `CheckpointError`.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""Plain autoregressive generation for a batch of prompts (no drafter).
-
-Each prompt gets a KV-cache slot. One ragged prefill pass reads all prompts at
-once (different lengths, no padding outside attention); then every step feeds
-each unfinished request its last token and samples the next one. A request
-stops at EOS (kept as its last token), after `max_new_tokens`, or when its
-slot's context is full. This is the baseline every speculative path must
-reproduce token for token at temperature 0.
-
-Tensors live on the model's device; each step reads the sampled tokens back to
-the host once (to emit them and check the stops) and the forward pass once
-(its ragged index, dspark/model.py).
-
-What this file does not do: drafting or verification, scheduling requests
-that arrive over time (that is the serving engine's job).
+"""Plain autoregressive generation for a batch of prompts: the tokens every speculative path must
+reproduce at temperature 0. One ragged prefill pass, then one token per unfinished request per step, until
+EOS (kept), `max_new_tokens` or a full context. Each step reads the host twice: the sampled tokens, and the
+forward pass's ragged index.
 """
 
 from __future__ import annotations
@@ -53,8 +42,8 @@ def is_integer(value: object) -> bool:
 
 
 def check_token_ids(ids: list[int], vocab_size: int | None, what: str) -> None:
-    """Raise ValueError unless every id of `ids` (host ints) is an integer in 0..vocab_size-1 (`what` names the
-    list in the message, e.g. "prompt 2"); torch would otherwise truncate a float or fail with a bare IndexError."""
+    """Raise ValueError unless every id of `ids` (host ints) is an integer in 0..vocab_size-1 (`what` names
+    the list, e.g. "prompt 2"); torch would truncate a float or raise a bare IndexError."""
     for j, t in enumerate(ids, start=1):
         if not is_integer(t):
             raise ValueError(f"{what}: token {j} is {t!r}, not an integer token id")
@@ -72,10 +61,8 @@ def check_max_new_tokens(max_new_tokens: object) -> None:
 def check_prompts(
     prompts: list[list[int]], context: int, vocab_size: int | None = None, names: list[str] | None = None
 ) -> None:
-    """Raise ValueError for no prompts, an empty prompt, one that leaves no room to generate, or (with
-    `vocab_size`) one holding an id that is not an integer in 0..vocab_size-1. Prompts are numbered from 1,
-    or called by `names` (e.g. "FILE line 3" for a prompts file). Checked once per call, on the host lists,
-    before anything reaches the model."""
+    """Raise ValueError for no prompts, an empty prompt, one with no room to generate, or (with `vocab_size`)
+    a bad id. Prompts are numbered from 1, or called by `names` (e.g. "FILE line 3")."""
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError("no prompts given" if not prompts else "prompts must be a list of token-id lists")
     for i, p in enumerate(prompts, start=1):

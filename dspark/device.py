@@ -1,30 +1,11 @@
-"""Where tensors live, and every host <-> device crossing of the hot paths, counted.
+"""Where tensors live, every host read of the hot paths counted, and kernel-or-reference per call.
 
-The rule: **a tensor is made on the device of the data it goes with.** The engine and
-plain decoding use the model's device (`model_device(target)`, its embedding's);
-a drafter, its own weights' (moved with the target: `drafters.registry.load_drafter`);
-the pure functions -- sampling, verify, the scheduler, the calibration metrics -- the
-device of their input tensors. Nothing is made on torch's default device, which
-`tests/test_device.py` checks by running everything inside `with torch.device("meta")`.
-
-One exception, on purpose: random uniforms are drawn from a `torch.Generator` on the
-generator's own device (a CPU generator by default) and then moved (`generator_uniforms`), so
-the same seed gives the same tokens on a CPU and on a GPU.
-
-Host syncs. Reading a device tensor on the host (`.tolist()`, `int(t)`, `.item()`,
-a Python loop over it) waits for everything queued on the device. The hot paths do it
-only where the host must decide something (a shape, a stop, a record), always through
-`to_host(tensor, reason)`, which counts it under its reason (`host_sync_counts`), so
-the engine can report syncs per step honestly (`EngineResult.host_syncs`). Uploads of
-host values (`upload`) do not wait for the device: a pageable host buffer is staged by
-the driver and the copy is queued (`non_blocking=True`).
-
-Kernels. Four hot paths have a Triton kernel (`kernels/`): the Markov-head block sampler, the rejection
-sampler, the ragged verify attention and the prefix scheduler. Each has one PyTorch reference beside a
-dispatching function that asks `use_kernel(...)`. Modes (`set_kernel_mode`, or DSPARK_KERNELS): "auto"
-(default: the kernel for CUDA tensors, the reference on CPU; without Triton, the reference after a one-line
-notice), "reference" (always), "triton" (always; CPU tensors only under Triton's interpreter,
-TRITON_INTERPRET=1 set before the kernel modules are imported). This file never imports Triton itself.
+The rule: **a tensor is made on the device of the data it goes with** (the model's, a drafter's weights',
+or the inputs'), never torch's default device. The one exception: uniforms are drawn on the generator's own
+device and moved, so a seed gives the same tokens on CPU and GPU. A host read waits for the device, so hot
+paths read only where the host must decide (a shape, a stop), through `to_host`, which counts it.
+`use_kernel` picks a Triton kernel or the PyTorch reference; modes via `set_kernel_mode` or DSPARK_KERNELS:
+"auto" (kernel on CUDA tensors), "reference", "triton" (on CPU only with TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
@@ -46,8 +27,7 @@ def model_device(module: torch.nn.Module) -> torch.device:
 
 def to_host(tensor: torch.Tensor, reason: str):
     """`tensor.tolist()`, counted under `reason`: the one way the hot paths read a device tensor.
-    Not counted inside code that `torch.compile` traces (a counter there would be guarded on and
-    recompile every call); `tolist` is a graph break there anyway."""
+    Not counted under `torch.compile` (a counter there recompiles every call)."""
     if not torch.compiler.is_compiling():
         _SYNCS[reason] += 1
     return tensor.tolist()
@@ -74,13 +54,12 @@ def generator_uniforms(
     device: torch.device,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """U[0, 1) of `shape` drawn from `generator` on its own device, then moved to `device`:
-    the same draws on every device for the same seed."""
+    """U[0, 1) of `shape` drawn on `generator`'s device, then moved: the same draws on every device."""
     drawn = torch.rand(shape, generator=generator, device=generator.device, dtype=dtype)
     return drawn.to(device, non_blocking=True)
 
 
-# ---- which implementation runs a hot path: a Triton kernel or its PyTorch reference ----------------------
+# ---- a hot path runs its Triton kernel or its PyTorch reference ----
 KERNEL_MODES = ("auto", "triton", "reference")
 
 
@@ -95,8 +74,7 @@ _mode: str | None = None  # set by set_kernel_mode; None: DSPARK_KERNELS decides
 
 
 def kernel_mode() -> str:
-    """The mode in force. DSPARK_KERNELS is read here, not at import, so a bad value is reported by the
-    command that needs it (one line) instead of breaking every `import dspark`."""
+    """The mode in force; DSPARK_KERNELS is read here, not at import, so a bad value breaks no import."""
     return _mode if _mode is not None else _mode_from_env()
 
 

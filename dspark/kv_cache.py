@@ -9,21 +9,9 @@ Layout (gpt-fast style, but ragged):
       slot 1 | k0 k1 . . . . . . . . . . |  length 2
       slot 2 | (free)                    |  length 0
 
-A forward pass appends a *block* of tokens to each participating slot (a whole
-prompt at prefill, one token when decoding, anchor + drafts when verifying);
-every slot's block may have a different length. The model writes the new
-keys/values at positions `lengths[slot] + 0..block_len-1` and then calls
-`advance`. Rolling back after rejected drafts is just lowering `lengths`: the
-stale entries beyond the length are never read and get overwritten later.
-
-Everything lives on the `device` given at construction (`Transformer.new_cache` passes
-the model's). The hot paths never call `rollback`, which reads the length back
-to the host: a pass checks the room in its ragged index (`model.RaggedIndex`)
-and the engine rolls back all requests at once by writing `lengths[slots]` on
-the device.
-
-What this file does not do: attention itself (see `model.py`), or paging.
-"""
+A pass writes each slot's block (a prompt, one token, or anchor + drafts) at `lengths[slot] + 0..len-1`,
+then calls `advance`. Rolling back rejected drafts is just lowering `lengths`: stale entries are never read.
+Hot paths never call `rollback` (a host read); the engine writes `lengths[slots]` on the device."""
 
 from __future__ import annotations
 
@@ -72,7 +60,6 @@ class KVCache:
     def n_free(self) -> int:
         return len(self._free)
 
-    # ---- slot ownership -----------------------------------------------------
     def allocate(self) -> int:
         """Claim a free slot (length 0) for a new request."""
         if not self._free:
@@ -91,7 +78,6 @@ class KVCache:
         self._free.append(slot)
         self._free.sort()
 
-    # ---- lengths --------------------------------------------------------------
     def advance(self, slots: torch.Tensor, block_lens: torch.Tensor) -> None:
         """Mark `block_lens` more positions of each slot in `slots` as valid."""
         self.lengths[slots] += block_lens

@@ -1,19 +1,9 @@
-"""The target language model: a small Llama-style decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention,
-the LM head tied to the token embedding).
+"""The target: a small Llama-style decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention, tied LM head).
 
-One model, two entry points:
-  * `forward(tokens)` -- a plain (B, T) causal pass without a cache: training, and the ground truth the
-    cached path is tested against;
-  * `forward_cached(tokens, slots, block_lens, cache)` -- appends a ragged block to each listed KV-cache slot
-    (a prompt at prefill, one token when decoding, anchor + γ drafts when verifying). Tokens of all requests
-    arrive flattened into one (N,) vector; inside a block attention is causal, and every token sees its own
-    slot's cache in full. Both can return the residual stream after the "tap" layers drafters read
-    (walkthrough/DESIGN.md section 2).
-
-Attention has one PyTorch path, `ragged_attention_reference` (gather the slots' keys, pad the blocks to the
-longest *inside the attention op only*, SDPA under a mask), and `ragged_attention` dispatches to the Triton
-kernel in `kernels/ragged_attention.py` when `dspark.device.use_kernel` says so. What this file does not do: sampling,
-generation loops, drafting, or the CPU speed paths (dspark/lab/cpu_speed.py swaps them in).
+`forward(tokens)` is a plain (B, T) causal pass (training, and the reference). `forward_cached` appends a
+ragged block to each KV-cache slot (a prompt, one token, or anchor + γ drafts), all requests' tokens flat in
+one (N,) vector. Both can return the "tap" layers drafters read (walkthrough/DESIGN.md §2). Look at
+`RaggedIndex` and `ragged_attention_reference`: pad blocks inside attention only, SDPA under a mask.
 """
 
 from __future__ import annotations
@@ -43,9 +33,7 @@ class ModelConfig:
     rope_theta: float = 10000.0  # RoPE base frequency
     norm_eps: float = 1e-5  # RMSNorm epsilon
     tie_embeddings: bool = True  # LM head shares the token-embedding matrix
-    # Layers whose outputs drafters read as context features (0-based block
-    # index; the value is the residual stream after that block). Evenly spaced
-    # from the first to the third-to-last, as in walkthrough/DESIGN.md section 2.
+    # blocks whose output (the residual stream) drafters read as features (DESIGN.md §2)
     tap_layers: tuple[int, ...] = (0, 2, 3)
 
     def __post_init__(self) -> None:
@@ -129,10 +117,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 @dataclass(eq=False)
 class RaggedIndex:
-    """Index bookkeeping for one ragged forward, shared by all layers (as nano-vllm's `Context`), made by
-    `build` before the cache lengths advance. Tokens are flat, slot-major: request r (0..S-1) owns flat tokens
-    cu_seqlens[r]..cu_seqlens[r+1]-1. The attention kernel reads slots, starts, cu_seqlens, slot_index and
-    block_max."""
+    """Index bookkeeping for one ragged forward, shared by all layers (nano-vllm's `Context`). Tokens are
+    flat, slot-major: request r owns flat tokens cu_seqlens[r]..cu_seqlens[r+1]-1."""
 
     slots: Tensor  # (S,) cache slots
     block_lens: Tensor  # (S,) tokens appended to each
@@ -152,8 +138,7 @@ class RaggedIndex:
     @classmethod
     def build(cls, slots: Tensor, block_lens: Tensor, starts: Tensor, context: int) -> RaggedIndex:
         """The index of a pass appending block_lens (S,) tokens to `slots` (S,) after `starts` (S,) cached
-        positions, in a cache of `context` positions. Reads the host once (the pass's shapes and the checks);
-        refuses a negative length and a block that would overflow the cache."""
+        positions. One host read (shapes and checks); refuses a negative length or a cache overflow."""
         ends = starts + block_lens  # (S,) each slot's length after the pass
         facts = torch.stack([block_lens.max(), ends.max(), block_lens.sum(), block_lens.min()])
         block_max, kv_len, n_tokens, shortest = to_host(facts, "ragged index: shapes and checks")
@@ -182,12 +167,9 @@ def masked_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> T
 def ragged_attention_reference(
     q: Tensor, layer_keys: Tensor, layer_values: Tensor, rb: RaggedIndex
 ) -> Tensor:
-    """Variable-length verify attention (paper §5.3), the PyTorch reference.
-
-    q: (N, H, hd) flat queries of all blocks; layer_keys/values: one layer of the cache, (n_slots_total, Hkv,
-    T_max, hd), the blocks' own keys already written. Token i of a block sees its slot's cache before the
-    block and the block up to itself. Gathers the slots' keys, pads every block to the longest, runs SDPA
-    with `rb.mask` and unpads. Returns (N, H, hd) in q's dtype."""
+    """Variable-length verify attention (paper §5.3), the PyTorch reference: q (N, H, hd) against one cache
+    layer (n_slots, Hkv, T_max, hd), the blocks' keys already written -> (N, H, hd). Token i of a block sees
+    its slot's cache and its block up to itself."""
     keys = layer_keys[rb.slots, :, : rb.kv_len].to(q.dtype)  # (S, Hkv, L, hd)
     values = layer_values[rb.slots, :, : rb.kv_len].to(q.dtype)
     q_pad = q.new_zeros(len(rb.slots), rb.block_max, *q.shape[1:])  # (S, Tb, H, hd)
@@ -208,12 +190,10 @@ def ragged_attention(q: Tensor, layer_keys: Tensor, layer_values: Tensor, rb: Ra
 
 
 class Attention(nn.Module):
-    """Grouped-query attention. `qk_norm`: a per-head RMSNorm on q and k before RoPE (Qwen3's `q_norm` /
-    `k_norm`; the drafter layers' option, the target has none); `in_dim`: the width q/k/v read (default
-    `dim`; 2·dim in the EAGLE-3 layer)."""
+    """Grouped-query attention. `qk_norm`: per-head RMSNorm on q and k before RoPE (Qwen3; drafter layers
+    only); `in_dim`: the width q/k/v read (2·dim in the EAGLE-3 layer)."""
 
-    # how it attends: ragged blocks against the cache, and padded blocks under a mask (a parallel drafter's);
-    # plain here, dspark/lab/cpu_speed.py swaps both on a CPU where another path pays
+    # ragged blocks against the cache, padded blocks under a mask; the lab may swap both
     attend = staticmethod(ragged_attention)
     attend_masked = staticmethod(masked_attention)
 
@@ -238,8 +218,7 @@ class Attention(nn.Module):
         return apply_rope(q, cos, sin), self.rotated_keys(x, cos, sin), v
 
     def rotated_keys(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """The keys of x (..., in_dim): (..., Hkv, hd), normed per head if so built, then rotated -- what
-        `_qkv` returns as k, and what a parallel drafter's context features become (`context_kv`)."""
+        """The keys of x (..., in_dim): (..., Hkv, hd), normed per head if so built, then rotated."""
         k = self.wk(x).view(*x.shape[:-1], self.n_kv_heads, self.head_dim)
         if self.k_norm is not None:
             k = self.k_norm(k)
@@ -293,10 +272,8 @@ class Block(nn.Module):
 
 def run_blocks_cached(blocks: nn.ModuleList, x: Tensor, rb: RaggedIndex, cache: KVCache, rope_cos: Tensor,
                       rope_sin: Tensor, tap_layers: tuple[int, ...] = ()) -> tuple[Tensor, list[Tensor] | None]:  # fmt: skip
-    """Run pre-norm blocks over flat inputs x: (N, dim), block i using cache layer i. Shared by the target and
-    by drafters that keep their own small KV cache (a block's `attention_input` and `residual` say how it reads
-    x: the EAGLE-3 layer's x is wider). Does not advance the cache lengths (the caller does, once). Returns the
-    output (N, dim) and the residual stream after each layer in `tap_layers`."""
+    """Run pre-norm blocks over flat x (N, dim), block i on cache layer i (the target's, or a drafter's own).
+    Does not advance the cache lengths. Returns (N, dim) and the residual stream after each tap layer."""
     cos, sin = rope_cos[rb.positions, None], rope_sin[rb.positions, None]  # (N, 1, hd/2)
     taps = [] if tap_layers else None
     for i, block in enumerate(blocks):
@@ -308,8 +285,7 @@ def run_blocks_cached(blocks: nn.ModuleList, x: Tensor, rb: RaggedIndex, cache: 
 
 
 def cast_keeping_rope(module: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """`module.to(dtype)` except its `rope_cos`/`rope_sin` tables, which stay fp32 (bf16 angles would be ~0.4%
-    off). For the target and for drafters, which hold their own tables. Returns the module."""
+    """`module.to(dtype)` except its RoPE tables, which stay fp32 (bf16 angles are visibly off)."""
     cos, sin = module.rope_cos, module.rope_sin
     module.to(dtype)
     module.rope_cos, module.rope_sin = cos, sin
@@ -317,8 +293,7 @@ def cast_keeping_rope(module: nn.Module, dtype: torch.dtype) -> nn.Module:
 
 
 class Transformer(nn.Module):
-    # logits x Wᵀ of an LM head (this one, and a drafter's rows of it), and how this model's projections
-    # compute: plain here; dspark/lab/cpu_speed.py swaps both on a CPU where another order pays
+    # x Wᵀ of LM heads, and the name of how projections compute; the lab may swap both on a CPU
     project_to_vocab = staticmethod(F.linear)
     speed_paths = "F.linear"
 
@@ -348,14 +323,13 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def cast(self, dtype: torch.dtype) -> Transformer:
-        """Weights (and so the KV cache `new_cache` makes) in `dtype`; the RoPE tables stay fp32. Returns self."""
+        """Weights (and so the KV cache `new_cache` makes) in `dtype`; RoPE tables stay fp32. Returns self."""
         return cast_keeping_rope(self, dtype)
 
     def new_cache(
         self, n_slots: int, dtype: torch.dtype | None = None, max_seq_len: int | None = None
     ) -> KVCache:
-        """A KV cache for `n_slots` requests of up to `max_seq_len` tokens (default: the whole context; a
-        smaller one for short requests of a long-context model saves allocating and zeroing gigabytes)."""
+        """A KV cache for `n_slots` requests of up to `max_seq_len` tokens (default: the whole context)."""
         dtype = dtype or self.embed.weight.dtype
         c = self.config
         length = min(max_seq_len or c.max_seq_len, c.max_seq_len)
@@ -387,12 +361,9 @@ class Transformer(nn.Module):
                        logits_at: Tensor | None = None) -> ModelOutput:  # fmt: skip
         """Append a ragged block per slot and return logits for the new tokens.
 
-        tokens: (N,) flat, slot-major: the first block_lens[0] belong to slots[0], and so on. slots,
-        block_lens: (S,) int64, block_lens >= 1, slots distinct. Returns logits (N, V), or (S, V) for each
-        block's last token with last_only=True (prefill, without taps or hidden states elsewhere), or logits
-        only at the flat positions `logits_at` (M,) -> (M, V) while the taps and hidden states cover all N (a
-        prefill whose drafter reads every prompt position: the LM head is the largest layer of a real target).
-        The cache lengths advance by block_lens; roll back with `cache.rollback`."""
+        tokens (N,) flat, slot-major; slots, block_lens (S,) int64, block_lens >= 1, slots distinct. Logits
+        (N, V); with last_only, (S, V) for each block's last token; with `logits_at` (M,), (M, V) at those
+        flat positions (taps and hidden still cover all N). The cache lengths advance by block_lens."""
         if tokens.dim() != 1 or slots.dim() != 1 or slots.shape != block_lens.shape:
             raise ValueError("tokens must be (N,), slots and block_lens both (S,)")
         if slots.shape[0] == 0:

@@ -1,5 +1,4 @@
-"""Where the shipped artefacts live: inside the package under `dspark/assets/`, so a fresh clone works at once
-(what the lab's commands produce goes under DSPARK_HOME: dspark/lab/storage.py)."""
+"""Where the shipped artefacts live: `dspark/assets/`, inside the package, so a fresh clone works at once."""
 
 from __future__ import annotations
 

@@ -1,22 +1,10 @@
-"""Logits -> probabilities -> tokens, the one place where this happens.
+"""Logits -> fp32 probabilities -> tokens, the one place where this happens.
 
-`SamplingParams` (temperature, top-k, top-p) turns logits into an fp32
-probability vector with `probabilities`; `sample_from_probs` draws from it by
-inverse-CDF with uniforms the caller supplies, and `sample` draws those
-uniforms from an explicit `torch.Generator`. Drafting and verification must
-use exactly these tensors: a token sampled from one distribution and judged
-with another breaks losslessness.
-
-Temperature 0 means greedy: the probability vector is one-hot on the argmax
-(ties go to the lowest token id, as `torch.argmax` documents), so greedy and
-sampled decoding share every code path.
-
-Everything is made on the device of the probabilities; sampling reads nothing back
-to the host.
-
-What this file does not do: rejection sampling (dspark/verify.py) or any
-randomness without a generator.
-"""
+`probabilities` applies `SamplingParams` (temperature, top-k, top-p); `sample_from_probs` draws by inverse
+CDF from uniforms the caller supplies. Drafting and verification must use exactly these tensors: a token
+sampled from one distribution and judged with another breaks losslessness. Temperature 0 is a one-hot
+argmax (ties to the lowest id), so greedy shares every code path. Sampling reads nothing back to the host
+(top-p's `nucleus` does, once)."""
 
 from __future__ import annotations
 
@@ -70,8 +58,7 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 def nucleus(probs: torch.Tensor, top_p: float, first: int = 256) -> torch.Tensor:
     """(..., V) probs kept on the smallest set of best tokens whose mass reaches `top_p`, renormalised.
-    Each row ranks its best `first` tokens (a top-k, far cheaper than sorting 49k ids); only the rows whose
-    nucleus is wider than that are sorted whole (the same set either way)."""
+    A top-`first` is far cheaper than sorting the vocabulary; rows whose nucleus is wider are sorted whole."""
     flat = probs.reshape(-1, probs.shape[-1])  # (N, V)
     kept = torch.zeros_like(flat)
 
@@ -92,31 +79,27 @@ def nucleus(probs: torch.Tensor, top_p: float, first: int = 256) -> torch.Tensor
 
 
 def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF sampling: (..., V) probs and (...) uniforms in [0, 1) -> (...) ids.
-
-    A token with zero probability is never returned: the search is over the
-    cumulative sum scaled by its own total, with right-sided ties, and capped at
-    the last token with positive probability."""
+    """Inverse-CDF sampling: (..., V) probs and (...) uniforms in [0, 1) -> (...) ids. Never returns a
+    zero-probability token (right-sided search, capped at the last positive token)."""
     cdf = probs.float().cumsum(-1)
     target = uniforms.float().unsqueeze(-1) * cdf[..., -1:]
     idx = torch.searchsorted(cdf.contiguous(), target.contiguous(), right=True).squeeze(-1)
     V = probs.shape[-1]
     chosen = probs.gather(-1, idx.clamp(max=V - 1).unsqueeze(-1)).squeeze(-1)
-    stray = (idx >= V) | (chosen <= 0)  # u·total rounded onto/past the end: cap at the last positive token
-    # applied unconditionally (a no-op where nothing strays), so there is no host sync to ask whether to
+    stray = (idx >= V) | (chosen <= 0)  # u·total rounded onto/past the end
+    # applied everywhere (a no-op where nothing strays): no host sync to ask whether to
     last_positive = V - 1 - (probs > 0).flip(-1).float().argmax(-1)
     return torch.where(stray, torch.minimum(idx, last_positive), idx)
 
 
 def draw_token(probs: torch.Tensor, uniforms: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """`sample_from_probs(probs, uniforms)` for probabilities made with `params`: at temperature 0 they are
-    one-hot and the draw is their argmax whatever the uniform, found without the cumulative sum."""
+    """`sample_from_probs(probs, uniforms)`; at temperature 0 the one-hot's argmax, without the cumsum."""
     return probs.argmax(-1) if params.greedy else sample_from_probs(probs, uniforms)
 
 
 def check_probabilities(probs: torch.Tensor) -> None:
-    """Raise ValueError unless every row of (..., V) `probs` is finite, non-negative and has positive mass
-    (an all-zero, NaN or negative row has no token to draw). One read of the device: for callers, not loops."""
+    """Raise ValueError unless every row of (..., V) `probs` is finite, non-negative and has positive mass.
+    One host read: for callers, not loops."""
     if probs.dim() == 0 or probs.shape[-1] == 0:
         raise ValueError(f"probabilities must have a vocabulary dimension, got shape {tuple(probs.shape)}")
     p = probs.float()
@@ -130,10 +113,8 @@ def check_probabilities(probs: torch.Tensor) -> None:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator, check: bool = True) -> torch.Tensor:
-    """(..., V) probs -> (...) ids on probs' device, uniforms drawn from `generator` on its own device
-    (the same tokens on every device for the same seed, dspark/device.py). The probabilities are checked
-    first (`check_probabilities`, one host read); decoding loops, whose probabilities come from
-    `probabilities`, pass `check=False` and read nothing back."""
+    """(..., V) probs -> (...) ids, uniforms drawn on `generator`'s device (same seed, same tokens on every
+    device). `check=False` skips `check_probabilities` (its host read): decoding loops pass it."""
     if check:
         check_probabilities(probs)
     return sample_from_probs(probs, generator_uniforms(tuple(probs.shape[:-1]), generator, probs.device))

@@ -1,16 +1,7 @@
-"""Byte-level BPE tokenizer and the chat format every sample uses.
+"""Byte-level BPE (`tokenizer.json`, via the `tokenizers` library) and the chat format every sample uses.
 
-`Tokenizer` wraps a byte-level BPE vocabulary (`tokenizer.json`, read with the `tokenizers` library; the
-lab trains it: dspark/lab/training/target.py), knows the special tokens and builds the token ids of a chat
-turn from a `ChatFormat`. The shipped tiny target uses `DSPARK_CHAT`:
-`<|bos|><|user|> prompt <|assistant|> response <|eos|>`; a pretrained instruct model brings its own
-(dspark/lab/pretrained/llama.py, e.g. SmolLM2's ChatML).
-
-What it does not do: no normalisation, no truncation, no padding, no Jinja
-(a pretrained model's template is recognised by `dspark.lab.pretrained`, not run).
-Text is split into pieces and special tokens are inserted as ids, never parsed
-out of user text, so a prompt that happens to contain "<|eos|>" stays plain
-text. Byte-level BPE round-trips every UTF-8 string exactly.
+The shipped target's `DSPARK_CHAT` is `<|bos|><|user|> prompt <|assistant|> response <|eos|>`. Special
+tokens are inserted as ids, never parsed out of user text: a prompt containing "<|eos|>" stays plain text.
 """
 
 from __future__ import annotations
@@ -33,10 +24,8 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, USER, ASSISTANT, MASK)  # ids 0..5, in this ord
 
 @dataclass(frozen=True)
 class ChatFormat:
-    """How one chat turn becomes text around the user's prompt and the reply.
-
-    The three strings are trusted template text: special-token strings in them
-    ARE special (the user's prompt and the reply never are)."""
+    """How one chat turn becomes text around the prompt and the reply. The three strings are trusted
+    template text: special-token strings in them ARE special (the prompt's and the reply's never are)."""
 
     name: str  # "dspark", "chatml" or "plain": recorded with results
     before_prompt: str  # what precedes the user's prompt (BOS, system turn, user header)
@@ -48,12 +37,8 @@ DSPARK_CHAT = ChatFormat("dspark", BOS + USER, ASSISTANT, EOS)
 
 
 class Tokenizer:
-    """Thin wrapper: text <-> ids, plus the special-token ids and the chat format.
-
-    `eos_id` is the id that ends a reply (`chat.end_of_reply`); `bos_id` the
-    first id of every prompt. `pad_id`, `mask_id`, `user_id` and
-    `assistant_id` are the shipped tokenizer's own specials (None in a
-    pretrained model's vocabulary that lacks them)."""
+    """Text <-> ids, the special-token ids and the chat format. `eos_id` ends a reply, `bos_id` starts every
+    prompt; `pad_id`, `mask_id`, `user_id`, `assistant_id` are None in a vocabulary that lacks them."""
 
     def __init__(self, backend: HFTokenizer, chat: ChatFormat = DSPARK_CHAT) -> None:
         self.backend, self.chat = backend, chat
@@ -80,7 +65,6 @@ class Tokenizer:
         """Trusted template text to ids: special-token strings in it become their ids."""
         return self.backend.encode(text, add_special_tokens=False).ids if text else []
 
-    # ---- construction -----------------------------------------------------
     @classmethod
     def load(cls, path: str | Path, chat: ChatFormat = DSPARK_CHAT) -> Tokenizer:
         path = Path(path)
@@ -95,7 +79,6 @@ class Tokenizer:
     def save(self, path: str | Path) -> None:
         self.backend.save(str(path))
 
-    # ---- text <-> ids -----------------------------------------------------
     @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size()
@@ -104,8 +87,7 @@ class Tokenizer:
         """Plain text to ids; special-token strings in `text` are NOT special."""
         if not text:
             return []
-        # The backend would turn a literal "<|eos|>" into the EOS id: text that
-        # contains a special-token string takes the slower literal path.
+        # the backend would turn a literal "<|eos|>" into the EOS id
         if any(s in text for s in self.special_strings):
             return self._encode_literal(text)
         return self.backend.encode(text, add_special_tokens=False).ids
@@ -131,15 +113,12 @@ class Tokenizer:
             ids = [i for i in ids if i not in self.special_ids]
         return self.backend.decode(ids, skip_special_tokens=False)
 
-    # ---- chat format --------------------------------------------------------
     def chat_prompt(self, prompt: str) -> list[int]:
-        """Ids of the prompt's turn up to where the reply starts (for the shipped tokenizer
-        `<|bos|><|user|>prompt<|assistant|>`): what generation starts from."""
+        """Ids of the turn up to where the reply starts (`<|bos|><|user|>prompt<|assistant|>`)."""
         return [*self._before, *self.encode(prompt), *self._after]
 
     def user_turn(self, opening: str = "") -> list[int]:
-        """Ids of a chat turn cut inside the user's message: the template up to where the user writes, then
-        `opening` (what a self-written instruction is sampled from: dspark/lab/data/instructions.py)."""
+        """Ids of a turn cut inside the user's message: the template, then `opening`."""
         return [*self._before, *self.encode(opening)]
 
     def chat_sample(self, prompt: str, response: str) -> list[int]:

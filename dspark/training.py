@@ -1,20 +1,13 @@
-"""How a drafter learns: DSpark's training objective over many packed blocks per sequence.
+"""How a drafter learns: DSpark's objective over many packed blocks per sequence (DESIGN.md section 3).
 
-For a batch of target-regenerated sequences and the frozen target's features of every token (`FeatureBatch`;
-walkthrough/DESIGN.md section 3, paper 3.3):
-  1. p_t, the target's distribution, is computed only at the supervised positions (`supervised_target_probs`);
-  2. the anchors a (response positions, no repeats) each form a block [x_a, MASK, ..., MASK] at positions
-     a..a+γ-1. All blocks of a sequence are packed into one backbone pass: a block sees the context
-     strictly before its own anchor and its own slots, never another block (`block_visibility`);
-  3. the sequential head is teacher-forced (it sees the true previous token);
-  4. loss = 0.1·L_ce + 0.9·L_tv + 1.0·L_conf (`BlockLoss`), each averaged with position weights
-     w_k = exp(-(k-1)/decay), decay 4 as in the reference trainer, where L_tv = ‖q_k − p_t‖₁ and the
-     confidence target is the detached c*_k = 1 − ½‖q_k − p_t‖₁. L_ce is against the sampled token, or with
-     `soft_ce` against p_t. DFlash (rank 0) trains with cross-entropy only, its original recipe
-     (`DFLASH_LOSS`); it has no confidence head.
+Each anchor a forms a block [x_a, MASK × (γ−1)]; all blocks of a sequence share one backbone pass, a
+block seeing the context strictly before its anchor and its own slots (`block_visibility`). The
+sequential head is teacher-forced. With position weights w_k = exp(−(k−1)/4):
 
-What this file does not do: the optimizer loop, the feature cache and the anchor sampler (dspark/lab/training/),
-whose trainer passes the CPU speed paths of the packed pass and the distance (fast_loss.py) to `block_losses`.
+    loss = 0.1·L_ce + 0.9·L_tv + 1.0·BCE(c_k, c*_k)
+    L_tv = ‖q_k − p_t‖₁,   c*_k = 1 − ½‖q_k − p_t‖₁ (detached)
+
+DFlash (rank 0) trains with cross-entropy only (`DFLASH_LOSS`).
 """
 
 from __future__ import annotations
@@ -43,8 +36,7 @@ class FeatureBatch:
     lse: torch.Tensor | None = None  # (B, T) float32 log-sum-exp of the target's logits (None: not known)
 
     def to(self, device: torch.device) -> FeatureBatch:
-        """The same batch with its tensors on `device`; lengths and prompt lengths stay on the host (the anchor
-        sampler reads them there)."""
+        """The batch on `device`; lengths and prompt lengths stay on the host (the anchor sampler reads them)."""
         move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
         return FeatureBatch(move(self.tokens), self.lengths, self.prompt_lens, move(self.taps),
                             move(self.last_hidden), move(self.lse))  # fmt: skip
@@ -57,12 +49,9 @@ class FeatureBatch:
 def supervised_target_probs(
     target: Transformer, batch: FeatureBatch, ids: torch.Tensor | None = None, chunk: int = 256
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """p_t only where a drafter is supervised: positions j in [P, L-2] of each row, whose next
-    token is a response token (anchors.py). Returns (probs (N + 1, V) fp32, row_of (B, T) long):
-    row_of[b, j] is the row of position j, or N -- an all-zero row -- where j is not supervised.
-    With `ids` (K,) only p_t at those ids is kept, (N + 1, K) -- a draft vocabulary's -- still
-    normalised over the whole vocabulary. Computed `chunk` rows at a time: a (N, V) fp32 tensor is
-    never held (SmolLM2: 49k ids, 200 MB for a batch)."""
+    """p_t at the supervised positions j in [P, L-2]: (probs (N + 1, V) fp32, row_of (B, T)), row_of[b, j]
+    its row or N, an all-zero row. With `ids` (K,) only those columns, still normalised over V. Built
+    `chunk` rows at a time so no (N, V) tensor is held."""
     B, T = batch.tokens.shape
     device = batch.tokens.device
     j = torch.arange(T, device=device)[None, :]
@@ -96,15 +85,14 @@ class BlockLoss:
     tv: float = 0.9  # weight of the total-variation term ‖q_k − p_t‖₁
     conf: float = 1.0  # weight of the confidence head's BCE against c*_k
     soft_ce: bool = False  # cross-entropy against p_t instead of the sampled response token
-    decay: float = 4.0  # position weight w_k = exp(-(k-1)/decay) (the paper writes γ; the reference uses 4)
+    decay: float = 4.0  # position weight w_k = exp(-(k-1)/decay)
 
 
 DFLASH_LOSS = BlockLoss(ce=1.0, tv=0.0, conf=0.0, decay=4.0)
 
 
 def block_visibility(anchors: torch.Tensor, T: int, gamma: int) -> torch.Tensor:
-    """(B, A·γ, T + A·γ) bool: slot s of block j sees context positions < anchor_j and
-    the γ slots of block j only."""
+    """(B, A·γ, T + A·γ) bool: a slot of block j sees context positions < anchor_j and block j's slots."""
     B, A = anchors.shape
     block_of = torch.arange(A * gamma, device=anchors.device) // gamma  # (A·γ,) which block each slot is in
     ctx = torch.arange(T, device=anchors.device)[None, None, :] < anchors[:, block_of, None]  # (B, A·γ, T)
@@ -115,9 +103,8 @@ def block_visibility(anchors: torch.Tensor, T: int, gamma: int) -> torch.Tensor:
 def packed_backbone(
     drafter: ParallelDrafter, h_ctx: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor
 ) -> torch.Tensor:
-    """`drafter.backbone` over all A blocks of each sequence in ONE pass: the A·γ slots attend to the T
-    context features and to every slot, masked by `block_visibility`. Returns (B, A, γ, dim).
-    h_ctx (B, T, dim) context features; anchors (B, A) positions in 0..T-1."""
+    """`drafter.backbone` over all A blocks of each sequence in ONE pass, masked by `block_visibility`.
+    h_ctx (B, T, dim); anchors (B, A). Returns (B, A, γ, dim)."""
     T, A, gamma = tokens.shape[1], anchors.shape[1], drafter.config.gamma
     block_pos = anchors[:, :, None] + torch.arange(gamma, device=tokens.device)  # (B, A, γ)
     block = torch.full_like(block_pos, drafter.mask_id)
@@ -149,11 +136,8 @@ def packed_blocks(
     last_hidden: torch.Tensor | None = None,
     backbone: Callable = packed_backbone,
 ):
-    """Backbone over all blocks of a batch at once: (head input h, U), (B, A, γ, dim) and (B, A, γ, V),
-    or with `keep` (B, A) bool only the kept blocks' (N, γ, dim) and (N, γ, V).
-
-    target_taps (B, T, n_taps, dim); anchors (B, A) positions in 0..T-1; last_hidden (B, T, dim) the
-    target's final hidden state, the rest of its features (a parallel drafter reads the taps)."""
+    """(h (B, A, γ, dim), U (B, A, γ, V)) of every block, or with `keep` (B, A) the kept ones' (N, γ, ·).
+    target_taps (B, T, n_taps, dim); anchors (B, A)."""
     h_ctx = drafter.context_features(TargetFeatures(target_taps, last_hidden))  # (B, T, dim), as at inference
     h = backbone(drafter, h_ctx, tokens, anchors)
     return drafter.block_outputs(h if keep is None else h[keep])
@@ -162,9 +146,8 @@ def packed_blocks(
 def block_slots(
     batch: FeatureBatch, anchors: torch.Tensor, valid_anchor: torch.Tensor, gamma: int, vocab: Vocabulary
 ) -> tuple[torch.Tensor, ...]:
-    """Where the γ slots of the N kept blocks read: (N,) the sequence of each block; (N, γ) the position of
-    each slot's previous token (clamped into the sequence), whether the token it predicts exists, that
-    previous token (teacher forcing) and the label, both in draft indices (K: outside the draft vocabulary)."""
+    """For the N kept blocks: row (N,); per slot (N, γ) the previous token's position (clamped), whether the
+    predicted token exists, the previous token (teacher forcing) and the label, both in draft indices."""
     (B, T), device = batch.tokens.shape, batch.tokens.device
     row = torch.arange(B, device=device)[:, None].expand_as(anchors)[valid_anchor]  # (N,)
     pos = anchors[valid_anchor][:, None] + torch.arange(gamma, device=device)  # (N, γ)
@@ -185,9 +168,8 @@ def position_terms(
     mass: torch.Tensor | None = None,
     distance: Callable = soft_target_loss,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N,) cross-entropy and ‖q − p_t‖₁ of one block position, q from `logits` (N, V or K), p_t the rows
-    `p_row` of `probs`. soft_ce False: CE against the sampled `label` (outside the draft vocabulary: no
-    log q). With a draft vocabulary p_t's mass off its ids (1 − `mass`, `probs.sum(-1)`) counts in full."""
+    """(N,) cross-entropy and ‖q − p_t‖₁ at one block position (q from `logits`, p_t = probs[p_row]).
+    With a draft vocabulary p_t's mass off its ids counts in full in the distance."""
     ce, tv, lse = distance(logits, probs, p_row)  # −Σ p_t log q, ‖q − p_t‖₁, log Σ exp
     if not soft_ce:
         in_vocab = label < vocab.n_out
@@ -209,13 +191,11 @@ def block_losses(
     target_probs: tuple[torch.Tensor, torch.Tensor] | None = None,
     speed: tuple[Callable, Callable] = (packed_backbone, soft_target_loss),
 ) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]:
-    """(total loss, mean c* per block position, the three loss terms) of the blocks at `anchors`
-    (B, A) where `valid_anchor` (B, A); `loss` defaults to DSpark's (DFlash: `DFLASH_LOSS`);
-    `target_probs`: supervised_target_probs(target, batch, the draft ids) if the caller has it already;
-    `speed`: the packed pass and the distance (the lab's trainer passes its faster equals)."""
+    """(total loss, mean c* per block position, the three terms) of the blocks at `anchors` (B, A) where
+    `valid_anchor`; `speed`: the packed pass and the distance (a trainer may pass faster equals)."""
     gamma, tokens, device = drafter.config.gamma, batch.tokens, batch.tokens.device
     loss = loss or (BlockLoss() if drafter.has_confidence else DFLASH_LOSS)
-    vocab = drafter.vocab  # with a draft vocabulary: q over its K ids, p_t at those ids (the rest is dropped)
+    vocab = drafter.vocab  # with a draft vocabulary: q and p_t over its K ids
     if target_probs is None:
         target_probs = supervised_target_probs(target, batch, vocab.ids if vocab.size else None)
     probs, row_of = target_probs  # (N + 1, K or V)

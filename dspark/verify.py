@@ -1,34 +1,11 @@
-"""Lossless verification of draft tokens: speculative rejection sampling.
+"""Lossless verification of draft tokens: speculative rejection sampling (walkthrough/DESIGN.md §8).
 
-For every request r the drafter proposed tokens x_1..x_γ, x_k sampled from
-its distribution q_k; the target scored the anchor and the drafts in one pass,
-giving p_0..p_γ (p_k is the target's distribution for the token after x_k,
-p_0 the one after the anchor, i.e. for draft position 1). Only the first ℓ_r
-drafts are *verified* (ℓ_r in 0..γ, chosen per request by a scheduler; the
-rest were never sent to the target).
-
-Left to right, draft k is accepted when  u_k · q_k(x_k) < p_{k-1}(x_k),
-i.e. with probability min(1, p/q). At the first rejection a replacement is
-sampled from the residual  norm(max(0, p_{k-1} − q_k)); if all ℓ_r drafts
-survive, a bonus token is sampled from p_ℓ. Either way the round yields
-accepted + 1 tokens and the output distribution is exactly the target's
-(Leviathan et al. 2023; walkthrough/DESIGN.md section 1).
-
-Greedy decoding needs no special case: at temperature 0 both p and q are
-one-hot, so a draft is accepted exactly when it equals the target's argmax,
-and the residual of a rejection is the target's one-hot argmax.
-`verify_greedy` is that case written out, for speed only: it compares the
-drafts with the target's argmax ids and never builds the (R, γ+1, V) one-hot
-tensors (tested equal to `verify_reference` on one-hot inputs).
-
-`verify` dispatches to a Triton kernel for CUDA tensors (dspark/device.py);
-`verify_reference` is the PyTorch ground truth the kernel is tested against.
-
-This is a pure function: all randomness comes in as uniforms, so the same
-uniforms always give the same answer (and tests can inject them). Its tensors
-are made on the inputs' device; the reference reads one thing back to the host,
-the check that every verify length is in 0..γ. Indexing:
-`target_probs[:, k]` is the distribution for draft position k+1.
+Request r drafted x_1..x_γ from q_1..q_γ; the target's one pass gave p_0..p_γ (`target_probs[:, k]` is for
+draft position k+1). Only the first ℓ_r ∈ 0..γ drafts (the scheduler's choice) are verified. Left to right,
+draft k is accepted when u_k · q_k(x_k) < p_{k-1}(x_k), i.e. with probability min(1, p/q); at the first
+rejection a token is drawn from norm(max(0, p_{k-1} − q_k)), else a bonus from p_ℓ. The round yields
+accepted + 1 tokens, distributed exactly as the target's. All randomness comes in as uniforms; at T = 0
+(one-hot p and q) `verify_greedy` gives the same answer from argmax ids alone.
 """
 
 from __future__ import annotations
@@ -61,7 +38,7 @@ def check_verify_inputs(
         raise ValueError(f"target_probs must be {(R, gamma + 1, V)}, got {tuple(target_probs.shape)}")
     if verify_lens.shape != (R,):
         raise ValueError(f"verify_lens must be (R,) with values in 0..{gamma}")
-    # host sync: a verify length outside 0..γ must stop here (the reference only; the kernel trusts its caller)
+    # host sync: a verify length outside 0..γ stops here (the kernel trusts its caller)
     if to_host(((verify_lens < 0) | (verify_lens > gamma)).any(), "verify: check the verify lengths"):
         raise ValueError(f"verify_lens must be (R,) with values in 0..{gamma}")
     if draft_probs.dtype != torch.float32 or target_probs.dtype != torch.float32:
@@ -76,9 +53,7 @@ def verify(
     accept_uniforms: torch.Tensor,
     resample_uniforms: torch.Tensor,
 ) -> VerifyResult:
-    """Batched, ragged speculative verification: `verify_reference`, run by the
-    Triton rejection-sampling kernel (kernels/rejection_sampler.py) where
-    `dspark.device.use_kernel` says so (CUDA tensors, by default). Both check their inputs."""
+    """`verify_reference`, or the Triton kernel where `use_kernel` picks it (CUDA tensors by default)."""
     if use_kernel(draft_probs, target_probs):
         from kernels.rejection_sampler import rejection_sample_triton
 
@@ -101,11 +76,9 @@ def verify_reference(
 ) -> VerifyResult:
     """Batched, ragged speculative verification in PyTorch (the reference).
 
-    draft_tokens (R, γ) int64; draft_probs (R, γ, V) fp32, row k the q the
-    k-th draft was sampled from; target_probs (R, γ+1, V) fp32; verify_lens
-    (R,) int64 in 0..γ; accept_uniforms (R, γ) and resample_uniforms (R,) in
-    [0, 1). Drafts beyond verify_lens[r] are ignored entirely.
-    """
+    draft_tokens (R, γ) int64; draft_probs (R, γ, V) fp32, the q each draft was sampled from; target_probs
+    (R, γ+1, V) fp32; verify_lens (R,) in 0..γ; accept_uniforms (R, γ), resample_uniforms (R,) in [0, 1).
+    Drafts beyond verify_lens[r] are ignored. One host read: the verify lengths' check."""
     check_verify_inputs(draft_tokens, draft_probs, target_probs, verify_lens)
     R, gamma = draft_tokens.shape
     rows = torch.arange(R, device=draft_tokens.device)
@@ -123,8 +96,7 @@ def verify_reference(
         q_next = draft_probs[rows, accepted.clamp(max=gamma - 1)]
         residual = (p_next - q_next).clamp_min(0.0)
         mass = residual.sum(-1, keepdim=True)
-        # A rejection implies p(x) < q(x) somewhere, hence positive residual mass;
-        # fall back to p for float round-off only.
+        # a rejection implies positive residual mass; fall back to p for round-off only
         residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_next)
         dist = torch.where(rejected[:, None], residual, p_next)
     else:
@@ -144,12 +116,9 @@ def accepted_prefix(ok: torch.Tensor, verify_lens: torch.Tensor) -> torch.Tensor
 def verify_greedy(
     draft_tokens: torch.Tensor, target_top: torch.Tensor, verify_lens: torch.Tensor
 ) -> VerifyResult:
-    """`verify_reference` at temperature 0, where q_k is one-hot on x_k and p_k on the target's argmax:
-    draft_tokens (R, γ) int64, target_top (R, γ+1) int64 the target's argmax for each position (row k:
-    the token after x_k; entries beyond verify_lens[r] + 1 are ignored), verify_lens (R,) in 0..γ.
-    Accepted: the drafts equal to the target's choice, up to the first that is not or to ℓ_r; next token:
-    the target's choice at the stop (the residual of a rejection, or the bonus). No uniforms: at T = 0
-    the answer does not depend on them."""
+    """`verify_reference` at temperature 0, without (R, γ+1, V) one-hots: draft_tokens (R, γ), target_top
+    (R, γ+1) the target's argmax ids, verify_lens (R,). A draft is accepted when it equals the target's
+    choice; the next token is the target's choice at the stop. No uniforms: at T = 0 they do not matter."""
     R, gamma = draft_tokens.shape
     if target_top.shape != (R, gamma + 1) or verify_lens.shape != (R,):
         raise ValueError(f"target_top must be {(R, gamma + 1)} and verify_lens {(R,)}")
@@ -161,8 +130,7 @@ def verify_greedy(
 def draw_uniforms(
     n_requests: int, gamma: int, generator: torch.Generator, device: torch.device | str = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fresh accept (R, γ) and resample (R,) uniforms for one verification round, on `device`
-    (drawn on the generator's own device and moved: the same draws on every device)."""
+    """Fresh accept (R, γ) and resample (R,) uniforms for one round, on `device` (`generator_uniforms`)."""
     device = torch.device(device)
     accept = generator_uniforms((n_requests, gamma), generator, device)  # (R, γ)
     resample = generator_uniforms((n_requests,), generator, device)  # (R,)

@@ -38,7 +38,7 @@ re-exported here, so a checks module (dspark/course/a*.py) imports from this fil
                       being imported or read
   sandbox.py          the check's process: a supervisor in a new session, a scratch folder, the
                       student's file imported, calls served; every process below the supervisor
-                      found through /proc and killed
+                      found (psutil) and killed
   check_process.py    `CheckProcess`, the grader's handle on it: deadline, replies checked, kill
   checks.py           `Check`, `CheckList`, `Assignment`; `Solution` and `Function`, through
                       which a check calls the student's code

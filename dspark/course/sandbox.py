@@ -12,18 +12,19 @@ supervisor waits for the check's process, ends every process it left (below), an
 did, so a student that kills its parent kills the supervisor, not the grader. Needs os.fork and
 the POSIX `resource` module (Linux, macOS).
 
-Ending every process the check's code started, found through /proc: `become_subreaper` makes
-the supervisor the Linux "child subreaper" of everything below it, so a process whose parent
-dies is re-parented to the supervisor, not to init, and no descendant leaves the tree, whatever
-session or process group it moved to (`setsid`, `start_new_session=True`, a double fork).
-`kill_tree` ends such a tree: it stops (SIGSTOP) every live descendant until a scan of /proc
+Ending every process the check's code started, found with psutil (on Linux it reads /proc):
+`become_subreaper` makes the supervisor the Linux "child subreaper" of everything below it, so a
+process whose parent dies is re-parented to the supervisor, not to init, and no descendant leaves
+the tree, whatever session or process group it moved to (`setsid`, `start_new_session=True`, a
+double fork). `kill_tree` ends such a tree: it stops (SIGSTOP) every live descendant until a scan
 finds none still running -- a stopped process cannot fork, and no parent dies meanwhile, so none
 is orphaned out of reach -- then kills (SIGKILL) them all, scan after scan, until none is left
 (or SWEEP_SECONDS are up). The supervisor runs it once the check's process has ended, and the
-grader again when it closes the check (dspark/course/check_process.py). Off Linux (no /proc,
-no prctl) neither finds anything, and only the process group is killed. No tree walk finds a
-process re-parented to init because the subreaper was already dead (the student's code killed
-the supervisor first), nor one another service started (cron, at, systemd-run).
+grader again when it closes the check (dspark/course/check_process.py). Off Linux (no prctl)
+there is no subreaper: a process whose parent died went to init, out of reach, and the process
+group is killed as well. No tree walk finds a process re-parented to init because the subreaper
+was already dead (the student's code killed the supervisor first), nor one another service
+started (cron, at, systemd-run).
 
 What this file does not do: judge anything (the grader does, dspark/course/framework.py),
 enforce the time limit (dspark/course/check_process.py), or stop what framework.py's
@@ -49,6 +50,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
 
+import psutil
 import torch
 
 from dspark.course.plain_data import HEADER, Call, encode_reply, to_plain
@@ -62,8 +64,8 @@ except ImportError:  # pragma: no cover
 MAX_OUTPUT_BYTES = 64 << 20  # the student's stdout + stderr file (RLIMIT_FSIZE in the check's process)
 SWEEP_SECONDS = 2.0  # the most one `kill_tree` tries: a tree of thousands ends in well under that
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
-_GONE = ("Z", "X")  # /proc states of zombies and dead processes: nothing to kill, no children
-_STOPPED = ("T", "t", *_GONE)  # stopped, or traced and stopped: cannot fork
+_GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)  # nothing to kill, no children
+_STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP, *_GONE)  # cannot fork
 
 
 def import_solution(path: Path) -> ModuleType:
@@ -309,38 +311,19 @@ def become_subreaper() -> bool:
     return _PRCTL is not None and _PRCTL(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
-def _processes() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, state) of every process /proc shows; {} without /proc."""
-    table = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return {}
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()  # after "pid (comm)": the name may hold ") "
-            table[int(name)] = (int(fields[1]), fields[0].decode())
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile
-    return table
-
-
 def descendants(roots: Iterable[int]) -> dict[int, str]:
-    """pid -> state of every live process below `roots` (their children, theirs, ...)."""
-    children: dict[int, list[int]] = {}
-    table = _processes()
-    for pid, (parent, _) in table.items():
-        children.setdefault(parent, []).append(pid)
+    """pid -> psutil status of every live process below `roots` (their children, theirs, ...)."""
     found: dict[int, str] = {}
-    frontier = [pid for root in roots for pid in children.get(root, ())]
-    while frontier:
-        pid = frontier.pop()
-        if pid not in found:
-            found[pid] = table[pid][1]
-            frontier += children.get(pid, ())
+    for root in roots:
+        try:
+            below = psutil.Process(root).children(recursive=True)
+        except psutil.Error:  # gone, or not ours to look at
+            continue
+        for process in below:
+            try:
+                found[process.pid] = process.status()
+            except psutil.Error:  # gone meanwhile
+                continue
     return {pid: state for pid, state in found.items() if state not in _GONE}
 
 
@@ -367,7 +350,9 @@ def _freeze(roots: Sequence[int], until: float) -> None:
     while time.monotonic() < until:
         tree = descendants(roots)
         running = [
-            p for p, state in tree.items() if state not in _STOPPED and not (state == "D" and p in sent)
+            p
+            for p, state in tree.items()
+            if state not in _STOPPED and not (state == psutil.STATUS_DISK_SLEEP and p in sent)
         ]
         if not running:
             return

@@ -8,24 +8,12 @@ that has its own KV cache, and the target's frozen embedding and LM head:
     g_i     = DecoderLayer(entry_i | earlier entries)               (dim)
     q       = softmax(LMHead(RMSNorm(g_i)) / T)                     -> x_{i+2}
 
-* MTP-1 (DeepSeek-V3 style): feature_i = the target's final hidden state;
-  drafts exactly one token per round.
-* EAGLE-3 style: feature_i = a learned fusion of several target layers
-  (`tap_layers`); drafts γ tokens one after another, feeding back its own
-  output g as the feature of the position it just drafted. Trained with
-  "training-time test" (unrolled on its own outputs; see the drafter trainer).
-  With `eagle3_layer` its one layer is EAGLE-3's own (`Eagle3Layer`: no W_in,
-  the attention reads both normed halves, the feature is the residual), the
-  layer vLLM and SGLang load (`python -m dspark.export --format eagle3`).
+* MTP-1 (DeepSeek-V3): feature_i = the target's final hidden state; one draft per round.
+* EAGLE-3: feature_i = a learned fusion of the tap layers; γ drafts one after another, its own output g
+  fed back as the feature of the position it drafted (`eagle3_layer`: EAGLE-3's own layer, `Eagle3Layer`).
 
-Per request the drafter caches one entry per committed position. Entries built
-from its own drafts are rolled back at the next call, so only entries made
-from real target features survive. Its tensors live on its weights' device;
-each of its ragged passes (one for the committed entries, then one per
-drafted token after the first) reads its shapes back to the host once.
-
-What this file does not do: training (dspark/lab/training/drafters.py, later) or
-verification.
+Entries built from its own drafts are rolled back at the next call. Each ragged pass reads its shapes
+on the host once.
 """
 
 from __future__ import annotations
@@ -52,11 +40,9 @@ from dspark.sampling import probabilities, sample
 
 
 class Eagle3Layer(nn.Module):
-    """EAGLE-3's own decoder layer (the "midlayer" of its checkpoints, what vLLM and SGLang load): no W_in;
-    a = Attention([RMSNorm_in(emb); RMSNorm_hidden(g)]) (2·dim -> dim), r = g + a (the feature is the
-    residual), out = r + SwiGLU(RMSNorm_post(r)). So that the shared loops run it beside plain blocks, its
-    input packs [norm(emb); norm(g); g] (..., 3·dim): `attention_input` is the first 2·dim, `residual` the
-    last dim -- what a `Block` answers with RMSNorm(x) and x."""
+    """EAGLE-3's decoder layer (no W_in): a = Attention([norm(emb); norm(g)]), r = g + a,
+    out = r + SwiGLU(norm(r)). Its input packs [norm(emb); norm(g); g] (..., 3·dim) so the shared loops
+    run it like a `Block`: `attention_input` / `residual` play RMSNorm(x) / x."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -129,8 +115,7 @@ class AutoregressiveDrafter(Drafter):
         cos, sin = rope_table(self.layer_config)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        # Frozen and shared with the target, kept out of this module's state_dict.
-        self._target = (target,)
+        self._target = (target,)  # frozen, shared; kept out of state_dict
         self.cache: KVCache | None = None
         self.committed: torch.Tensor | None = None  # (n_slots,) entries made from target features
         for m in self.modules():
@@ -183,8 +168,7 @@ class AutoregressiveDrafter(Drafter):
             raise RuntimeError("call reset(n_slots) before propose")
         R = slots.shape[0]
         self.cache.lengths[slots] = self.committed[slots]  # drop entries built from own drafts
-        # Entry for every committed position i pairs its feature with the token at i+1;
-        # the token after the last committed position is the anchor.
+        # entry i = feature i + token i+1 (the anchor after the last)
         ends = torch.cumsum(committed_lens, 0)
         next_tokens = committed_tokens.roll(-1)  # segments are contiguous: i+1 is the same request
         next_tokens[ends - 1] = anchors

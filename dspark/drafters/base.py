@@ -1,32 +1,14 @@
 """The contract between the speculative loop and every drafter.
 
-After each target pass the loop knows, per request, the positions that were
-just *committed* (fed to the target and kept): their tokens and the target's
-features there (tap-layer hidden states and the final hidden), plus the new
-*anchor*: the token sampled after them, not yet fed to the target. A drafter
-call receives exactly that and returns γ draft tokens after the anchor with
-the distributions they were sampled from, and -- if it has a trained
-confidence head -- its confidence in each draft, all in one `Proposal`:
+A drafter gets, per request, the positions just *committed* (their tokens and the target's features there;
+the whole prompt at prefill) and the *anchor* (the token sampled after them), and returns γ drafts after it:
 
     propose(slots, committed_tokens, features, committed_lens, anchors, gamma, params, generator)
         -> Proposal(tokens (R, γ), probs (R, γ, V), confidence (R, γ) or None)
 
-The loop hands that Proposal, unchanged, to the verify-length policy
-(dspark/scheduling/scheduler.py) and to `verify`; nobody reads a drafter's
-attributes to learn what it proposed. `has_confidence` says up front whether
-its proposals carry confidences, so that a policy that needs them can refuse
-the drafter before anything runs.
-
-Every tensor a drafter makes lives on its inputs' device (that of `slots`,
-= its own weights' and the target's; dspark/device.py).
-
-At prefill the committed positions are the whole prompt. Drafters keep any
-per-request state they need (their own KV caches, context features) indexed by
-the target's cache slot, and are responsible for discarding whatever they
-computed for their own drafts (rolling back to the committed length).
-
-`NoDrafter` proposes nothing (γ = 0): the speculative loop then *is* plain
-decoding, which the tests use as a reference.
+The Proposal goes unchanged to the verify-length policy and to `verify`. A drafter keeps its per-request
+state by the target's cache slot, rolls back what it built from its own drafts, and makes every tensor on
+the device of `slots`. `NoDrafter` (γ = 0) turns the loop into plain decoding.
 """
 
 from __future__ import annotations
@@ -41,17 +23,13 @@ from dspark.sampling import SamplingParams
 
 
 class Proposal:
-    """One round's drafts for R requests: everything the policy and `verify` need from the drafter.
+    """One round's drafts for R requests.
 
-    tokens (R, γ) int64: draft tokens x_1..x_γ after each anchor.
-    probs (R, γ, V) fp32: q_k, the exact distributions the tokens were sampled from. A drafter may hand a
-        function that builds them instead: it runs on the first read of `probs`. With a reduced draft
-        vocabulary q lives on K ids and its full-vocabulary copy is a large write (16 requests x 7 drafts
-        x 49k ids), which greedy verification (it compares ids) never reads.
-    confidence (R, γ): c_k in (0, 1) from a trained confidence head, else None.
-    drafted (R,) bool: which rows really drafted this step (None: all). The engine fills the rows of
-        requests that did not draft (speculate-or-not, dspark/lab/cost_aware/scheduler.py) with zeros; they
-        verify nothing."""
+    tokens (R, γ) int64: x_1..x_γ after each anchor.
+    probs (R, γ, V) fp32: q_k, the distributions they were drawn from; may be handed as a function, built
+        on first read (greedy verification never reads it).
+    confidence (R, γ): c_k in (0, 1) from a confidence head, else None.
+    drafted (R,) bool: rows that really drafted (None: all); the others are zeros and verify nothing."""
 
     def __init__(
         self,
@@ -83,8 +61,7 @@ class TargetFeatures:
         return TargetFeatures(self.taps[:n], self.last_hidden[:n])
 
     def flat(self) -> torch.Tensor:
-        """(..., n_taps * dim) the taps side by side (any leading dims: (N, ·) at inference, (B, T, ·) in
-        packed training)."""
+        """(..., n_taps * dim): the taps side by side."""
         return self.taps.flatten(-2)
 
 
@@ -149,10 +126,8 @@ class Drafter(nn.Module):
         params: SamplingParams,
         generator: torch.Generator,
     ) -> Proposal:
-        """slots (R,); committed_tokens (N,) flat, slot-major; features for those N
-        positions; committed_lens (R,) with sum N; anchors (R,). Returns the draft
-        tokens (R, gamma) int64, their fp32 distributions (R, gamma, V) and, where
-        `has_confidence`, the confidences (R, gamma)."""
+        """slots (R,); committed_tokens (N,) slot-major with features for them; committed_lens (R,) summing
+        to N; anchors (R,). Returns a `Proposal`."""
         raise NotImplementedError
 
 

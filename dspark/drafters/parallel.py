@@ -1,43 +1,19 @@
 """DSpark's drafter: a parallel (DFlash-style) backbone + a sequential head + a confidence head.
 
-Backbone (walkthrough/DESIGN.md section 2; paper section 3.1). The block after an anchor
-x0 is `[x0, MASK, ..., MASK]` (γ input slots); slot k predicts the token at
-anchor + k, so one pass gives γ draft logits U_1..U_γ. Every draft layer
-attends bidirectionally inside the block and to the *context features*
+Backbone (DESIGN.md section 2): the block `[x0, MASK × (γ−1)]` after anchor x0 gives γ logits U_1..U_γ
+in one pass, attending bidirectionally inside the block and to the context strictly before x0,
 
-    H_ctx = RMSNorm(W_c [H(l1); ...; H(lm)])       (tap layers of the target)
+    H_ctx = RMSNorm(W_c [H(l1); ...; H(lm)])       (tap layers; K/V through each layer's W_K, W_V)
 
-injected as extra keys/values through the layer's own projections:
-K = [W_K H_ctx ; W_K H_blk], V = [W_V H_ctx ; W_V H_blk]. With `qk_norm` each
-head of q and K is RMSNormed before RoPE, as in Qwen3 and DeepSpec's reference
-drafter (the layout vLLM / SGLang load, dspark/lab/exporting/). A block sees the
-context strictly before its anchor. Per request the drafter caches the
-context keys/values of every committed position, per layer, in its own KV
-cache, rolled back with the target's (committed positions only ever grow).
-
-Sequential stage (paper section 3.1, eq. for p_k): left to right,
+whose keys/values the drafter caches per committed position. Sequential head, left to right:
 
     p_k(v) = softmax_v( U_k(v) + B_k(x_{k-1}, v) ),   x_0 = anchor
+      Markov: B = W1[x_{k-1}] W2                      (W1: V × r, W2: r × V)
+      RNN:    s_k = σ(g) s_{k-1} + (1 − σ(g)) tanh(c),  B = tanh(o) W2   (g, c, o from [s; W1[x]; h_k])
+      r = 0:  B = 0, the DFlash baseline
+    c_k = σ(wᵀ [h_k ; W1[x_{k-1}]]) ≈ P(draft k survives | drafts < k survived)   (None for DFlash)
 
-  * Markov head: B = W1[x_{k-1}] W2 (W1: V x r lookup, W2: r x V);
-  * RNN head: z = [s_{k-1}; W1[x_{k-1}]; h_k] -> gate g, candidate c, output o;
-    s_k = σ(g) s_{k-1} + (1 - σ(g)) tanh(c);  B = tanh(o) W2;
-  * rank r = 0: no sequential term -- the DFlash baseline, same code path.
-
-`markov_block_sample` runs the Markov stage of a whole block in one call: the
-PyTorch loop `markov_block_reference`, or on CUDA tensors the Triton kernel in
-kernels/markov_sampler.py (same tokens for the same uniforms).
-
-Confidence head: c_k = σ(wᵀ [h_k ; W1[x_{k-1}]]), an estimate of
-P(token k survives | tokens < k survived), returned in each `Proposal` for
-the verify-length policy. DFlash (rank 0) has no confidence head: its
-proposals carry `confidence=None`. The heads read h_k = RMSNorm(backbone
-output), the LM head's own input, as in the reference trainer.
-
-Its tensors live on its weights' device (the target's). One round reads the host once:
-the ragged index of the context it appends (shapes, room, longest context).
-
-What this file does not do: training (dspark/training.py) or calibration.
+One round reads the host once: the ragged index of the context it appends.
 """
 
 from __future__ import annotations
@@ -93,12 +69,8 @@ def markov_block_reference(
     params: SamplingParams,
     uniforms: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The Markov sequential stage for a whole block, left to right, in PyTorch.
-
-    base_logits (R, γ, V) = U, hidden (R, γ, dim) = h, anchors (R,) = x_0,
-    uniforms (R, γ): draft k is drawn with uniforms[:, k]. Returns tokens
-    (R, γ) int64, their fp32 distributions (R, γ, V) and confidences (R, γ).
-    The reference for kernels/markov_sampler.py."""
+    """The Markov stage of a block, left to right: U (R, γ, V), h (R, γ, dim), x_0 (R,), uniforms (R, γ)
+    -> tokens (R, γ), q (R, γ, V) fp32, c (R, γ)."""
     prev, tokens, probs, confs = anchors, [], [], []
     for k in range(base_logits.shape[1]):
         logits, conf = markov_step(base_logits[:, k], hidden[:, k], prev, w1, w2, conf_weight, conf_bias)
@@ -124,11 +96,8 @@ def markov_block_sample(
     params: SamplingParams,
     uniforms: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`markov_block_reference`, run by the Triton kernel where `dspark.device.use_kernel` says so.
-    The kernel does temperature (incl. greedy) but not top-k/top-p: those stay in PyTorch."""
-    full_vocab = (
-        w1.shape[0] == base_logits.shape[-1]
-    )  # the kernel's layout; a draft vocabulary has K + 1 rows
+    """`markov_block_reference`, or its Triton kernel where `use_kernel` says so (no top-k/top-p)."""
+    full_vocab = w1.shape[0] == base_logits.shape[-1]  # the kernel's layout; a draft vocabulary has K + 1
     if params.top_k == 0 and params.top_p == 1.0 and full_vocab and use_kernel(base_logits):
         from kernels.markov_sampler import markov_block_sample_triton
 
@@ -149,7 +118,7 @@ class ParallelDrafterConfig:
     rank: int = 64  # r of W1 (V x r) and W2 (r x V); 0 for dflash
     mask_id: int = SPECIAL_TOKENS.index(MASK)  # token that fills the γ-1 future slots (<|mask|>)
     draft_vocab: int = 0  # K: score only the K most frequent target ids (the lab's draft_vocab.py); 0 = all
-    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3's q_norm/k_norm); old JSONs: off
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3's q_norm/k_norm)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -216,20 +185,15 @@ class ParallelDrafter(Drafter):
         return self.ctx_norm(self.ctx_proj(features.flat()))
 
     def context_kv(self, layer: Block, h_ctx: torch.Tensor, positions: torch.Tensor):
-        """Keys/values of context features through `layer`'s own projections (..., Hkv, hd): the keys
-        normed per head (with `qk_norm`) and rotated as the block's own keys are (`Attention.rotated_keys`)."""
+        """Keys/values (..., Hkv, hd) of context features through `layer`'s own projections."""
         attn = layer.attn
         cos, sin = self.rope_cos[positions, None], self.rope_sin[positions, None]
         v = attn.wv(h_ctx).unflatten(-1, (attn.n_kv_heads, attn.head_dim))
         return attn.rotated_keys(h_ctx, cos, sin), v
 
     def backbone(self, block_tokens, block_pos, ctx_k, ctx_v, visible) -> torch.Tensor:
-        """Run the draft layers over blocks.
-
-        block_tokens (R, S) and block_pos (R, S): S block slots per row (one
-        block, or several packed blocks in training); ctx_k/ctx_v: per layer
-        (R, Hkv, L, hd); visible (R, S, L + S): which context positions and
-        which block slots each slot may attend to. Returns h (R, S, dim)."""
+        """block_tokens, block_pos (R, S) (one block, or packed blocks in training); ctx_k/ctx_v per layer
+        (R, Hkv, L, hd); visible (R, S, L + S): what each slot may attend to. Returns h (R, S, dim)."""
         x = self.target.embed(block_tokens)
         cos, sin = self.rope_cos[block_pos, None], self.rope_sin[block_pos, None]  # (R, S, 1, hd/2)
         mask = visible[:, None]  # (R, 1, S, L + S)
@@ -273,8 +237,7 @@ class ParallelDrafter(Drafter):
     def append_context(
         self, slots: torch.Tensor, features: TargetFeatures, committed_lens: torch.Tensor
     ) -> int:
-        """Write the context keys/values of newly committed positions into every layer's cache.
-        Returns the longest context of these slots afterwards (read on the host with the index)."""
+        """Cache the context keys/values of newly committed positions; returns the longest context."""
         # host sync: shapes, room check, longest context
         rb = RaggedIndex.build(slots, committed_lens, self.cache.lengths[slots], self.cache.max_seq_len)
         h_ctx = self.context_features(features)
@@ -286,11 +249,10 @@ class ParallelDrafter(Drafter):
         return rb.kv_len
 
     def draft_block(self, slots: torch.Tensor, anchors: torch.Tensor, gamma: int, longest: int | None = None):
-        """One backbone pass over [anchor, MASK x (γ-1)] per request: (h (R, γ, dim), U (R, γ, V)).
-        `longest`: the longest context of these slots if the caller knows it (else read here)."""
+        """One backbone pass over [anchor, MASK × (γ−1)]: (h (R, γ, dim), U (R, γ, V))."""
         R, device = slots.shape[0], slots.device
         ctx_len = self.cache.lengths[slots]  # (R,) = the anchor's position
-        # host sync (only without `longest`; `propose` has it from append_context): the key range to read
+        # host sync only without `longest`
         L = longest if longest is not None else to_host(ctx_len.max(), "parallel drafter: longest context")
         block = torch.full((R, gamma), self.mask_id, dtype=torch.long, device=device)
         block[:, 0] = anchors
@@ -304,8 +266,7 @@ class ParallelDrafter(Drafter):
         return self.block_outputs(h)
 
     def block_outputs(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(RMSNorm(h), what the sequential and confidence heads read, and U = LMHead(RMSNorm(h))) of backbone
-        output h; U is over the draft vocabulary (the target's LM-head rows of its ids) when there is one."""
+        """(RMSNorm(h), the heads' input; U = LMHead(RMSNorm(h)), over the draft vocabulary if any)."""
         normed = self.out_norm(h)
         return normed, self.vocab.logits(normed)
 
@@ -315,9 +276,7 @@ class ParallelDrafter(Drafter):
             raise RuntimeError("call reset(n_slots) before propose")
         longest = self.append_context(slots, features, committed_lens)
         h, u = self.draft_block(slots, anchors, gamma, longest)
-        # uniforms[:, k] draws draft k of every request; drawn position-major, the order a left-to-right
-        # loop would draw them, so every head consumes the generator alike (rank-0 DSpark == DFlash);
-        # on the generator's device, then moved (the same draws on every device)
+        # position-major, so every head consumes the generator alike (rank-0 DSpark == DFlash)
         uniforms = generator_uniforms((gamma, slots.shape[0]), generator, slots.device).T  # (R, γ)
         uniforms = uniforms.contiguous()
         vocab = self.vocab  # sampling happens over draft indices; tokens and q leave in the target's ids

@@ -1,13 +1,7 @@
-"""Drafters by name: building them from checkpoints.
+"""Drafters by name (`none`, `mtp`, `eagle`, `dflash`, `dspark`, `dspark-rnn`), built from checkpoints.
 
-Names used on every command line: `none` (plain decoding), `mtp` (MTP-1), `eagle` (EAGLE-3 style), `dflash`
-(parallel drafter, no sequential head), `dspark` (parallel + Markov head) and `dspark-rnn` (parallel + RNN
-head). Shipped checkpoints live in `dspark/assets/` as `drafter_<name>.safetensors` + `.json` (fp16, only the
-drafter's own weights: embedding and LM head are the target's). The JSON twin also holds the STS temperatures
-a calibration fitted for the drafter's confidence head; `get_calibration` reads and checks them (one finite
-temperature > 0 and offset per drafted position), and whoever schedules verify lengths passes them on
-(dspark/scheduling/scheduler.py). The lab stores calibrations of shipped drafters under DSPARK_HOME and
-reads those first (dspark/lab/calibration.py).
+A checkpoint is `drafter_<name>.safetensors` (the drafter's own weights; embedding and LM head are the
+target's) + its `.json` twin, which also holds the STS calibration of its confidence head.
 """
 
 from __future__ import annotations
@@ -46,8 +40,7 @@ def trained_for(record: dict) -> str:
     return f" (it was trained for the target {name!r})" if name else ""
 
 
-# options a drafter no longer has, each with the one value every shipped checkpoint holds (the commit before
-# their removal, 4acc240, still has them)
+# options a drafter no longer has, with the one value every shipped checkpoint holds
 RETIRED = {"normed_head_input": True, "final_hidden": False, "tied_rank": 0}
 
 
@@ -109,8 +102,7 @@ def load_drafter(
 
 
 def stored_calibration(path: str | Path) -> dict | None:
-    """The `calibration` record of the JSON at `path` (a drafter checkpoint's twin, or a calibration file under
-    DSPARK_HOME; a .safetensors path means its twin); None when there is no such file or record."""
+    """The `calibration` record of the JSON at `path` (or of its twin); None when there is none."""
     twin = config_path(path)
     if not twin.is_file():
         return None
@@ -137,10 +129,8 @@ def finite_list(twin: Path, field: str, values, positive: bool) -> list[float]:
 
 
 def load_calibration(path: str | Path, positions: int | None = None) -> torch.Tensor | None:
-    """The STS calibration stored in the JSON at `path` (see `stored_calibration`): (γ,) temperatures, or
-    (2, γ) temperatures and logit offsets (what `prefix_survival` reads); None if there is none. Checked as it
-    is read: finite temperatures > 0, finite offsets, as many of each as the drafter has `positions` (when
-    given) -- anything else is a `CheckpointError` naming the file."""
+    """The stored STS calibration: (γ,) temperatures or (2, γ) temperatures and offsets, None if there is
+    none; anything but finite temperatures > 0 and `positions` of each is a `CheckpointError`."""
     stored = stored_calibration(path)
     if stored is None or stored.get("sts_temperatures") is None:
         return None
@@ -166,8 +156,7 @@ def get_drafter(
     target_name: str = "tiny",
     load: Callable[[Path, Transformer], Drafter] = load_drafter,
 ) -> Drafter:
-    """`none`, or a trained drafter from `path` (default: the one shipped for `target_name`), read by `load`
-    (the commands pass the lab's, which also reads exported folders)."""
+    """`none`, or a trained drafter from `path` (default: the one shipped for `target_name`), read by `load`."""
     if name not in DRAFTER_NAMES:
         raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
     if name == "none":
@@ -191,9 +180,7 @@ def get_drafter(
 def get_calibration(
     name: str, path: str | Path | None = None, target_name: str = "tiny", positions: int | None = None
 ) -> torch.Tensor | None:
-    """STS temperatures stored with the drafter `name` at `path` (default: the one shipped for `target_name`),
-    checked for its `positions` when given (`load_calibration`); None for `none` or a drafter never calibrated.
-    The lab's commands look under DSPARK_HOME first (dspark.lab.calibration.get_calibration)."""
+    """The STS calibration stored with drafter `name` (`load_calibration`); None for `none` or if never fitted."""
     if name == "none":
         return None
     return load_calibration(Path(path) if path else default_path(name, target_name), positions)

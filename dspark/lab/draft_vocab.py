@@ -1,23 +1,11 @@
-"""A drafter's output vocabulary: the target's whole vocabulary, or a reduced draft vocabulary.
-
-A real target's vocabulary is large (SmolLM2: 49,152 ids), and a drafter that
-scores every id pays for the full LM head at every draft position -- about a
-fifth of a target decode step on a CPU. Most generated tokens come from a few
-thousand ids (SmolLM2: ids below 8k cover ~89%), so the drafter may score only
-the K most frequent ids of the target's own outputs:
+"""A reduced draft vocabulary: a drafter that scores only the K ids the target writes most often.
 
     U = LMHead_K(h)       the target's frozen head rows of those ids   (K,)
     q over the K ids,     q = 0 for every other id
 
-The drafts are sampled from q over the K ids and mapped back to target ids,
-and `expand` writes q into the full vocabulary with zeros elsewhere, so
-verification is unchanged and still lossless: a target token outside the draft
-vocabulary is never drafted, but the residual max(p - q, 0) gives it its full
-probability when a draft is rejected.
-
-The sequential head looks up the previous token in draft indices: `to_draft`
-maps a target id to its index, and every id outside the vocabulary to one
-extra index K ("other"), so an anchor outside the vocabulary still has a row.
+Still lossless: `expand` writes q into the full vocabulary with zeros elsewhere, so an id off the K is
+never drafted, but the residual max(p - q, 0) gives it its full probability on a rejection. `to_draft`
+maps every id off the K to one extra index K ("other"), so any anchor has a row in W1.
 
 The core's drafters score the whole vocabulary (`dspark.drafters.base.Vocabulary`); this subclass is
 handed to them by the lab's builders and loaders when a config's `draft_vocab` is K > 0.

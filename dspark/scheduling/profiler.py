@@ -1,16 +1,8 @@
-"""The throughput profile SPS(B) the scheduler reads, measured on the target.
+"""SPS(B), target passes per second when one pass carries B batch tokens (DESIGN.md section 5).
 
-SPS(B) is the number of target forward passes per second when one pass
-carries B batch tokens (walkthrough/DESIGN.md section 5). The scheduler only ever looks it up.
-
-`measure_sps` runs dummy verification passes of the real target through its
-ragged KV cache -- B tokens spread over up to `requests` requests that each
-hold `context` tokens of KV -- the sizes interleaved round by round, median of
-several rounds, rolled back after each, then made monotone (isotonic fit) and
-interpolated (`ThroughputProfile.from_points`). The lab caches it under
-DSPARK_HOME and models a GPU's (dspark/lab/profiles.py).
-
-What this file does not do: choose verify lengths (dspark/scheduling/scheduler.py).
+`measure_sps` times dummy ragged verify passes of the real target (B tokens over up to `requests`
+requests of `context` tokens each), rolled back after each; the medians are made monotone and
+interpolated (`ThroughputProfile.from_points`).
 """
 
 from __future__ import annotations
@@ -53,8 +45,7 @@ def measure_sps(
             raise ValueError(f"{B} batch tokens do not fit {requests} requests at context {context}")
         shapes.append((torch.randint(0, cfg.vocab_size, (B,), generator=g), r, lens))
     times: list[list[float]] = [[] for _ in batch_tokens]
-    # interleaved: every round times each B once, so a spell of a busy machine slows all sizes alike
-    # instead of inflating one point (the isotonic fit in `from_points` then pools what noise is left)
+    # interleaved: a busy spell slows every size alike instead of inflating one point
     for rep in range(repeats + 1):  # the first round is a warm-up
         for b, (tokens, r, lens) in enumerate(shapes):
             t0 = time.perf_counter()

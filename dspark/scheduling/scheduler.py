@@ -1,27 +1,17 @@
-"""Verify-length policies, among them DSpark's hardware-aware prefix scheduler (Algorithm 1).
+"""Verify-length policies, among them DSpark's hardware-aware prefix scheduler (Algorithm 1; DESIGN.md §5).
 
-Each round every request r has γ drafts with prefix survivals a_{r,j} = Π_{i<=j} c_{r,i} (calibrated
-confidences, non-increasing in j). A policy picks verify lengths ℓ_r ∈ [0, γ]; the target then scores
-B = Σ_r (1 + ℓ_r) tokens and is expected to emit τ = Σ_r (1 + Σ_{j<=ℓ_r} a_{r,j}). With SPS(B) the measured
-target steps per second at B batch tokens, DSpark maximises Θ = τ · SPS(B) (DESIGN.md §5, paper §3.2.2):
+With prefix survivals a_{r,j} = Π_{i<=j} c_{r,i} (calibrated, non-increasing in j) and verify lengths ℓ_r:
 
-  * `prefix_schedule(..., early_stop=True)`: walk all (r, j) in descending a (ties: earlier position first,
-    so every prefix stays a prefix), admit while Θ strictly improves, stop at the first step where it does
-    not. Admitting x_{r,j} then depends only on survivals ranked above it, none of which depends on x_{r,j}:
-    lossless.
-  * `early_stop=False` is the *retrospective* global argmax along the same path. It may admit x_{r,j}
-    because of a_{r,j+1}, which depends on x_{r,j} itself: NOT lossless (paper Appendix A).
-  * `AsyncPrefixPolicy` (paper §5.2): the budget K comes from the global argmax over the survivals of TWO
-    rounds earlier (already realised: no leak, no trap on a jagged SPS), then the current top-K survivals
-    are admitted, with a configurable minimum length per request.
+    B = Σ_r (1 + ℓ_r),   τ = Σ_r (1 + Σ_{j<=ℓ_r} a_{r,j}),   maximise Θ = τ · SPS(B)
 
-Baselines with the same interface: no speculation, MTP-1, fixed γ, a static survival threshold, and a
-SmartSpec-style goodput rule (one EMA acceptance rate, one length for the whole batch). On a GPU,
-`scheduled_lengths` runs survivals, path and early stop as one Triton kernel (kernels/prefix_scheduler.py).
+* early stop: walk all (r, j) by descending a (ties: earlier j, so prefixes stay prefixes) and stop at the
+  first step that does not raise Θ. Admitting x_{r,j} then depends only on survivals ranked above it, none
+  of which depends on x_{r,j}: lossless.
+* `early_stop=False`, the global argmax along the path, may admit x_{r,j} because of a_{r,j+1}, which
+  depends on x_{r,j} itself: NOT lossless (paper Appendix A).
+* `AsyncPrefixPolicy`: budget K from the argmax over survivals two rounds old, then the current top K.
 
-`Scheduler` (the end of this file) binds a policy to its SPS profile and the drafter's STS temperatures; the
-engine asks it each step who drafts and hands it the round's `Proposal`. The host is read only where a
-policy decides in Python (`# host sync`).
+`Scheduler` binds a policy to its SPS profile and STS temperatures for the engine.
 """
 
 from __future__ import annotations
@@ -73,17 +63,12 @@ class ThroughputProfile:
     def from_points(
         cls, batch_tokens: list[int], seconds_per_step: list[float], max_tokens: int, name: str = ""
     ) -> ThroughputProfile:
-        """Interpolate measured step times linearly over B = 1..max_tokens (held
-        flat before the first point, proportional after the last) after an
-        isotonic fit of the points, so SPS is non-increasing in B: a larger
-        pass is never faster (`interpolated_times`)."""
+        """SPS over B = 1..max_tokens from measured step times (`interpolated_times`)."""
         return cls([1.0 / t for t in interpolated_times(batch_tokens, seconds_per_step, max_tokens)], name)
 
 
 def isotonic_fit(values: list[float]) -> list[float]:
-    """The non-decreasing sequence closest to `values` in least squares (pool adjacent violators): a
-    run of points that goes down is replaced by its mean. A noisy high point is averaged with the
-    lower ones after it instead of being carried up to them."""
+    """The non-decreasing sequence closest to `values` in least squares (pool adjacent violators)."""
     blocks: list[list[float]] = []  # [mean, count] of each pooled run, means non-decreasing
     for v in values:
         blocks.append([v, 1])
@@ -94,9 +79,8 @@ def isotonic_fit(values: list[float]) -> list[float]:
 
 
 def interpolated_times(sizes: list[int], seconds: list[float], max_size: int) -> list[float]:
-    """Measured times at some sizes (batch tokens, drafting requests) -> a time for every size 1..max_size:
-    the points made non-decreasing by `isotonic_fit` (more work is never faster; a noisy point is pooled
-    with its neighbours), then linear between them, flat before the first, proportional after the last."""
+    """Times measured at some sizes -> a time for every size 1..max_size: made non-decreasing (more work is
+    never faster), then linear between points, flat before the first, proportional after the last."""
     points = sorted(zip(sizes, seconds))
     xs, ys = [float(b) for b, _ in points], isotonic_fit([t for _, t in points])
     times = []
@@ -114,18 +98,15 @@ def interpolated_times(sizes: list[int], seconds: list[float], max_size: int) ->
 
 
 def temperatures_and_offsets(calibration: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(T, b), each (γ',), of an STS calibration stored as (γ',) temperatures (b = 0) or as (2, γ')
-    temperatures and logit offsets."""
+    """(T, b), each (γ',), of a (γ',) calibration (b = 0) or a (2, γ') one."""
     if calibration.dim() == 2:
         return calibration[0], calibration[1]
     return calibration, torch.zeros_like(calibration)
 
 
 def prefix_survival(confidences: torch.Tensor, temperatures: torch.Tensor | None = None) -> torch.Tensor:
-    """(R, γ) confidences c -> (R, γ) survivals a_{r,j} = Π_{i<=j} c̃_{r,i}, where
-    c̃ = σ(logit(c) / T_j) with the STS temperatures (γ',), or c̃ = σ(logit(c) / T_j - b_j) when
-    `temperatures` is (2, γ'): the temperatures and a logit offset per position (none: c̃ = c).
-    Both are increasing in c, so the order of the drafts inside a position never changes."""
+    """(R, γ) confidences -> (R, γ) survivals a_{r,j} = Π_{i<=j} c̃_{r,i}, c̃ = σ(logit(c) / T_j − b_j)
+    (no temperatures: c̃ = c); increasing in c, so the order inside a position never changes."""
     c = confidences.double()
     if temperatures is not None:
         t, b = (x[: c.shape[1]] for x in temperatures_and_offsets(temperatures.to(c.device, torch.float64)))
@@ -134,13 +115,12 @@ def prefix_survival(confidences: torch.Tensor, temperatures: torch.Tensor | None
 
 
 def greedy_path(survivals: torch.Tensor) -> torch.Tensor:
-    """All (r, j) in admission order: descending survival, ties by position, then request.
-    Returns (R·γ, 2) [r, j] rows with j 0-based."""
+    """(R·γ, 2) [r, j] in admission order: descending survival, ties by position, then request."""
     R, gamma = survivals.shape
     r = torch.arange(R, device=survivals.device).repeat_interleave(gamma)
     j = torch.arange(gamma, device=survivals.device).repeat(R)
     a = survivals.flatten()
-    # lexicographic sort: by -a, then j, then r (stable sorts applied from the last key to the first)
+    # stable sorts from the last key to the first
     order = torch.argsort(r, stable=True)
     order = order[torch.argsort(j[order], stable=True)]
     order = order[torch.argsort(-a[order], stable=True)]
@@ -150,10 +130,8 @@ def greedy_path(survivals: torch.Tensor) -> torch.Tensor:
 def admitted_count(
     gains: Iterable[float], requests: int, profile: ThroughputProfile, early_stop: bool = True
 ) -> int:
-    """Algorithm 1's walk: how many drafts of the greedy path to admit, given their survivals in path order
-    (`gains`) and the step's `requests`. early_stop: stop at the first draft that does not strictly improve
-    Θ = τ · SPS(B); else the path's global argmax of Θ."""
-    # each request brings its anchor: τ starts at R tokens for B = R
+    """Algorithm 1's walk: how many drafts of the path to admit, given their survivals in path order."""
+    # each anchor is one token: τ = R at B = R
     tau, best, n_admit = float(requests), requests * profile.sps(requests), 0
     for n, gain in enumerate(gains, start=1):
         tau += gain
@@ -171,11 +149,7 @@ def prefix_schedule(
     early_stop: bool = True,
     budget: int | None = None,
 ) -> torch.Tensor:
-    """Algorithm 1: (R, γ) survivals -> (R,) verify lengths.
-
-    early_stop=True: admit along the greedy path while Θ = τ · SPS(B) strictly improves.
-    early_stop=False: the retrospective global argmax of Θ along the path (lossy).
-    budget=K: admit exactly the top K of the path (the async variant's second half)."""
+    """Algorithm 1: (R, γ) survivals -> (R,) verify lengths; `budget`=K admits exactly the path's top K."""
     R, gamma = survivals.shape
     lengths = torch.zeros(R, dtype=torch.long, device=survivals.device)
     if R == 0 or gamma == 0:
@@ -184,7 +158,7 @@ def prefix_schedule(
     if budget is not None:
         n_admit = max(0, min(int(budget), len(path)))
     else:
-        # host sync: the walk runs in Python here (on a GPU the Triton kernel walks on the device instead)
+        # host sync: the walk runs in Python (the Triton kernel walks on the device)
         gains = to_host(survivals[path[:, 0], path[:, 1]], "scheduler: Algorithm 1's walk")
         n_admit = admitted_count(gains, R, profile, early_stop)
     admitted = path[:n_admit]
@@ -199,9 +173,8 @@ def scheduled_lengths(
     early_stop: bool = True,
     budget: int | None = None,
 ) -> torch.Tensor:
-    """(R, γ) confidences -> (R,) verify lengths: Algorithm 1 on the calibrated survivals.
-    The Triton kernel where `use_kernel` says so and the batch fits its one tile
-    (lengths stay on the device), else `prefix_schedule(prefix_survival(...))`."""
+    """(R, γ) confidences -> (R,) verify lengths: the Triton kernel where it may run and fits one tile,
+    else `prefix_schedule(prefix_survival(...))`."""
     if use_kernel(confidences):
         from kernels import prefix_scheduler  # imports Triton: only when a kernel may run
 
@@ -224,8 +197,7 @@ def expected_rate(survivals: torch.Tensor, lengths: torch.Tensor, profile: Throu
 
 # ---- policies -------------------------------------------------------------------------------------
 class Policy:
-    """Verify lengths for a batch. `lengths` sees only what the drafter produced this
-    round (survivals) and what happened before; `observe` receives each round's outcome."""
+    """Verify lengths from this round's survivals and the past; `observe` hears each outcome."""
 
     name = "policy"
     needs_confidence = False
@@ -241,8 +213,7 @@ class Policy:
         gamma: int,
         profile: ThroughputProfile,
     ) -> torch.Tensor:
-        """`lengths` from the raw (R, γ) confidences and STS temperatures (None: uncalibrated).
-        Policies that can schedule on the device override this."""
+        """`lengths` from raw (R, γ) confidences and STS temperatures (None: uncalibrated)."""
         return self.lengths(prefix_survival(confidences, temperatures), gamma, profile)
 
     def observe(self, verify_lens: torch.Tensor, accepted: torch.Tensor) -> None:
@@ -273,8 +244,7 @@ class ThresholdPolicy(Policy):
 
 
 class GoodputPolicy(Policy):
-    """SmartSpec-style: one global EMA acceptance rate α, one k for the whole batch,
-    k = argmax_k R·(1 − α^{k+1})/(1 − α) · SPS(R·(k+1))."""
+    """SmartSpec: one EMA acceptance rate α, k = argmax_k R·(1 − α^{k+1})/(1 − α) · SPS(R·(k+1)) for all."""
 
     name = "goodput"
 
@@ -313,16 +283,13 @@ class PrefixPolicy(Policy):
 
 
 class AsyncPrefixPolicy(Policy):
-    """The asynchronous production variant: K from a global search over the survivals
-    of two rounds earlier (rescaled to the current number of requests), then the top-K
-    current survivals, every request getting at least `min_length` drafts. Until two
-    rounds of history exist it falls back to Algorithm 1 with the early stop."""
+    """K from the global argmax over survivals `lag` rounds old (rescaled to R), then the current top K,
+    at least `min_length` each; Algorithm 1 until that history exists."""
 
     name, needs_confidence = "dspark-async", True
 
     def __init__(self, min_length: int = 0, lag: int = 2) -> None:
         self.min_length, self.lag = min_length, lag
-        # (survivals, the profile they were scheduled on) of the last `lag` rounds
         self.history: deque[tuple[torch.Tensor, ThroughputProfile]] = deque(maxlen=lag)
 
     def budget(self, old: torch.Tensor, requests: int, gamma: int, profile: ThroughputProfile) -> int:
@@ -366,10 +333,8 @@ def make_policy(name: str, threshold: float = 0.5, min_length: int = 0) -> Polic
 
 # ---- the engine's scheduler -----------------------------------------------------------------------
 class Scheduler:
-    """What the engine asks every step: who drafts and how wide (`speculate`), then how many drafts each
-    request verifies (`__call__`); `observe` hears the outcome. A policy bound to the SPS profile and the
-    drafter's STS temperatures. Every request drafts the whole block here (the paper's step); the lab's
-    cost-aware scheduler (dspark/lab/cost_aware/scheduler.py) overrides `speculate`."""
+    """What the engine asks each step: who drafts (`speculate`), how many drafts each verifies
+    (`__call__`); `observe` hears the outcome."""
 
     def __init__(
         self, policy: Policy, profile: ThroughputProfile, temperatures: torch.Tensor | None = None
@@ -380,8 +345,7 @@ class Scheduler:
     def for_drafter(
         cls, policy: Policy, drafter: Drafter, profile: ThroughputProfile, *args, **kwargs
     ) -> Scheduler:
-        """Bind `policy` for `drafter` (any further arguments go to the constructor), refusing up front a
-        drafter whose proposals carry no confidences when the policy ranks by them."""
+        """Bind `policy` for `drafter`, refusing up front a confidence-ranked policy without a head."""
         if policy.needs_confidence and not drafter.has_confidence:
             raise ValueError(
                 f"policy {policy.name!r} ranks drafts by confidence, but the {drafter.name!r} drafter has no "
@@ -391,14 +355,12 @@ class Scheduler:
         return cls(policy, profile, *args, **kwargs)
 
     def speculate(self, history: list[list[list[float]]], idle_steps: list[int], gamma: int) -> list[int]:
-        """Per request, the block width it drafts this step (0: a plain decode step), decided before drafting
-        from earlier rounds only: history[r] holds request r's recent drafted rounds' confidences and
-        idle_steps[r] the steps since it last drafted. Here: everybody drafts γ."""
+        """Per request, the block width it drafts this step (0: plain decode), from earlier rounds only.
+        Here everybody drafts γ."""
         return [gamma] * len(history)
 
     def confidences(self, proposal: Proposal) -> torch.Tensor:
-        """(R, γ) the proposal's confidences, 0 where a request did not draft (never admitted); ones for a
-        drafter without a head, which only confidence-blind policies accept."""
+        """(R, γ) confidences, 0 where a request did not draft; ones without a head (blind policies only)."""
         R, gamma = proposal.tokens.shape
         conf = proposal.confidence
         if conf is None:

@@ -1,27 +1,12 @@
-"""A continuous-batching speculative serving engine (walkthrough/DESIGN.md section 6, paper section 5).
+"""A continuous-batching speculative serving engine (DESIGN.md section 6). Each step of `Engine.run`:
 
-Requests wait in a queue; at most `concurrency` are active, each in its own KV-cache slot. Every step:
+    admit + prefill    free slots take arrived requests; ONE ragged pass over their prompts
+    plan + draft       who drafts (0..γ each); the drafter's `Proposal` after every anchor
+    verify_round       ℓ_r from the scheduler; ONE ragged pass over anchor + ℓ_r drafts; `verify`; roll back
+    commit             emit accepted drafts + the next token; stop at EOS or a limit, free the slot
 
-  1. admit waiting requests while slots are free (closed loop, or once their arrival time has passed),
-     rejecting bad ones (empty, too long, nothing to generate) one by one; prefill the admitted prompts in
-     ONE ragged target pass whose last logits give each its first token;
-  2. the drafter proposes γ tokens after every active request's anchor (or a narrower block, or none, for
-     the requests the scheduler's speculate-or-not picks), first appending what was committed since its
-     last call: one `Proposal` of tokens, their q and, with a trained head, confidences;
-  3. the scheduler (dspark/scheduling/scheduler.py) gives ℓ_r per request, capped by the context left;
-  4. ONE ragged target pass over every request's anchor + ℓ_r drafts (no padding), then `verify`;
-  5. roll every cache back to anchor + accepted drafts, emit the accepted drafts + the correction/bonus
-     token, stop at EOS, `max_new_tokens` or the context, free the slots.
-
-`Engine.run` is these phases, one method each: `admit` + `prefill` (1), `plan` (who drafts, how wide),
-`draft` (2), `verify_round` (3-4) or `decode_round` (nobody drafts), `commit` (5); one `ActiveRequest`
-(requests.py) per active request. With a `NoDrafter` (γ = 0) it is plain continuous batching. The result
-holds every request's record and the round statistics (`EngineResult.stats`).
-
-Device: tensors live on the target's device; the bookkeeping (slots, anchors, lengths) stays on the host,
-where it is decided, and is uploaded without waiting. Each step reads the device back at a few counted
-points (`EngineResult.host_syncs`): the ragged index, the verify lengths, the policy's own Python walk, and
-the round's outcome in one read.
+Tensors live on the target's device; the bookkeeping (slots, anchors, lengths) stays on the host and is
+uploaded without waiting, and each step reads the device at a few counted points (`# host sync`).
 """
 
 from __future__ import annotations
@@ -99,9 +84,8 @@ class Round:
 def read_outcome(
     accepted: torch.Tensor, next_token: torch.Tensor, drafts: torch.Tensor, confidence: torch.Tensor | None
 ) -> tuple[list[int], list[int], list[list[int]], list[list[float]]]:
-    """The round's outcome on the host in ONE read: (R,) accepted counts and next tokens, (R, g) drafts and
-    confidences (int64 values and fp32 confidences are exact in fp64) -- emitting and stopping are decided
-    from these."""
+    """The round's outcome on the host in ONE read (fp64 holds the ids and fp32 confidences exactly):
+    (R,) accepted counts and next tokens, (R, g) drafts and confidences."""
     g = drafts.shape[1]
     parts = [
         accepted[:, None],
@@ -125,12 +109,8 @@ class Engine:
         eos_id: int | None = None,
         scheduler: Scheduler | None = None,
     ) -> None:
-        """`scheduler` (dspark/scheduling/scheduler.py; None: every request drafts and verifies all γ)
-        decides each step, before drafting, who drafts and how wide a block (`speculate`: widths in 0..γ,
-        the drafting requests draft the widest of them; the others take a plain decode step in the same
-        target pass and their committed tokens wait for the drafter's next call), then ℓ_r from the
-        proposal (`scheduler(proposal) -> (R,)`), and hears each step's outcome (`observe`). It must
-        depend only on the proposal and earlier rounds, or losslessness is lost."""
+        """`scheduler` (None: all draft and verify γ) decides who drafts, then ℓ_r; it must depend only on
+        the proposal and earlier rounds, or losslessness is lost."""
         if not 0 <= gamma <= drafter.max_gamma:
             raise ValueError(f"gamma must be in 0..{drafter.max_gamma} for drafter {drafter.name!r}")
         if concurrency < 1:
@@ -142,10 +122,7 @@ class Engine:
         self.drafter.reset(self.cache.n_slots)
 
     def check_requests(self, requests: list[Request]) -> None:
-        """Raise ValueError for a request no engine could serve as asked: token ids that are not integers in
-        the vocabulary, a budget that is not an integer, an arrival time that is negative or not a finite
-        number of seconds. Requests are numbered from 1; checked once per `run`, on the host lists. (An
-        empty prompt, one too long for the context or a budget below 1 is rejected per request instead.)"""
+        """ValueError for malformed requests (ids, budget, arrival); servable-but-bad ones are `rejection`s."""
         vocab = self.target.config.vocab_size
         for i, request in enumerate(requests, start=1):
             if not isinstance(request.prompt, (list, tuple)):
@@ -212,8 +189,7 @@ class Engine:
         return run.result()
 
     def admit(self, run: RunState) -> list[ActiveRequest]:
-        """Step 1a: take waiting requests (arrived ones, in arrival order) while slots are free; a request
-        no engine could serve as asked (empty, too long, nothing to generate) is rejected on its own."""
+        """Arrived requests, in order, while slots are free; a bad one is rejected on its own."""
         newcomers: list[ActiveRequest] = []
         context = self.target.config.max_seq_len
         while run.queue and len(run.active) + len(newcomers) < self.concurrency:
@@ -232,8 +208,8 @@ class Engine:
         return newcomers
 
     def prefill(self, run: RunState, newcomers: list[ActiveRequest], generator: torch.Generator) -> None:
-        """Step 1b: ONE ragged target pass over the newcomers' prompts; the last logits give each its first
-        token (its anchor), every position's taps and hidden states wait for the drafter's first call."""
+        """ONE ragged pass over the newcomers' prompts: the last logits give each its anchor; the features
+        wait for the drafter's first call."""
         t0, syncs_before, device = time.perf_counter(), host_syncs(), model_device(self.target)
         lens = [len(a.request.prompt) for a in newcomers]
         flat = upload([t for a in newcomers for t in a.request.prompt], device)  # (S·T,)
@@ -256,8 +232,7 @@ class Engine:
         run.prefill_syncs += host_syncs() - syncs_before
 
     def plan(self, active: list[ActiveRequest]) -> list[int]:
-        """Step 2a, who drafts, decided from earlier rounds only: per request a block width in 0..γ
-        (default: all γ; the scheduler may narrow it or say 0, a plain decode step for that request)."""
+        """Per request a block width in 0..γ (0: a plain decode step), from earlier rounds only."""
         gamma = self.gamma
         if self.scheduler is None or gamma == 0:
             return [gamma] * len(active)
@@ -267,9 +242,8 @@ class Engine:
         return widths
 
     def commit(self, run: RunState, step: Round) -> None:
-        """Step 5: per request, record the round, emit the accepted drafts + the next token, stop at EOS or
-        a limit (freeing the slot), and keep the committed tokens' features for the drafter's next call
-        (the caches were already rolled back to anchor + accepted drafts)."""
+        """Per request: record the round, emit accepted drafts + the next token, finish or keep the committed
+        features for the drafter's next call."""
         still, features = [], step.features.split(step.block_lens)
         for r, (a, tokens, feats) in enumerate(zip(run.active, step.blocks.split(step.block_lens), features)):
             accepted, next_token, drafting, rec = (
@@ -308,8 +282,7 @@ class Engine:
         run.done()
 
     def decode_round(self, slots: torch.Tensor, anchors: torch.Tensor, generator: torch.Generator) -> Round:
-        """Steps 3-4 when nobody drafts: one plain decode step for every request (slots, anchors: (R,)), with
-        the same draws as verifying zero drafts (sampled from p_0), so the same tokens."""
+        """A plain decode step for all (nobody drafts): the same draws, so tokens, as verifying zero drafts."""
         R = len(slots)
         res = self.target.forward_cached(anchors, slots, torch.ones_like(slots), self.cache, return_taps=True)
         next_token = self.target_tokens(res.logits, generator)  # (R,)
@@ -329,9 +302,8 @@ class Engine:
         anchors: torch.Tensor,
         generator: torch.Generator,
     ) -> Round:
-        """Steps 3-4 of a step in which some request drafted: verify lengths (capped by the context left
-        after each anchor; `lengths` the requests' cache lengths, on the host), ONE ragged target pass over
-        anchor + ℓ_r drafts of every request, `verify`, and the caches rolled back to anchor + accepted."""
+        """ℓ_r (capped by the context left after `lengths`), ONE ragged pass over anchor + ℓ_r drafts,
+        `verify`, and the caches rolled back to anchor + accepted."""
         target, cache, device = self.target, self.cache, model_device(self.target)
         context, (R, g) = target.config.max_seq_len, proposal.tokens.shape
         drafts = proposal.tokens  # (R, γ)
@@ -347,7 +319,7 @@ class Engine:
         keep = upload([r * (g + 1) + k for r, n in enumerate(block_lens) for k in range(n)], device)
         blocks = torch.cat([anchors[:, None], drafts], dim=1).flatten()[keep]  # (N,) flat, request-major
         res = target.forward_cached(blocks, slots, upload(block_lens, device), cache, return_taps=True)
-        # drawn at every temperature (the greedy path does not read them): the generator advances alike
+        # drawn at every temperature, so the generator advances alike
         uniforms = draw_uniforms(R, g, generator, device)
         if self.params.greedy:  # p and q one-hot: compare the drafts with the target's argmax (verify_greedy)
             top = torch.zeros(R, g + 1, dtype=torch.long, device=device)  # (R, γ+1)
@@ -365,9 +337,7 @@ class Engine:
         return Round(ells, block_lens, blocks, TargetFeatures(res.taps, res.last_hidden), *outcome, drafting)
 
     def target_tokens(self, logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """(S, V) target logits -> (S,) tokens drawn from the target's distribution. At T = 0 the argmax:
-        what the inverse-CDF draw from its one-hot returns, without building it. The uniforms are drawn at
-        every temperature, so the generator advances alike."""
+        """(S, V) logits -> (S,) tokens; at T = 0 the argmax (the draw from a one-hot, without building it)."""
         uniforms = generator_uniforms(tuple(logits.shape[:-1]), generator, logits.device)  # (S,)
         if self.params.greedy:
             return logits.float().argmax(-1)
@@ -382,10 +352,8 @@ class Engine:
         generator: torch.Generator,
         gamma: int,
     ) -> Proposal:
-        """The drafter's proposal for the requests at `rows` of `active` (slots and anchors: (R,), every
-        active request's), with their committed tokens and features since its last call. All rows: the
-        drafter's own proposal; otherwise the rows that do not draft are zeros and `drafted` marks them.
-        `gamma` 0: nobody drafts, an empty (R, 0) proposal."""
+        """The proposal for `rows` of `active`, fed what each committed since its last call; the other rows
+        are zeros, marked by `drafted`."""
         device, V, R = model_device(self.target), self.target.config.vocab_size, len(active)
         everyone = len(rows) == R
         index = None if everyone else upload(rows, device)  # (D,) the drafting rows

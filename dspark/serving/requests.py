@@ -1,19 +1,5 @@
-"""What the serving engine serves and what it returns: one object per request.
-
-* `Request` -- what a caller submits: prompt ids, a token budget, an arrival time;
-* `RequestRecord` -- what the engine records for it: the emitted tokens, every
-  round's verify length / accepted count / confidences, the stop reason and the
-  times of its first and last token;
-* `ActiveRequest` -- the engine's working state for a request while it holds a
-  KV-cache slot: its slot, anchor (the last committed token, not yet in the
-  target cache), limits, cache length, recent confidences, steps since it last
-  drafted, and the chunks committed since the drafter's last call;
-* `EngineResult` -- a whole run: every record, the wall time, the step count,
-  the host reads per step, and the round statistics (`stats`);
-* `RoundStats` -- the statistics of speculative rounds, one type for the engine, the study and
-  calibration: τ, acceptance by position, the arrays STS fits on.
-
-What this file does not do: serve anything (dspark/serving/engine.py).
+"""What the engine serves and returns: a `Request`, its `RequestRecord`, its state while served
+(`ActiveRequest`), a whole run (`EngineResult`) and the statistics of its rounds (`RoundStats`).
 """
 
 from __future__ import annotations
@@ -29,23 +15,19 @@ RECENT_ROUNDS = 4  # drafted rounds per request kept for a scheduler's forecast 
 
 @dataclass
 class RoundStats:
-    """Every request-round of some runs, grouped by request (walkthrough/DESIGN.md section 7).
-
-    A request-round is one request's share of one speculative step: it verified ℓ drafts, accepted a ≤ ℓ
-    of them and committed a + 1 tokens (the accepted drafts + the correction or bonus token), fewer where
-    EOS or the token limit cut its last round: tokens past a stop are not output and do not count, in τ
-    (`tau`, committed tokens per request-round) as in the position-wise acceptance (paper Fig. 2). The
-    engine fills one per run (`EngineResult.stats`); the offline study pools them (`extend`)."""
+    """Every request-round of some runs, grouped by request (DESIGN.md section 7). A request-round verified
+    ℓ drafts, accepted a ≤ ℓ and committed a + 1 tokens, fewer where a stop cut it; only committed tokens
+    count, in τ as in the position-wise acceptance."""
 
     verify_lens: list[list[int]] = field(default_factory=list)  # per request, per round: ℓ
     accepted: list[list[int]] = field(default_factory=list)  # per request, per round: accepted drafts a ≤ ℓ
-    # per request, per round: the drafter's confidences c_1..c_γ (empty lists without a confidence head)
+    # per request, per round: c_1..c_γ ([] without a confidence head)
     confidences: list[list[list[float]]] = field(default_factory=list)
-    # per request, per round: tokens committed, a + 1 unless a stop cut the round (default: a + 1)
+    # per request, per round: tokens committed, a + 1 unless a stop cut the round
     emitted: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if not self.emitted:  # recorded without stops in mind: every round committed a + 1
+        if not self.emitted:  # default: every round committed a + 1
             self.emitted = [[a + 1 for a in acc] for acc in self.accepted]
         if [len(e) for e in self.emitted] != [len(a) for a in self.accepted]:
             raise ValueError("emitted must have one entry per round, like accepted")
@@ -66,14 +48,13 @@ class RoundStats:
         return sum(map(sum, self.verify_lens)) / max(1, self.rounds)
 
     def acceptance_by_position(self, gamma: int) -> list[float | None]:
-        """Per draft position k = 1..γ: among rounds that verified k and accepted 1..k−1,
-        the fraction that accepted k (None where no round reached k)."""
+        """Per position k = 1..γ: of the rounds that verified k and accepted 1..k−1, the fraction that
+        accepted k (None where none reached k)."""
         hits, tries = self.acceptance_counts(gamma)
         return [h / t if t else None for h, t in zip(hits, tries)]
 
     def acceptance_counts(self, gamma: int) -> tuple[list[int], list[int]]:
-        """(hits, tries) per draft position: the counts behind `acceptance_by_position`. Like τ they count
-        committed tokens: in a round a stop cut after e tokens, drafts past the e-th were never output."""
+        """(hits, tries) per draft position, over committed tokens only."""
         hits, tries = [0] * gamma, [0] * gamma
         for lens, accs, emits in zip(self.verify_lens, self.accepted, self.emitted):
             for ell, a, e in zip(lens, accs, emits):
@@ -90,8 +71,8 @@ class RoundStats:
         self.emitted += other.emitted
 
     def calibration_arrays(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(N, γ) confidences, (N, γ) event "drafts 1..k accepted", (N, γ) mask of verified
-        positions, over the N request-rounds that carry confidences (STS fits on these)."""
+        """(N, γ) confidences, events "drafts 1..k accepted" and verified masks of the N rounds with
+        confidences (what STS fits on)."""
         conf, events, mask = [], [], []
         for L, A, C in zip(self.verify_lens, self.accepted, self.confidences):
             for ell, a, c in zip(L, A, C):
@@ -140,7 +121,7 @@ class RequestRecord:
 
 @dataclass
 class ActiveRequest:
-    """A request that holds a KV-cache slot. Everything here is host-side bookkeeping (no device reads)."""
+    """A request that holds a KV-cache slot: host-side bookkeeping only."""
 
     request: Request
     record: RequestRecord
@@ -177,12 +158,12 @@ class EngineResult:
     steps: int  # speculative steps (one target verification pass each)
     host_syncs: list[int] = field(default_factory=list)  # per step: device-to-host reads (dspark/device.py)
     prefill_host_syncs: int = 0  # the same, in all prefill passes together
-    draft_seconds: float = 0.0  # wall time spent in the drafter's propose calls (all steps)
-    drafted_rounds: int = 0  # request-rounds in which the request drafted (the scheduler's speculate said so)
+    draft_seconds: float = 0.0  # wall time in the drafter's propose calls
+    drafted_rounds: int = 0  # request-rounds in which the request drafted
 
     @property
     def host_syncs_per_step(self) -> float:
-        """Mean device-to-host reads per step (each waits for the device; README, "On a GPU")."""
+        """Mean device-to-host reads per step (each waits for the device)."""
         return sum(self.host_syncs) / len(self.host_syncs) if self.host_syncs else 0.0
 
     @property
