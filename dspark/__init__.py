@@ -14,7 +14,7 @@ The public API, in the order the data flows (README "Architecture"):
 Plain decoding is `dspark.decoding.generate` (not re-exported: `dspark.generate` is the command).
 """
 
-# ruff: noqa: E402 (the Ctrl-C hook below is set before the imports that load torch)
+# ruff: noqa: E402, F401 (the Ctrl-C hook is set before the imports that load torch; they are re-exports)
 import os as _os
 import sys as _sys
 
@@ -40,7 +40,7 @@ _module = next((a[2:] or b for a, b in zip(_argv, [*_argv[1:], ""]) if a.startsw
 if _module == "dspark" or _module.startswith("dspark."):
     _sys.excepthook = _interrupted
 
-from dspark import paths  # noqa: F401
+from dspark import paths
 from dspark.checkpoint import CheckpointError, load_target
 from dspark.decoding import GenerationResult
 from dspark.drafters.base import Drafter, NoDrafter, Proposal, TargetFeatures
@@ -62,40 +62,3 @@ from dspark.serving.requests import RoundStats
 from dspark.serving.speculative import SpeculativeResult, speculative_generate
 from dspark.tokenizer import Tokenizer
 from dspark.verify import VerifyResult, verify, verify_greedy
-
-__all__ = [
-    "DRAFTER_NAMES",
-    "POLICY_NAMES",
-    "CheckpointError",
-    "Drafter",
-    "Engine",
-    "EngineResult",
-    "GenerationResult",
-    "KVCache",
-    "ModelConfig",
-    "NoDrafter",
-    "Policy",
-    "Proposal",
-    "Request",
-    "RoundStats",
-    "SamplingParams",
-    "SpeculativeResult",
-    "TargetFeatures",
-    "ThroughputProfile",
-    "Tokenizer",
-    "Transformer",
-    "Scheduler",
-    "VerifyResult",
-    "get_calibration",
-    "get_drafter",
-    "load_target",
-    "make_policy",
-    "paths",
-    "prefix_schedule",
-    "prefix_survival",
-    "probabilities",
-    "sample",
-    "speculative_generate",
-    "verify",
-    "verify_greedy",
-]

@@ -79,7 +79,6 @@ def check_prompts(
         check_token_ids(p, vocab_size, name)
 
 
-@torch.no_grad()
 def stop_reason(
     emitted: list[int], eos_id: int | None, max_new_tokens: int, length: int, context: int
 ) -> str:
@@ -91,6 +90,7 @@ def stop_reason(
     return "context" if length + 1 > context else ""
 
 
+@torch.no_grad()
 def generate(
     model: Transformer,
     prompts: list[list[int]],

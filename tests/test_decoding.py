@@ -90,3 +90,19 @@ def test_bad_prompts(bad):
 def test_max_new_tokens_must_be_positive(tiny_model):
     with pytest.raises(ValueError):
         generate(tiny_model, prompts([3]), 0, GREEDY)
+
+
+def test_decoding_records_no_autograd_graph(tiny_model, monkeypatch):
+    """Plain decoding and the engine run every target pass without autograd (a recorded graph costs time and
+    memory on every step), even when the caller has gradients enabled."""
+    from dspark.drafters.base import NoDrafter
+    from dspark.serving.speculative import speculative_generate
+
+    seen = []
+    forward = type(tiny_model).forward_cached
+    monkeypatch.setattr(type(tiny_model), "forward_cached",
+                        lambda self, *a, **k: seen.append(torch.is_grad_enabled()) or forward(self, *a, **k))  # fmt: skip
+    with torch.enable_grad():
+        generate(tiny_model, [[1, 2, 3]], 4, SamplingParams(0.0))
+        speculative_generate(tiny_model, NoDrafter(TINY.vocab_size), [[1, 2, 3]], 4, SamplingParams(0.0), 0)
+    assert len(seen) >= 4 and not any(seen)
