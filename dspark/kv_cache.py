@@ -40,17 +40,9 @@ class KVCache:
         self._in_use: set[int] = set()
 
     @classmethod
-    def for_model(cls, config, n_slots: int, dtype: torch.dtype = torch.float32, device="cpu"):
-        """A cache shaped for a `ModelConfig`."""
-        return cls(
-            config.n_layers,
-            n_slots,
-            config.n_kv_heads,
-            config.max_seq_len,
-            config.head_dim,
-            dtype,
-            device,
-        )
+    def for_model(cls, c, n_slots: int, dtype: torch.dtype = torch.float32, device="cpu") -> KVCache:
+        """A cache shaped for a `ModelConfig` c."""
+        return cls(c.n_layers, n_slots, c.n_kv_heads, c.max_seq_len, c.head_dim, dtype, device)
 
     @property
     def n_slots(self) -> int:
@@ -88,9 +80,3 @@ class KVCache:
         if not 0 <= new_length <= current:
             raise ValueError(f"cannot roll slot {slot} back to {new_length} (length {current})")
         self.lengths[slot] = new_length
-
-    def reset(self) -> None:
-        """Free every slot."""
-        self.lengths.zero_()
-        self._free = list(range(self.n_slots))
-        self._in_use.clear()

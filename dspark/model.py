@@ -62,21 +62,15 @@ class ModelConfig:
     def drafter_layers(self, n_layers: int, ffn_hidden: int, extra_positions: int) -> ModelConfig:
         """Config of a drafter's own layers: this model's width, heads and RoPE, the
         drafter's depth and FFN width, room for `extra_positions` draft positions."""
-        return replace(
-            self,
-            n_layers=n_layers,
-            ffn_hidden=ffn_hidden,
-            max_seq_len=self.max_seq_len + extra_positions,
-            tap_layers=(),
-        )
+        longer = self.max_seq_len + extra_positions
+        return replace(self, n_layers=n_layers, ffn_hidden=ffn_hidden, max_seq_len=longer, tap_layers=())
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
+        unknown = set(d) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown config fields: {sorted(unknown)}")
         return cls(**d)

@@ -30,8 +30,6 @@ from dspark.scheduling.scheduler import Scheduler
 from dspark.serving.requests import RECENT_ROUNDS, ActiveRequest, EngineResult, Request, RequestRecord
 from dspark.verify import draw_uniforms, verify, verify_greedy
 
-__all__ = ["Engine", "EngineResult", "Request", "RequestRecord"]
-
 
 @dataclass
 class RunState:
