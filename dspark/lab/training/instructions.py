@@ -24,8 +24,8 @@ from tqdm import tqdm
 
 from dspark.decoding import generate
 from dspark.lab.data.instructions import INSTRUCTION_DOMAINS, PREFIXES, NearDuplicates, drop_reason, split_of
+from dspark.lab.storage import write_text_atomic
 from dspark.model import Transformer
-from dspark.paths import write_text_atomic
 from dspark.sampling import SamplingParams
 from dspark.tokenizer import Tokenizer
 
