@@ -99,9 +99,9 @@ def test_decoding_records_no_autograd_graph(tiny_model, monkeypatch):
     from dspark.serving.speculative import speculative_generate
 
     seen = []
-    forward = type(tiny_model).forward_cached
-    monkeypatch.setattr(type(tiny_model), "forward_cached",
-                        lambda self, *a, **k: seen.append(torch.is_grad_enabled()) or forward(self, *a, **k))  # fmt: skip
+    forward = tiny_model.forward_cached  # (whatever an earlier test swapped in: the instance's own)
+    monkeypatch.setattr(tiny_model, "forward_cached",
+                        lambda *a, **k: seen.append(torch.is_grad_enabled()) or forward(*a, **k))  # fmt: skip
     with torch.enable_grad():
         generate(tiny_model, [[1, 2, 3]], 4, SamplingParams(0.0))
         speculative_generate(tiny_model, NoDrafter(TINY.vocab_size), [[1, 2, 3]], 4, SamplingParams(0.0), 0)
