@@ -386,7 +386,7 @@ def test_the_core_imports_neither_lab_nor_course():
 
 # The core's size in lines of Python: a ratchet on the way to the goal of at most 3,500 (issue #60). Lower it
 # as code leaves the core; never raise it.
-CORE_LINE_BUDGET = 3500
+CORE_LINE_BUDGET = 3499
 
 
 def test_the_core_stays_within_its_line_budget():

@@ -360,7 +360,7 @@ def test_printed_numbers_match_the_records(small_checkpoint, small_drafters, tmp
     committed = sum(len(r.tokens) for r in run.records) - len(
         run.records
     )  # each first token is the prefill's
-    rounds = sum(len(r.accepted) for r in run.records)
+    rounds = sum(len(r.rounds) for r in run.records)
     assert record["rounds"] == rounds and record["tau"] == pytest.approx(committed / rounds, abs=1e-4)
     assert sum(record["new_tokens"]) == sum(len(r.tokens) for r in run.records)
 
@@ -378,7 +378,7 @@ def test_printed_numbers_match_the_records(small_checkpoint, small_drafters, tmp
     ]
     assert point["throughput"] == pytest.approx(tokens / measured.seconds)
     assert point["tps_per_user"] == pytest.approx(sum(1 / t for t in tpots) / len(tpots))
-    assert point["tau"] == pytest.approx((tokens - 3) / sum(len(r.accepted) for r in measured.records))
+    assert point["tau"] == pytest.approx((tokens - 3) / sum(len(r.rounds) for r in measured.records))
     assert point["completed"] == 3 and point["rejected"] == 0
 
 

@@ -92,13 +92,13 @@ def test_the_engine_hands_each_round_s_proposal_to_the_verify_function(tiny_mode
     ps = prompts(RAGGED[:3], seed=4)
     scheduler = VerifyTwo(make_policy("fixed"), PROFILE)
     result = Engine(tiny_model, drafter, GREEDY, 4, 3, None, scheduler).run([Request(p, 9) for p in ps])
-    recorded = [round_conf for rec in result.records for round_conf in rec.confidences]
+    recorded = [d.confidences for rec in result.records for d in rec.rounds]
     assert len(seen) == result.steps and sum(len(c) for c in seen) == len(recorded)
     assert all(
-        ell <= 2 for rec in result.records for ell in rec.verify_lens
+        d.verify_len <= 2 for rec in result.records for d in rec.rounds
     )  # 2, or less near the context end
     first_step = seen[0].tolist()
-    assert [rec.confidences[0] for rec in result.records] == first_step  # all three active in step 1
+    assert [rec.rounds[0].confidences for rec in result.records] == first_step  # all three active in step 1
 
 
 def test_shipped_calibration_is_loaded_with_the_drafter_checkpoint(tmp_path):

@@ -451,7 +451,7 @@ def test_hopeless_drafting_drafts_nothing_and_is_plain_decoding(tiny_model, conc
             make_policy(name), drafter, PROFILE, None, DraftCost([100.0] * 64)
         )
         result = run_engine(tiny_model, drafter, scheduler, concurrency, reqs)
-        assert result.drafted_rounds == 0 and all(ell == 0 for r in result.records for ell in r.verify_lens)
+        assert result.drafted_rounds == 0 and all(d.verify_len == 0 for r in result.records for d in r.rounds)
         for p, req, rec in zip(ps, reqs, result.records):
             assert rec.tokens == generate(tiny_model, [p], req.max_new_tokens, GREEDY).tokens[0]
 
@@ -481,7 +481,7 @@ def test_free_drafting_is_todays_engine(tiny_model):
         CostAwareScheduler.for_drafter(make_policy("dspark"), drafter, PROFILE, None, DraftCost.free()),
     ):
         result = run_engine(tiny_model, drafter, scheduler, 3, reqs, sampled, seed=5)
-        outcomes.append([(r.tokens, r.verify_lens, r.accepted, r.confidences) for r in result.records])
+        outcomes.append([(r.tokens, r.rounds) for r in result.records])
     assert outcomes[0] == outcomes[1]
 
 
@@ -496,10 +496,10 @@ def test_mixed_drafting_is_token_identical_to_plain_decoding(tiny_model, concurr
         cost = DraftCost([base + 0.05 * n for n in range(1, 1025)])
         scheduler = CostAwareScheduler.for_drafter(make_policy("dspark"), drafter, PROFILE, None, cost)
         result = run_engine(tiny_model, drafter, scheduler, concurrency, reqs)
-        shares.append(result.drafted_rounds / sum(len(r.accepted) for r in result.records))
+        shares.append(result.drafted_rounds / sum(len(r.rounds) for r in result.records))
         for p, req, rec in zip(ps, reqs, result.records):
             assert rec.tokens == generate(tiny_model, [p], req.max_new_tokens, GREEDY).tokens[0]
-            assert len(rec.confidences) == len(rec.accepted)  # [] for the rounds without drafts
+            assert all(d.confidences is not None for d in rec.rounds)  # [] for the rounds without drafts
     assert any(0 < share < 1 for share in shares)  # the case under test happened
 
 
@@ -521,11 +521,11 @@ def test_narrow_blocks_are_token_identical_to_plain_decoding(tiny_model, concurr
 
     narrow = Narrow(make_policy("fixed"), PROFILE)
     result = Engine(tiny_model, drafter, GREEDY, 4, concurrency, None, narrow).run(reqs)
-    widths = {len(c) for rec in result.records for c in rec.confidences}
+    widths = {len(d.confidences) for rec in result.records for d in rec.rounds}
     assert {1, 2, 3, 4} <= widths or concurrency == 1 and {1, 2, 4} <= widths
     for p, req, rec in zip(ps, reqs, result.records):
         assert rec.tokens == generate(tiny_model, [p], req.max_new_tokens, GREEDY).tokens[0]
-        assert all(ell <= len(c) for ell, c in zip(rec.verify_lens, rec.confidences))
+        assert all(d.verify_len <= len(d.confidences) for d in rec.rounds)
 
 
 def test_the_decision_never_sees_the_current_round(tiny_model):
@@ -612,7 +612,7 @@ def test_cost_aware_engine_is_device_aware(tiny_model):
     def run():
         scheduler = CostAwareScheduler.for_drafter(make_policy("dspark"), drafter, PROFILE, None, MIXED)
         result = run_engine(tiny_model, drafter, scheduler, 3, reqs, SamplingParams(1.0), seed=2)
-        return [(r.tokens, r.verify_lens) for r in result.records], result.drafted_rounds
+        return [(r.tokens, [d.verify_len for d in r.rounds]) for r in result.records], result.drafted_rounds
 
     expected, got = on_meta(run)
     assert got == expected and 0 < expected[1]

@@ -121,7 +121,7 @@ def test_engine_every_policy_with_slot_reuse(tiny_model, policy):
         result = engine.run([Request(p, 10) for p in ps], torch.Generator().manual_seed(5))
         recs = result.records
         assert len(result.host_syncs) == result.steps
-        return [(r.tokens, r.verify_lens, r.accepted, r.confidences, r.stop_reason) for r in recs]
+        return [(r.tokens, r.rounds, r.stop_reason) for r in recs]
 
     expected, got = on_meta(run)
     assert got == expected

@@ -314,20 +314,15 @@ class AsyncPrefixPolicy(Policy):
 
 def make_policy(name: str, threshold: float = 0.5, min_length: int = 0) -> Policy:
     """A fresh policy by its CLI name (see POLICY_NAMES)."""
-    if name == "none":
-        return FixedPolicy("none", 0)
-    if name == "mtp1":
-        return FixedPolicy("mtp1", 1)
-    if name == "fixed":
-        return FixedPolicy("fixed", None)
+    fixed = {"none": 0, "mtp1": 1, "fixed": None}  # drafts per request, whatever the drafter says (None: γ)
+    if name in fixed:
+        return FixedPolicy(name, fixed[name])
     if name == "threshold":
         return ThresholdPolicy(threshold)
-    if name == "goodput":
-        return GoodputPolicy()
-    if name == "dspark":
-        return PrefixPolicy()
     if name == "dspark-async":
         return AsyncPrefixPolicy(min_length)
+    if name in ("goodput", "dspark"):
+        return GoodputPolicy() if name == "goodput" else PrefixPolicy()
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
 
 

@@ -27,7 +27,14 @@ from dspark.drafters.base import Drafter, Proposal, TargetFeatures
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams, probabilities, sample_from_probs
 from dspark.scheduling.scheduler import Scheduler
-from dspark.serving.requests import RECENT_ROUNDS, ActiveRequest, EngineResult, Request, RequestRecord
+from dspark.serving.requests import (
+    RECENT_ROUNDS,
+    ActiveRequest,
+    EngineResult,
+    Request,
+    RequestRecord,
+    RoundRecord,
+)
 from dspark.verify import draw_uniforms, verify, verify_greedy
 
 
@@ -244,26 +251,17 @@ class Engine:
         features for the drafter's next call."""
         still, features = [], step.features.split(step.block_lens)
         for r, (a, tokens, feats) in enumerate(zip(run.active, step.blocks.split(step.block_lens), features)):
-            accepted, next_token, drafting, rec = (
-                step.accepted[r],
-                step.next_token[r],
-                step.drafting[r],
-                a.record,
-            )
-            rec.verify_lens.append(step.ells[r])
-            rec.accepted.append(accepted)
-            if self.drafter.has_confidence:
-                conf = step.confidences[r] if drafting else []  # [] for a round without drafts
-                rec.confidences.append(conf)
-                if drafting:
-                    a.recent = [*a.recent, conf][-RECENT_ROUNDS:]
+            accepted, next_token, drafting = step.accepted[r], step.next_token[r], step.drafting[r]
+            conf = (step.confidences[r] if drafting else []) if self.drafter.has_confidence else None
+            if drafting and conf is not None:
+                a.recent = [*a.recent, conf][-RECENT_ROUNDS:]
             a.idle = 0 if drafting else a.idle + 1
             a.length += accepted + 1
             a.anchor = next_token
-            n_before = len(rec.tokens)
+            n_before = len(a.record.tokens)
             committed = [*step.drafts[r][:accepted], next_token]
             finished = a.emit(committed, [True] * accepted + [False], self.eos_id, run.now())
-            rec.emitted.append(len(rec.tokens) - n_before)  # a + 1, fewer if EOS/the limit cut it
+            a.record.rounds.append(RoundRecord(step.ells[r], accepted, len(a.record.tokens) - n_before, conf))
             if finished:
                 self.finish(run, a)
             else:

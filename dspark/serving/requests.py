@@ -95,13 +95,18 @@ class Request:
 
 
 @dataclass
+class RoundRecord:  # one request's share of one step
+    verify_len: int  # ℓ, the drafts it verified
+    accepted: int  # a ≤ ℓ, the drafts accepted
+    emitted: int  # tokens committed: a + 1, fewer where a stop cut the round
+    confidences: list[float] | None  # c_1..c_γ ([] in a round without drafts; None: the drafter has no head)
+
+
+@dataclass
 class RequestRecord:
     tokens: list[int] = field(default_factory=list)  # emitted tokens (EOS included when it ended it)
     from_draft: list[bool] = field(default_factory=list)  # per token: an accepted draft?
-    verify_lens: list[int] = field(default_factory=list)  # per round: ℓ
-    accepted: list[int] = field(default_factory=list)  # per round: accepted drafts a
-    emitted: list[int] = field(default_factory=list)  # per round: tokens committed (a + 1, fewer at a stop)
-    confidences: list[list[float]] = field(default_factory=list)  # per round: c_1..c_γ (if it has them)
+    rounds: list[RoundRecord] = field(default_factory=list)  # one per step it took part in
     stop_reason: str = ""  # "eos", "length", "context", or "rejected"
     error: str = ""  # why a request was rejected
     submitted: float = 0.0  # seconds after the start: admitted to the queue's head (closed loop) or arrived
@@ -173,9 +178,10 @@ class EngineResult:
     @property
     def stats(self) -> RoundStats:
         """Every request's rounds (ℓ, accepted, confidences), in submission order."""
-        recs = self.records
-        return RoundStats([r.verify_lens for r in recs], [r.accepted for r in recs], [r.confidences for r in recs],
-                          [r.emitted for r in recs])  # fmt: skip
+        per = [r.rounds for r in self.records]
+        confidences = [[d.confidences for d in rs if d.confidences is not None] for rs in per]  # no head: []
+        return RoundStats([[d.verify_len for d in rs] for rs in per], [[d.accepted for d in rs] for rs in per],
+                          confidences, [[d.emitted for d in rs] for rs in per])  # fmt: skip
 
     @property
     def throughput(self) -> float:
