@@ -285,7 +285,7 @@ class Engine:
         nothing = torch.zeros(R, dtype=torch.long, device=slots.device)
         if self.scheduler is not None:
             self.scheduler.observe(nothing, nothing)
-        outcome = read_outcome(nothing, next_token, nothing[:, None][:, :0], None)  # no drafts: (R, 0)
+        outcome = read_outcome(nothing, next_token, nothing.new_zeros(R, 0), None)  # no drafts: (R, 0)
         features = TargetFeatures(res.taps, res.last_hidden)
         return Round([0] * R, [1] * R, anchors, features, *outcome, [False] * R)
 
