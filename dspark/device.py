@@ -1,19 +1,15 @@
-"""Where tensors live, every host read of the hot paths counted, and kernel-or-reference per call.
+"""Where tensors live, and every host read of the hot paths counted.
 
 The rule: **a tensor is made on the device of the data it goes with** (the model's, a drafter's weights',
 or the inputs'), never torch's default device. The one exception: uniforms are drawn on the generator's own
 device and moved, so a seed gives the same tokens on CPU and GPU. A host read waits for the device, so hot
 paths read only where the host must decide (a shape, a stop), through `to_host`, which counts it.
-`use_kernel` picks a Triton kernel or the PyTorch reference; modes via `set_kernel_mode` or DSPARK_KERNELS:
-"auto" (kernel on CUDA tensors), "reference", "triton" (on CPU only with TRITON_INTERPRET=1).
+Which hot path runs its Triton kernel instead of the PyTorch reference is `kernels.use_kernel`'s call.
 """
 
 from __future__ import annotations
 
-import os
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 
@@ -57,66 +53,3 @@ def generator_uniforms(
     """U[0, 1) of `shape` drawn on `generator`'s device, then moved: the same draws on every device."""
     drawn = torch.rand(shape, generator=generator, device=generator.device, dtype=dtype)
     return drawn.to(device, non_blocking=True)
-
-
-# ---- a hot path runs its Triton kernel or its PyTorch reference ----
-KERNEL_MODES = ("auto", "triton", "reference")
-
-
-def _mode_from_env() -> str:
-    mode = os.environ.get("DSPARK_KERNELS", "auto").strip().lower() or "auto"
-    if mode not in KERNEL_MODES:
-        raise ValueError(f"DSPARK_KERNELS must be one of {', '.join(KERNEL_MODES)}, got {mode!r}")
-    return mode
-
-
-_mode: str | None = None  # set by set_kernel_mode; None: DSPARK_KERNELS decides (read when first needed)
-
-
-def kernel_mode() -> str:
-    """The mode in force; DSPARK_KERNELS is read here, not at import, so a bad value breaks no import."""
-    return _mode if _mode is not None else _mode_from_env()
-
-
-def set_kernel_mode(mode: str) -> None:
-    """Pick "auto", "triton" or "reference" for every hot path from now on."""
-    global _mode
-    if mode not in KERNEL_MODES:
-        raise ValueError(f"kernel mode must be one of {', '.join(KERNEL_MODES)}, got {mode!r}")
-    _mode = mode
-
-
-@contextmanager
-def kernels_as(mode: str) -> Iterator[None]:
-    """`with kernels_as("triton"): ...` runs a block in one mode, then restores the previous one."""
-    global _mode
-    previous = _mode
-    set_kernel_mode(mode)
-    try:
-        yield
-    finally:
-        _mode = previous
-
-
-def use_kernel(*tensors: torch.Tensor) -> bool:
-    """Should the hot path that received `tensors` run its Triton kernel?"""
-    mode = kernel_mode()
-    if mode == "reference":
-        return False
-    on_gpu = all(t.is_cuda for t in tensors)
-    if mode == "auto" and not on_gpu:
-        return False
-    import kernels
-
-    if not kernels.available():  # imports Triton; never raises, prints one line if it is missing
-        if mode == "triton":
-            raise RuntimeError(
-                f"kernel mode 'triton' was forced but Triton is unusable: {kernels.unavailable_reason()}"
-            )
-        return False
-    if not on_gpu and not kernels.interpreting():
-        raise RuntimeError(
-            "kernel mode 'triton' on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
-            "before the kernels are imported (or use mode 'auto'/'reference')"
-        )
-    return True

@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dspark.device import to_host, use_kernel
+from dspark.device import to_host
 from dspark.kv_cache import KVCache
+from kernels import use_kernel
 
 
 @dataclass
@@ -172,7 +173,7 @@ def ragged_attention_reference(
 
 
 def ragged_attention(q: Tensor, layer_keys: Tensor, layer_values: Tensor, rb: RaggedIndex) -> Tensor:
-    """`ragged_attention_reference`, or the Triton kernel when `dspark.device.use_kernel` picks it."""
+    """`ragged_attention_reference`, or the Triton kernel when `kernels.use_kernel` picks it."""
     if use_kernel(q, layer_keys, layer_values):
         from kernels.ragged_attention import ragged_verify_attention
 

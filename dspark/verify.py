@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from dspark.device import generator_uniforms, to_host, use_kernel
+from dspark.device import generator_uniforms, to_host
 from dspark.sampling import sample_from_probs
+from kernels import use_kernel
 
 
 @dataclass

@@ -8,9 +8,10 @@
 
 Every kernel file reads top to bottom: what it computes → which function in
 `dspark/` is its reference → the kernel with each argument explained → a
-wrapper that checks shapes, dtypes and contiguity. `dspark` picks kernel or
-reference per call (`dspark/device.py`): kernels for CUDA tensors, the
-reference on CPU, unless a mode is forced.
+wrapper that checks shapes, dtypes and contiguity. `use_kernel` (below) picks
+kernel or reference per call: kernels for CUDA tensors, the reference on CPU,
+unless a mode is forced (`set_kernel_mode`, `kernels_as`, or DSPARK_KERNELS:
+"auto", "reference", "triton" -- on CPU only with TRITON_INTERPRET=1).
 
 On CPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set
 before the kernel modules are imported; fp32 only): correct, and slow; that is
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 _status: tuple[bool, str] | None = None  # (usable, why not), filled by the first `available()`
 
@@ -57,3 +60,64 @@ def unavailable_reason() -> str:
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# ---- a hot path runs its Triton kernel or its PyTorch reference: the mode, then the call ----
+KERNEL_MODES = ("auto", "triton", "reference")
+
+
+def _mode_from_env() -> str:
+    mode = os.environ.get("DSPARK_KERNELS", "auto").strip().lower() or "auto"
+    if mode not in KERNEL_MODES:
+        raise ValueError(f"DSPARK_KERNELS must be one of {', '.join(KERNEL_MODES)}, got {mode!r}")
+    return mode
+
+
+_mode: str | None = None  # set by set_kernel_mode; None: DSPARK_KERNELS decides (read when first needed)
+
+
+def kernel_mode() -> str:
+    """The mode in force; DSPARK_KERNELS is read here, not at import, so a bad value breaks no import."""
+    return _mode if _mode is not None else _mode_from_env()
+
+
+def set_kernel_mode(mode: str) -> None:
+    """Pick "auto", "triton" or "reference" for every hot path from now on."""
+    global _mode
+    if mode not in KERNEL_MODES:
+        raise ValueError(f"kernel mode must be one of {', '.join(KERNEL_MODES)}, got {mode!r}")
+    _mode = mode
+
+
+@contextmanager
+def kernels_as(mode: str) -> Iterator[None]:
+    """`with kernels_as("triton"): ...` runs a block in one mode, then restores the previous one."""
+    global _mode
+    previous = _mode
+    set_kernel_mode(mode)
+    try:
+        yield
+    finally:
+        _mode = previous
+
+
+def use_kernel(*tensors) -> bool:
+    """Should the hot path that received `tensors` run its Triton kernel?"""
+    mode = kernel_mode()
+    if mode == "reference":
+        return False
+    on_gpu = all(t.is_cuda for t in tensors)
+    if mode == "auto" and not on_gpu:
+        return False
+    if not available():  # imports Triton; never raises, prints one line if it is missing
+        if mode == "triton":
+            raise RuntimeError(
+                f"kernel mode 'triton' was forced but Triton is unusable: {unavailable_reason()}"
+            )
+        return False
+    if not on_gpu and not interpreting():
+        raise RuntimeError(
+            "kernel mode 'triton' on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
+            "before the kernels are imported (or use mode 'auto'/'reference')"
+        )
+    return True

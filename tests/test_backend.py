@@ -1,4 +1,4 @@
-"""Kernel-or-reference dispatch (dspark/device.py), life without Triton, and `python -m dspark.bench kernels`."""
+"""Kernel-or-reference dispatch (kernels/__init__.py), life without Triton, and `python -m dspark.bench kernels`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import kernels
-from dspark import device as dev
 
 ROOT = Path(__file__).resolve().parents[1]
 ON_GPU, ON_CPU = SimpleNamespace(is_cuda=True), SimpleNamespace(is_cuda=False)  # all use_kernel reads
@@ -21,36 +20,36 @@ ON_GPU, ON_CPU = SimpleNamespace(is_cuda=True), SimpleNamespace(is_cuda=False)  
 
 def test_modes_validate_and_restore():
     with pytest.raises(ValueError, match="auto, triton, reference"):
-        dev.set_kernel_mode("fast")
-    before = dev.kernel_mode()
-    with dev.kernels_as("reference"):
-        assert dev.kernel_mode() == "reference"
-    assert dev.kernel_mode() == before
+        kernels.set_kernel_mode("fast")
+    before = kernels.kernel_mode()
+    with kernels.kernels_as("reference"):
+        assert kernels.kernel_mode() == "reference"
+    assert kernels.kernel_mode() == before
 
 
 def test_auto_uses_kernels_only_for_cuda_tensors(monkeypatch):
     monkeypatch.setattr(kernels, "_status", (True, ""))
-    with dev.kernels_as("auto"):
-        assert not dev.use_kernel(torch.zeros(2))
-        assert dev.use_kernel(ON_GPU, ON_GPU)
-        assert not dev.use_kernel(ON_GPU, ON_CPU)  # mixed devices: leave it to the reference
-    with dev.kernels_as("reference"):
-        assert not dev.use_kernel(ON_GPU)
+    with kernels.kernels_as("auto"):
+        assert not kernels.use_kernel(torch.zeros(2))
+        assert kernels.use_kernel(ON_GPU, ON_GPU)
+        assert not kernels.use_kernel(ON_GPU, ON_CPU)  # mixed devices: leave it to the reference
+    with kernels.kernels_as("reference"):
+        assert not kernels.use_kernel(ON_GPU)
 
 
 def test_missing_triton_degrades_in_auto_and_fails_loudly_when_forced(monkeypatch):
     monkeypatch.setattr(kernels, "_status", (False, "ModuleNotFoundError: No module named 'triton'"))
-    with dev.kernels_as("auto"):
-        assert not dev.use_kernel(ON_GPU)
-    with dev.kernels_as("triton"), pytest.raises(RuntimeError, match="Triton is unusable"):
-        dev.use_kernel(ON_GPU)
+    with kernels.kernels_as("auto"):
+        assert not kernels.use_kernel(ON_GPU)
+    with kernels.kernels_as("triton"), pytest.raises(RuntimeError, match="Triton is unusable"):
+        kernels.use_kernel(ON_GPU)
 
 
 def test_forcing_kernels_on_cpu_needs_the_interpreter(monkeypatch):
     monkeypatch.setattr(kernels, "_status", (True, ""))
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with dev.kernels_as("triton"), pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
-        dev.use_kernel(torch.zeros(2))
+    with kernels.kernels_as("triton"), pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        kernels.use_kernel(torch.zeros(2))
 
 
 def run_python(code: str, *args: str) -> subprocess.CompletedProcess:
@@ -66,7 +65,7 @@ BLOCK_TRITON = "import sys; sys.modules['triton'] = None\n"  # `import triton` n
 def test_without_triton_dspark_still_verifies_and_says_so_once():
     code = BLOCK_TRITON + (
         "import torch, kernels\n"
-        "from dspark.device import use_kernel\n"
+        "from kernels import use_kernel\n"
         "from dspark.verify import verify\n"
         "assert not kernels.available() and not kernels.available()\n"
         "gpu = type('T', (), {'is_cuda': True})()\n"

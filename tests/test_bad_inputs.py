@@ -24,6 +24,7 @@ from test_outputs import corrupt_cache_homes
 from dspark import bench, export, generate, grade, train
 from dspark.lab import storage
 from dspark.lab.cli import run_main
+from dspark.lab.commands import generate as generate_command
 from dspark.lab.storage import save_checkpoint
 from dspark.model import Transformer
 from dspark.tokenizer import Tokenizer
@@ -331,10 +332,10 @@ def test_marking_round_trips_on_split_multibyte_characters(tokenizer: Tokenizer,
     patterns = [[i < k for i in range(len(ids))] for k in range(len(ids) + 1)]
     patterns += [torch.rand(len(ids), generator=g).lt(0.5).tolist() for _ in range(50)]
     for pattern in patterns:
-        marked = generate._mark_drafted(tokenizer, ids, pattern)
+        marked = generate_command._mark_drafted(tokenizer, ids, pattern)
         assert "\ufffd" not in marked
         assert marked.replace("«", "").replace("»", "") == plain
-    shown = generate._mark_drafted(tokenizer, ids, [i % 2 == 0 for i in range(len(ids))])
+    shown = generate_command._mark_drafted(tokenizer, ids, [i % 2 == 0 for i in range(len(ids))])
     assert "«" in shown  # drafted runs really are marked
 
 
@@ -398,9 +399,9 @@ def test_no_color_turns_the_terminal_marks_into_brackets(
     else:
         monkeypatch.setenv("NO_COLOR", no_color)
     ids = tokenizer.encode("hello world, again")
-    marked = generate._mark_drafted(tokenizer, ids, [i % 2 == 0 for i in range(len(ids))])
+    marked = generate_command._mark_drafted(tokenizer, ids, [i % 2 == 0 for i in range(len(ids))])
     assert ("\033[" in marked) == coloured and ("«" in marked) != coloured
-    assert ("\033[" in generate._style("x", 1)) == coloured
+    assert ("\033[" in generate_command._style("x", 1)) == coloured
 
 
 def test_an_unwritable_home_costs_the_cache_not_the_answer(files, monkeypatch, capsys):

@@ -16,6 +16,7 @@ import torch
 from dspark import bench, generate, paths, train
 from dspark.lab.cli import run_main
 from dspark.lab.commands import bench as bench_command
+from dspark.lab.commands import generate as generate_command
 from dspark.lab.commands import train as train_command
 from dspark.lab.data.corpus import EVAL_PER_DOMAIN
 
@@ -88,7 +89,11 @@ def parsers_with_subcommands(parser: argparse.ArgumentParser, name: str):
 def test_threads_has_one_default_everywhere():
     """0 = torch's default (one thread per physical core) in generate and every train / bench subcommand."""
     defaults = {}
-    parsers = {"dspark.generate": generate, "dspark.train": train_command, "dspark.bench": bench_command}
+    parsers = {
+        "dspark.generate": generate_command,
+        "dspark.train": train_command,
+        "dspark.bench": bench_command,
+    }
     for command, module in parsers.items():
         for name, parser in parsers_with_subcommands(module.build_parser(), command):
             for action in parser._actions:
@@ -467,7 +472,7 @@ def test_generate_on_the_triton_kernels_gives_the_same_text(small_checkpoint, sm
         assert record["kernels"] == mode
         texts[mode] = record["text"]
     assert texts["triton"] == texts["reference"]  # same uniforms, same tokens
-    from dspark.device import kernel_mode
+    from kernels import kernel_mode
 
     assert kernel_mode() == "auto"  # the CLI's choice does not leak
 

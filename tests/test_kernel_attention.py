@@ -10,9 +10,9 @@ import torch
 pytest.importorskip("triton")
 
 import kernels.ragged_attention  # noqa: E402
-from dspark.device import kernels_as
 from dspark.kv_cache import KVCache  # noqa: E402
 from dspark.model import RaggedIndex, ragged_attention_reference  # noqa: E402
+from kernels import kernels_as
 from kernels.ragged_attention import ragged_verify_attention  # noqa: E402
 
 HEAD_DIM = 12  # not a power of two: BLOCK_D = 16 with 4 masked lanes

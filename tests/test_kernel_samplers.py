@@ -18,11 +18,11 @@ from stats_helpers import assert_matches  # noqa: E402
 from test_parallel_drafter import make  # noqa: E402
 from test_speculative import GREEDY, prompts  # noqa: E402
 
-from dspark.device import kernels_as
 from dspark.drafters.parallel import markov_block_reference  # noqa: E402
 from dspark.sampling import SamplingParams  # noqa: E402
 from dspark.serving.speculative import speculative_generate  # noqa: E402
 from dspark.verify import verify, verify_reference  # noqa: E402
+from kernels import kernels_as
 from kernels.markov_sampler import markov_block_sample_triton  # noqa: E402
 from kernels.rejection_sampler import rejection_sample_triton  # noqa: E402
 

@@ -14,7 +14,6 @@ pytest.importorskip("triton")
 
 import torch  # noqa: E402
 
-from dspark.device import kernels_as
 from dspark.scheduling.scheduler import (  # noqa: E402
     PrefixPolicy,
     ThresholdPolicy,
@@ -23,6 +22,7 @@ from dspark.scheduling.scheduler import (  # noqa: E402
     prefix_survival,
     scheduled_lengths,
 )
+from kernels import kernels_as
 from kernels.prefix_scheduler import MAX_TILE, fits, prefix_schedule_triton  # noqa: E402
 
 # a cost per token plus a step every 4 tokens (CUDA-graph-like buckets): Θ along the path is jagged,

@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from dspark import generate as generate_cmd
 from dspark import paths, train
 from dspark.checkpoint import load_target
 from dspark.drafters.registry import get_drafter
 from dspark.lab import profiles, storage
 from dspark.lab.cli import run_main
+from dspark.lab.commands import generate as generate_cmd
 from dspark.sampling import SamplingParams
 from dspark.serving.requests import RoundStats
 from dspark.serving.speculative import speculative_generate

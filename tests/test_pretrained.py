@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark import generate
 from dspark.checkpoint import CheckpointError
 from dspark.lab.cli import run_main
+from dspark.lab.commands import generate
 from dspark.lab.pretrained import fetch, llama, load_pretrained
 from dspark.lab.pretrained.fetch import FetchError, KnownModel
 from dspark.lab.pretrained.gguf_file import load_gguf

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dspark.device import generator_uniforms, to_host, use_kernel
+from dspark.device import generator_uniforms, to_host
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures, scored_vocabulary
 from dspark.kv_cache import KVCache
 from dspark.model import (
@@ -36,6 +36,7 @@ from dspark.model import (
 )
 from dspark.sampling import SamplingParams, draw_token, probabilities
 from dspark.tokenizer import MASK, SPECIAL_TOKENS
+from kernels import use_kernel
 
 KINDS = {"dflash": "none", "dspark": "markov", "dspark-rnn": "rnn"}  # kind -> sequential head
 

@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dspark.device import use_kernel
 from dspark.model import Attention, RaggedIndex, Transformer, masked_attention, ragged_attention
+from kernels import use_kernel
 
 M = TypeVar("M", bound=nn.Module)
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dspark.device import to_host, use_kernel
+from dspark.device import to_host
 from dspark.drafters.base import Drafter, Proposal
+from kernels import use_kernel
 
 POLICY_NAMES = ("none", "mtp1", "fixed", "threshold", "goodput", "dspark", "dspark-async")
 
