@@ -28,12 +28,13 @@ import torch
 from conftest import TINY
 from test_speculative import GREEDY, make_drafter, prompts
 
-from dspark import generate, paths, train
+from dspark import paths, train
 from dspark.checkpoint import CheckpointError
 from dspark.decoding import generate as plain_generate
 from dspark.drafters.registry import load_calibration
 from dspark.lab.calibration import calibration_path, get_calibration
 from dspark.lab.cli import run_main
+from dspark.lab.commands import generate
 from dspark.lab.pretrained.hf_dir import hyperparameters
 from dspark.lab.pretrained.llama import build_model, check_memory, parameter_count
 from dspark.paths import config_path
