@@ -2,11 +2,11 @@
 
 The public API, in the order the data flows (README "Architecture"):
 
-    from dspark import Tokenizer, load_target, get_drafter, get_calibration
+    from dspark import TARGET_CHECKPOINT, TOKENIZER_PATH, Tokenizer, load_target, get_drafter, get_calibration
     from dspark import SamplingParams, speculative_generate, Scheduler, make_policy
 
-    tok = Tokenizer.load(paths.TOKENIZER_PATH)
-    target, _ = load_target(paths.TARGET_CHECKPOINT)
+    tok = Tokenizer.load(TOKENIZER_PATH)
+    target, _ = load_target(TARGET_CHECKPOINT)
     drafter = get_drafter("dspark", target)              # propose(...) -> Proposal
     result = speculative_generate(target, drafter, [tok.chat_prompt("Hi")], 64, SamplingParams(0.0), 7)
     print(tok.decode(result.tokens[0]), result.stats.tau)
@@ -40,15 +40,16 @@ _module = next((a[2:] or b for a, b in zip(_argv, [*_argv[1:], ""]) if a.startsw
 if _module == "dspark" or _module.startswith("dspark."):
     _sys.excepthook = _interrupted
 
-from dspark import paths
-from dspark.checkpoint import CheckpointError, load_target
+from dspark.checkpoint import TARGET_CHECKPOINT, TOKENIZER_PATH, CheckpointError, load_target
 from dspark.decoding import GenerationResult
+from dspark.drafters import DRAFTER_NAMES, get_calibration, get_drafter
 from dspark.drafters.base import Drafter, NoDrafter, Proposal, TargetFeatures
-from dspark.drafters.registry import DRAFTER_NAMES, get_calibration, get_drafter
+from dspark.engine import Engine, EngineResult, Request, SpeculativeResult, speculative_generate
 from dspark.kv_cache import KVCache
 from dspark.model import ModelConfig, Transformer
+from dspark.requests import RoundStats
 from dspark.sampling import SamplingParams, probabilities, sample
-from dspark.scheduling.scheduler import (
+from dspark.scheduler import (
     POLICY_NAMES,
     Policy,
     Scheduler,
@@ -57,8 +58,5 @@ from dspark.scheduling.scheduler import (
     prefix_schedule,
     prefix_survival,
 )
-from dspark.serving.engine import Engine, EngineResult, Request
-from dspark.serving.requests import RoundStats
-from dspark.serving.speculative import SpeculativeResult, speculative_generate
 from dspark.tokenizer import Tokenizer
 from dspark.verify import VerifyResult, verify, verify_greedy

@@ -1,4 +1,5 @@
-"""Loading model weights: `model.safetensors` (stored fp16, loaded fp32) and its twin `model.json`,
+"""Where the shipped files live (`dspark/assets/`, inside the package, so a fresh clone works at once), and
+loading model weights: `model.safetensors` (stored fp16, loaded fp32) and its twin `model.json`,
 `{"config": {...}, "meta": {...}}` (how the weights were made). Every failure is a one-line `CheckpointError`.
 """
 
@@ -11,9 +12,16 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from dspark import paths
 from dspark.model import ModelConfig, Transformer
-from dspark.paths import config_path
+
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+TOKENIZER_PATH = ASSETS_DIR / "tokenizer.json"
+TARGET_CHECKPOINT = ASSETS_DIR / "target.safetensors"  # its config sits beside it as .json
+
+
+def config_path(weights_path: str | Path) -> Path:
+    """The JSON twin of a weights file (config and meta beside `model.safetensors`: `model.json`)."""
+    return Path(weights_path).with_suffix(".json")
 
 
 class CheckpointError(Exception):
@@ -55,7 +63,7 @@ def mismatch(exc: RuntimeError) -> str:
 def restore_hint(path: str | Path) -> str:
     """For a shipped asset, how to get the committed file back ('' for any other path)."""
     path = Path(path).resolve()
-    if path.parent == paths.ASSETS_DIR.resolve():
+    if path.parent == ASSETS_DIR.resolve():
         return f"; restore the shipped file with `git checkout -- dspark/assets/{path.name}`"
     return ""
 

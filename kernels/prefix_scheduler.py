@@ -18,7 +18,7 @@ produced on the device with no host round-trip in between (the host version
 walks the path in a Python loop).
 
 The reference is `prefix_schedule(prefix_survival(confidences, temperatures), ...)`
-in `dspark/scheduling/scheduler.py`; the tests compare the two (this file imports nothing of
+in `dspark/scheduler.py`; the tests compare the two (this file imports nothing of
 dspark: kernels/ is a leaf). The kernel's arithmetic is fp32 while the reference works in
 float64, so they agree exactly except at near-ties: two survivals, or two
 consecutive Θ, closer than fp32 can resolve may compare differently (for
@@ -27,7 +27,7 @@ fp32 for T <= ~1.6, and a 1e-12 gain does not change an fp32 τ).
 
 What it does not do: the asynchronous variant's two-rounds-old budget search
 (`AsyncPrefixPolicy` computes K; this kernel then only applies it), and tiles
-larger than MAX_TILE elements (`dspark.scheduling.scheduler.scheduled_lengths` falls back
+larger than MAX_TILE elements (`dspark.scheduler.scheduled_lengths` falls back
 to the reference there).
 """
 
@@ -163,7 +163,7 @@ def prefix_schedule_triton(
     if not fits(R, gamma):
         raise ValueError(
             f"R = {R}, γ = {gamma} exceed the one-tile kernel (next_pow2(R)·next_pow2(γ) <= {MAX_TILE}); "
-            "use dspark.scheduling.scheduler.prefix_schedule"
+            "use dspark.scheduler.prefix_schedule"
         )
     if budget is not None:
         mode = MODE_BUDGET

@@ -12,7 +12,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch
 
-from dspark import paths
+from dspark.checkpoint import TOKENIZER_PATH
 from dspark.lab.storage import save_checkpoint
 from dspark.model import ModelConfig, Transformer
 from dspark.tokenizer import Tokenizer
@@ -37,7 +37,7 @@ def tiny_model() -> Transformer:
 
 @pytest.fixture(scope="session")
 def tokenizer() -> Tokenizer:
-    return Tokenizer.load(paths.TOKENIZER_PATH)
+    return Tokenizer.load(TOKENIZER_PATH)
 
 
 @pytest.fixture(scope="session")

@@ -342,7 +342,7 @@ def test_marking_round_trips_on_split_multibyte_characters(tokenizer: Tokenizer,
 def test_printed_numbers_match_the_records(small_checkpoint, small_drafters, tmp_path, monkeypatch, capsys):
     """tau from `generate --json` and throughput / tokens-per-s-per-user / tau from `bench serve --json`,
     recomputed from the engine's per-request records (committed tokens only)."""
-    from dspark.serving import engine as engine_module
+    from dspark import engine as engine_module
 
     runs = []
     original = engine_module.Engine.run

@@ -7,15 +7,15 @@ import json
 import pytest
 import torch
 
-from dspark.drafters.registry import load_calibration
+from dspark import calibration
+from dspark.calibration import auroc, ece, fit_sts
+from dspark.drafters import load_calibration
 from dspark.lab import calibration as lab_calibration
 from dspark.lab import profiles
 from dspark.lab.calibration import position_metrics
 from dspark.lab.profiles import RooflineConfig, default_buckets, roofline_profile
-from dspark.scheduling import calibration
-from dspark.scheduling.calibration import auroc, ece, fit_sts
-from dspark.scheduling.profiler import measure_sps
-from dspark.serving.requests import RoundStats
+from dspark.profiler import measure_sps
+from dspark.requests import RoundStats
 
 
 def test_ece_hand_worked():

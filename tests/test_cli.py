@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark import bench, generate, paths, train
+from dspark import bench, generate, train
+from dspark.checkpoint import TARGET_CHECKPOINT
 from dspark.lab.cli import run_main
 from dspark.lab.commands import bench as bench_command
 from dspark.lab.commands import generate as generate_command
@@ -444,7 +445,7 @@ def test_bench_appendix_a_json(tmp_path, capsys):
     assert record["retrospective"][0] > 0.8 and abs(record["early_stop"][0] - 0.7) < 0.05
 
 
-@pytest.mark.skipif(not paths.TARGET_CHECKPOINT.is_file(), reason="no shipped target checkpoint yet")
+@pytest.mark.skipif(not TARGET_CHECKPOINT.is_file(), reason="no shipped target checkpoint yet")
 def test_readme_command_on_the_shipped_model():
     """What the README's first command runs, as a real subprocess (fresh interpreter)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -10,12 +10,12 @@ from test_engine import PROFILE
 from test_parallel_drafter import make
 from test_speculative import GREEDY, RAGGED, prompts
 
+from dspark.drafters import get_calibration, get_drafter, load_calibration
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import Proposal, TargetFeatures
-from dspark.drafters.registry import get_calibration, get_drafter, load_calibration
+from dspark.engine import Engine, Request
 from dspark.sampling import SamplingParams
-from dspark.scheduling.scheduler import POLICY_NAMES, Scheduler, make_policy, prefix_schedule, prefix_survival
-from dspark.serving.engine import Engine, Request
+from dspark.scheduler import POLICY_NAMES, Scheduler, make_policy, prefix_schedule, prefix_survival
 
 CONFIDENCE_POLICIES = [n for n in POLICY_NAMES if make_policy(n).needs_confidence]
 

@@ -34,7 +34,7 @@ from dspark.lab.cost_aware.scheduler import (
 )
 from dspark.lab.profiles import RooflineConfig
 from dspark.sampling import SamplingParams
-from dspark.scheduling.scheduler import (
+from dspark.scheduler import (
     Scheduler,
     ThroughputProfile,
     expected_rate,
@@ -426,14 +426,14 @@ def test_engine_measured_cost_pairs_and_interleaves_its_runs(tiny_model, monkeyp
 
 # ---- the engine with speculate-or-not ---------------------------------------------------------------
 def run_engine(model, drafter, scheduler, concurrency, requests, params=None, seed=0):
-    from dspark.serving.engine import Engine
+    from dspark.engine import Engine
 
     engine = Engine(model, drafter, params or GREEDY, drafter.max_gamma, concurrency, None, scheduler)
     return engine.run(requests, torch.Generator().manual_seed(seed))
 
 
 def requests_for(lengths, seed):
-    from dspark.serving.engine import Request
+    from dspark.engine import Request
 
     ps = prompts(lengths, seed=seed)
     return ps, [Request(p, 6 + 3 * i) for i, p in enumerate(ps)]
@@ -457,7 +457,7 @@ def test_hopeless_drafting_drafts_nothing_and_is_plain_decoding(tiny_model, conc
 
 
 def test_the_engine_refuses_a_width_beyond_gamma(tiny_model):
-    from dspark.serving.engine import Engine
+    from dspark.engine import Engine
 
     drafter = make(tiny_model, "dspark", gamma=4)
     _, reqs = requests_for(LENGTHS, seed=3)
@@ -507,7 +507,7 @@ def test_mixed_drafting_is_token_identical_to_plain_decoding(tiny_model, concurr
 def test_narrow_blocks_are_token_identical_to_plain_decoding(tiny_model, concurrency):
     """Blocks narrower than γ (block boundaries 1, 2, γ-1, γ; rows that draft nothing beside them): every round
     verifies at most its width, records that many confidences, and the output is plain greedy decoding's."""
-    from dspark.serving.engine import Engine
+    from dspark.engine import Engine
 
     drafter = make(tiny_model, "dspark", gamma=4)
     ps, reqs = requests_for(LENGTHS, seed=5)
@@ -553,7 +553,7 @@ def test_the_decision_never_sees_the_current_round(tiny_model):
             return p
 
         drafter.propose = perturbed
-        from dspark.serving.engine import Engine
+        from dspark.engine import Engine
 
         _, reqs = requests_for(LENGTHS, seed=7)
         Engine(tiny_model, drafter, GREEDY, 4, 6, None, scheduler).run(reqs)
@@ -571,7 +571,7 @@ def test_mixed_drafting_follows_the_target_law():
     from test_scheduler import linear_profile
     from test_speculative import MICRO_LENGTH, MICRO_PROMPT, micro_target_and_law
 
-    from dspark.serving.speculative import speculative_generate
+    from dspark.engine import speculative_generate
 
     target, joint = micro_target_and_law()
     drafter = make(target, "dspark", gamma=3, rank=4)

@@ -9,10 +9,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from dspark import paths
 from dspark.lab.data.corpus import (
+    CORPUS_MANIFEST_PATH,
     DOMAINS,
     EVAL_PER_DOMAIN,
+    EVAL_PROMPTS_PATH,
     Sample,
     assign_splits,
     build_samples,
@@ -27,7 +28,7 @@ from dspark.lab.data.corpus import (
 
 @pytest.fixture(scope="module")
 def manifest() -> dict:
-    return json.loads(paths.CORPUS_MANIFEST_PATH.read_text())
+    return json.loads(CORPUS_MANIFEST_PATH.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +107,7 @@ def test_token_arrays_round_trip(tmp_path, samples, tokenizer):
 
 
 def test_shipped_eval_prompts():
-    records = load_eval_prompts(paths.EVAL_PROMPTS_PATH)
+    records = load_eval_prompts(EVAL_PROMPTS_PATH)
     counts = Counter(r["domain"] for r in records)
     assert all(counts[d] >= 64 for d in DOMAINS)
     assert len({r["prompt"] for r in records}) == len(records)
@@ -117,7 +118,7 @@ def test_shipped_eval_prompts_are_held_out_of_the_shipped_corpus(manifest, sampl
         pytest.skip(f"corpus was built from Python {manifest['python']}'s stdlib")
     full = samples
     train_sources = {s.source for s in full if s.split == "train"}
-    shipped = load_eval_prompts(paths.EVAL_PROMPTS_PATH)
+    shipped = load_eval_prompts(EVAL_PROMPTS_PATH)
     assert not {r["source"] for r in shipped} & train_sources
     rebuilt = {(s.domain, s.source, s.prompt) for s in full if s.split == "eval"}
     assert {(r["domain"], r["source"], r["prompt"]) for r in shipped} <= rebuilt

@@ -96,7 +96,7 @@ def test_decoding_records_no_autograd_graph(tiny_model, monkeypatch):
     """Plain decoding and the engine run every target pass without autograd (a recorded graph costs time and
     memory on every step), even when the caller has gradients enabled."""
     from dspark.drafters.base import NoDrafter
-    from dspark.serving.speculative import speculative_generate
+    from dspark.engine import speculative_generate
 
     seen = []
     forward = tiny_model.forward_cached  # (whatever an earlier test swapped in: the instance's own)

@@ -13,13 +13,13 @@ from stats_helpers import assert_matches
 from test_speculative import GREEDY, MICRO, MICRO_LENGTH, MICRO_PROMPT, RAGGED, micro_target_and_law, prompts
 
 from dspark.decoding import generate
+from dspark.drafters import load_drafter
 from dspark.drafters.base import TargetFeatures
-from dspark.drafters.registry import load_drafter
+from dspark.engine import speculative_generate
 from dspark.lab.draft_vocab import DraftVocabulary, most_frequent, vocabulary
 from dspark.lab.storage import save_checkpoint
 from dspark.lab.training.drafters import DrafterTrainConfig, batch_loss, new_drafter
 from dspark.sampling import SamplingParams
-from dspark.serving.speculative import speculative_generate
 from dspark.training import FeatureBatch
 
 KINDS = ["mtp", "eagle", "dflash", "dspark", "dspark-rnn"]

@@ -10,11 +10,12 @@ import pytest
 import torch
 from conftest import TINY
 
-from dspark import paths, train
+from dspark import train
+from dspark.checkpoint import ASSETS_DIR
+from dspark.drafters import load_drafter, without_retired
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
-from dspark.drafters.registry import load_drafter, without_retired
 from dspark.lab.cli import run_main
 from dspark.lab.training.drafters import DrafterTrainConfig, new_drafter, train_drafter, unrolled_log_probs
 from dspark.lab.training.feature_cache import LiveFeatures
@@ -58,7 +59,7 @@ def test_qk_norm_is_the_same_network_in_training_and_inference(tiny_model, kind)
 
 def test_old_checkpoints_without_the_fields_load_as_before():
     for name in ("dspark", "eagle"):
-        record = json.loads((paths.ASSETS_DIR / f"drafter_{name}.json").read_text())["config"]
+        record = json.loads((ASSETS_DIR / f"drafter_{name}.json").read_text())["config"]
         assert "qk_norm" not in record and "eagle3_layer" not in record
         record = without_retired(record, f"drafter_{name}.json")  # what load_drafter reads of it
         config = (ParallelDrafterConfig if name == "dspark" else AutoregressiveDrafterConfig)(**record)

@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 import torch
 
+from dspark.drafters import load_drafter
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import TargetFeatures
-from dspark.drafters.registry import load_drafter
 from dspark.lab.training.drafters import DrafterTrainConfig, load_history, train_drafter, unrolled_log_probs
 from dspark.lab.training.feature_cache import LiveFeatures
 from dspark.training import FeatureBatch

@@ -10,9 +10,9 @@ from test_speculative import GREEDY, prompts
 
 from dspark.decoding import generate
 from dspark.drafters.base import NoDrafter
+from dspark.engine import Engine, Request
 from dspark.sampling import SamplingParams
-from dspark.scheduling.scheduler import POLICY_NAMES, Scheduler, ThroughputProfile, make_policy
-from dspark.serving.engine import Engine, Request
+from dspark.scheduler import POLICY_NAMES, Scheduler, ThroughputProfile, make_policy
 
 PROFILE = ThroughputProfile([1 / (1.0 + 0.05 * B) for B in range(1, 257)])
 LENGTHS = [3, 17, 1, 9, 45, 60, 5, 30, 12, 2]  # 45 and 60 hit the 64-token context

@@ -15,6 +15,7 @@ import torch
 from test_export import CONFIG, K, eagle, parallel
 
 from dspark import export
+from dspark.checkpoint import ASSETS_DIR
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from dspark.lab import cli
 from dspark.lab.cli import run_main
@@ -23,7 +24,6 @@ from dspark.lab.exporting.fields import ExportInfo
 from dspark.lab.pretrained.fetch import model_path
 from dspark.lab.storage import save_checkpoint
 from dspark.model import Transformer
-from dspark.paths import ASSETS_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = {"written_by": "python -m dspark.export"}

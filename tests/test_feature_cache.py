@@ -244,7 +244,7 @@ def test_train_features_and_drafter_commands(small_checkpoint, tmp_path, capsys)
     --taps gets its own cache; a drafter trained on other taps is refused by this target."""
     from dspark import train
     from dspark.checkpoint import CheckpointError, load_target
-    from dspark.drafters.registry import load_drafter
+    from dspark.drafters import load_drafter
     from dspark.lab.cli import UsageError
 
     g = torch.Generator().manual_seed(0)

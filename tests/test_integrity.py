@@ -28,22 +28,20 @@ import torch
 from conftest import TINY
 from test_speculative import GREEDY, make_drafter, prompts
 
-from dspark import paths, train
-from dspark.checkpoint import CheckpointError
+from dspark import train
+from dspark.checkpoint import ASSETS_DIR, CheckpointError, config_path
 from dspark.decoding import generate as plain_generate
-from dspark.drafters.registry import load_calibration
+from dspark.drafters import load_calibration
+from dspark.engine import Engine, Request, speculative_generate
 from dspark.lab.calibration import calibration_path, get_calibration
 from dspark.lab.cli import run_main
 from dspark.lab.commands import generate
 from dspark.lab.pretrained.hf_dir import hyperparameters
 from dspark.lab.pretrained.llama import build_model, check_memory, parameter_count
-from dspark.paths import config_path
 from dspark.sampling import sample
-from dspark.serving.engine import Engine, Request
-from dspark.serving.speculative import speculative_generate
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED_DSPARK = paths.ASSETS_DIR / "drafter_dspark.safetensors"
+SHIPPED_DSPARK = ASSETS_DIR / "drafter_dspark.safetensors"
 
 
 # ---- files for tests/test_bad_inputs.py -----------------------------------------------------------------
@@ -109,9 +107,9 @@ def test_calibrating_the_shipped_drafter_writes_under_dspark_home(home, monkeypa
     """The issue's command, `train calibrate --gamma 2` on the shipped target and drafter, used to rewrite the
     tracked drafter_dspark.json (7 positions became 2). Now the package is untouched, the calibration lands in
     DSPARK_HOME covering all 7 positions, and `generate` reads it from there."""
-    before, shipped = git_status(paths.ASSETS_DIR), config_path(SHIPPED_DSPARK).read_bytes()
+    before, shipped = git_status(ASSETS_DIR), config_path(SHIPPED_DSPARK).read_bytes()
     assert run_main(train.main, ["calibrate", "--gamma", "2", "--max-new-tokens", "2", "--samples", "1"]) == 0
-    assert git_status(paths.ASSETS_DIR) == before == ""
+    assert git_status(ASSETS_DIR) == before == ""
     assert config_path(SHIPPED_DSPARK).read_bytes() == shipped
     stored = home / "calibration" / "drafter_dspark.json"
     assert calibration_path(SHIPPED_DSPARK) == stored
@@ -159,12 +157,12 @@ def test_train_drafter_writes_under_dspark_home(small_checkpoint, tmp_path, home
              "response_ids": torch.randint(10, 500, (8,), generator=g).tolist()}
             for domain in ("code", "math", "chat") for split in ("train", "val")]  # fmt: skip
     responses.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    before = git_status(paths.ASSETS_DIR)
+    before = git_status(ASSETS_DIR)
     argv = ["drafter", "--kind", "mtp", "--checkpoint", str(small_checkpoint), "--responses", str(responses), "--live",
             "--steps", "1", "--eval-every", "1", "--batch-size", "1"]  # fmt: skip
     assert run_main(train.main, argv) == 0
     assert (home / "drafters" / "drafter_mtp.safetensors").is_file()
-    assert git_status(paths.ASSETS_DIR) == before
+    assert git_status(ASSETS_DIR) == before
     assert "--ship copies it into the package" in capsys.readouterr().out
 
 
@@ -298,7 +296,7 @@ def test_integer_weights_are_refused_not_cast(tiny_model):
 
 
 # ---- 5. Ctrl-C while a command starts --------------------------------------------------------------------
-@pytest.mark.parametrize("after", ["torch.", "dspark.serving.engine"])
+@pytest.mark.parametrize("after", ["torch.", "dspark.engine"])
 def test_ctrl_c_while_importing_is_one_line_and_130(small_checkpoint, tmp_path, after):
     """SIGINT once `-X importtime` reports a module `after` imported: inside torch's own import (the package's
     __init__ imports torch first) or after it, before the command's main runs. Timing-tolerant: the signal is

@@ -19,8 +19,8 @@ from test_parallel_drafter import make  # noqa: E402
 from test_speculative import GREEDY, prompts  # noqa: E402
 
 from dspark.drafters.parallel import markov_block_reference  # noqa: E402
+from dspark.engine import speculative_generate  # noqa: E402
 from dspark.sampling import SamplingParams  # noqa: E402
-from dspark.serving.speculative import speculative_generate  # noqa: E402
 from dspark.verify import verify, verify_reference  # noqa: E402
 from kernels import kernels_as
 from kernels.markov_sampler import markov_block_sample_triton  # noqa: E402

@@ -14,7 +14,7 @@ pytest.importorskip("triton")
 
 import torch  # noqa: E402
 
-from dspark.scheduling.scheduler import (  # noqa: E402
+from dspark.scheduler import (  # noqa: E402
     PrefixPolicy,
     ThresholdPolicy,
     ThroughputProfile,

@@ -9,11 +9,10 @@ import pytest
 import torch
 from conftest import TINY
 
-from dspark import paths
-from dspark.checkpoint import CheckpointError, load_target, read_checkpoint, restore_hint
+from dspark.checkpoint import ASSETS_DIR, CheckpointError, load_target, read_checkpoint, restore_hint
+from dspark.drafters import get_drafter
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.parallel import ParallelDrafterConfig
-from dspark.drafters.registry import get_drafter
 from dspark.lab.storage import save_checkpoint
 from dspark.model import ModelConfig
 from dspark.sampling import SamplingParams
@@ -83,7 +82,7 @@ def test_a_config_that_does_not_fit_the_weights_names_one_tensor(tmp_path, tiny_
 
 def test_shipped_files_get_a_restore_hint_others_do_not(tmp_path):
     assert "git checkout -- dspark/assets/drafter_dspark.safetensors" in restore_hint(
-        paths.ASSETS_DIR / "drafter_dspark.safetensors"
+        ASSETS_DIR / "drafter_dspark.safetensors"
     )
     assert restore_hint(tmp_path / "drafter_dspark.safetensors") == ""
 

@@ -7,15 +7,15 @@ import json
 import pytest
 import torch
 
-from dspark import paths, train
-from dspark.checkpoint import load_target
-from dspark.drafters.registry import get_drafter
+from dspark import train
+from dspark.checkpoint import TARGET_CHECKPOINT, TOKENIZER_PATH, load_target
+from dspark.drafters import get_drafter
+from dspark.engine import speculative_generate
 from dspark.lab import profiles, storage
 from dspark.lab.cli import run_main
 from dspark.lab.commands import generate as generate_cmd
+from dspark.requests import RoundStats
 from dspark.sampling import SamplingParams
-from dspark.serving.requests import RoundStats
-from dspark.serving.speculative import speculative_generate
 from dspark.tokenizer import Tokenizer
 
 
@@ -36,8 +36,8 @@ def test_a_round_cut_by_the_token_limit_counts_only_what_it_output():
 def test_generate_acceptance_by_position_agrees_with_tau_at_a_token_cut():
     """The shipped DSpark accepts all 7 drafts of the demo's math prompt (README): a cut at 10 tokens falls inside
     the second round's accepted drafts, which the old count still credited to positions 3..7."""
-    target = load_target(paths.TARGET_CHECKPOINT)[0]
-    tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
+    target = load_target(TARGET_CHECKPOINT)[0]
+    tokenizer = Tokenizer.load(TOKENIZER_PATH)
     drafter = get_drafter("dspark", target)
     prompt = tokenizer.chat_prompt(generate_cmd.demo_prompts("tiny")["math"])
     for limit in (3, 10, 17):

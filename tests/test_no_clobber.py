@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from dspark import bench, paths, train
+from dspark import bench, train
+from dspark.checkpoint import ASSETS_DIR
 from dspark.lab import cli
 from dspark.lab.cli import run_main
 
@@ -70,11 +71,11 @@ def test_a_link_to_an_input_is_that_input(tmp_path, capsys):
      "ASSETS/drafter_mtp.safetensors"], ["train", "calibrate", "--out", "ASSETS/drafter_dspark.json"]],
 )  # fmt: skip
 def test_nothing_writes_into_the_package_but_ship(argv, capsys):
-    before = {p: p.stat().st_mtime_ns for p in paths.ASSETS_DIR.rglob("*")}
+    before = {p: p.stat().st_mtime_ns for p in ASSETS_DIR.rglob("*")}
     main = {"bench": bench.main, "train": train.main}[argv[0]]
-    err = refused(main, [a.replace("ASSETS", str(paths.ASSETS_DIR)) for a in argv[1:]], capsys)
+    err = refused(main, [a.replace("ASSETS", str(ASSETS_DIR)) for a in argv[1:]], capsys)
     assert "inside the dspark package" in err and "--ship" in err
-    assert {p: p.stat().st_mtime_ns for p in paths.ASSETS_DIR.rglob("*")} == before
+    assert {p: p.stat().st_mtime_ns for p in ASSETS_DIR.rglob("*")} == before
 
 
 def test_merging_with_an_earlier_result_is_not_destroying_it(tmp_path):

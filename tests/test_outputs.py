@@ -23,7 +23,7 @@ import torch
 
 from dspark import bench
 from dspark.checkpoint import load_target, read_checkpoint
-from dspark.drafters.registry import load_drafter
+from dspark.drafters import load_drafter
 from dspark.lab import profiles, step_cost, storage
 from dspark.lab.cli import run_main
 from dspark.lab.cost_aware import draft_cost

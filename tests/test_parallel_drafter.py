@@ -14,14 +14,14 @@ from test_speculative import GREEDY, MICRO, MICRO_LENGTH, MICRO_PROMPT, RAGGED, 
 
 from dspark.checkpoint import CheckpointError
 from dspark.decoding import generate
+from dspark.drafters import load_drafter
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
-from dspark.drafters.registry import load_drafter
+from dspark.engine import speculative_generate
 from dspark.lab.storage import save_checkpoint
 from dspark.lab.training import fast_loss
 from dspark.lab.training.anchors import every_anchor, sample_anchors
 from dspark.sampling import SamplingParams
-from dspark.serving.speculative import speculative_generate
 from dspark.training import BlockLoss, FeatureBatch, block_losses, block_visibility, packed_blocks
 
 

@@ -11,10 +11,11 @@ from stats_helpers import assert_matches
 from test_parallel_drafter import make
 from test_speculative import MICRO, MICRO_LENGTH, MICRO_PROMPT, micro_target_and_law
 
+from dspark.engine import speculative_generate
 from dspark.lab.cost_aware.scheduler import forecast_lengths, with_drafting
 from dspark.lab.study.counterexample import counterexample
 from dspark.sampling import SamplingParams
-from dspark.scheduling.scheduler import (
+from dspark.scheduler import (
     POLICY_NAMES,
     AsyncPrefixPolicy,
     GoodputPolicy,
@@ -28,7 +29,6 @@ from dspark.scheduling.scheduler import (
     prefix_schedule,
     prefix_survival,
 )
-from dspark.serving.speculative import speculative_generate
 
 
 def linear_profile(fixed: float, per_token: float, max_tokens: int = 64) -> ThroughputProfile:

@@ -7,7 +7,7 @@ import pytest
 from dspark.lab.cost_aware.draft_cost import DraftCost
 from dspark.lab.study.pareto import at_matched_throughput
 from dspark.lab.study.simulator import RequestTrace, simulate, traces_from_records
-from dspark.scheduling.scheduler import ThroughputProfile, make_policy
+from dspark.scheduler import ThroughputProfile, make_policy
 
 FLAT = ThroughputProfile([1.0] * 64)  # one step per second whatever the batch
 
@@ -79,8 +79,8 @@ def test_recorded_traces_are_replayed_only_for_the_weights_they_came_from(tiny_m
     from test_parallel_drafter import make
 
     from dspark.lab.study import pareto
+    from dspark.requests import RoundStats
     from dspark.sampling import SamplingParams
-    from dspark.serving.requests import RoundStats
 
     monkeypatch.setenv("DSPARK_HOME", str(tmp_path))
     drafter = make(tiny_model, "dspark", gamma=4)

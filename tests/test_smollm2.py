@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from dspark.decoding import generate
-from dspark.drafters.registry import DRAFTER_NAMES, default_path
+from dspark.drafters import DRAFTER_NAMES, default_path
+from dspark.engine import speculative_generate
 from dspark.lab.data.prompt_files import read_prompts
 from dspark.lab.exporting.exported import get_drafter
 from dspark.lab.pretrained import load_pretrained
 from dspark.lab.training.drafters import new_drafter
 from dspark.sampling import SamplingParams
-from dspark.serving.speculative import speculative_generate
 
 PROMPTS = [
     "Name three primary colors.",
@@ -74,7 +74,7 @@ def test_serve_uses_the_drafters_shipped_for_the_target(smollm2, tmp_path, monke
     """`bench serve --model smollm2-135m`: the engine runs the drafter shipped for SmolLM2 (the tiny target's
     would not even load), with its calibration; traces of a named target are cached apart from the tiny one's."""
     from dspark.lab.study import pareto
-    from dspark.scheduling.scheduler import ThroughputProfile
+    from dspark.scheduler import ThroughputProfile
 
     monkeypatch.setenv("DSPARK_HOME", str(tmp_path))
     assert pareto.trace_path("dspark", 1.0, "smollm2-135m") != pareto.trace_path("dspark", 1.0)

@@ -13,10 +13,10 @@ from stats_helpers import assert_matches
 from dspark.decoding import generate
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import Drafter, NoDrafter, Proposal
+from dspark.engine import speculative_generate
 from dspark.model import ModelConfig, Transformer
 from dspark.sampling import SamplingParams, probabilities
-from dspark.scheduling.scheduler import Scheduler, ThroughputProfile, make_policy
-from dspark.serving.speculative import speculative_generate
+from dspark.scheduler import Scheduler, ThroughputProfile, make_policy
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -232,15 +232,14 @@ def test_sampled_output_follows_the_target_exactly(kind, gamma):
     "name, gamma", [("mtp", 1), ("eagle", 7), ("eagle", 3), ("dflash", 7), ("dspark", 7), ("dspark", 2)]
 )
 def test_shipped_drafters_are_greedy_identical(name, gamma, tokenizer):
-    from dspark import paths
-    from dspark.checkpoint import load_target
-    from dspark.drafters.registry import default_path, get_drafter
-    from dspark.lab.data.corpus import load_eval_prompts
+    from dspark.checkpoint import TARGET_CHECKPOINT, load_target
+    from dspark.drafters import default_path, get_drafter
+    from dspark.lab.data.corpus import EVAL_PROMPTS_PATH, load_eval_prompts
 
-    if not (paths.TARGET_CHECKPOINT.is_file() and default_path(name).is_file()):
+    if not (TARGET_CHECKPOINT.is_file() and default_path(name).is_file()):
         pytest.skip(f"no shipped {name} drafter")
-    target, _ = load_target(paths.TARGET_CHECKPOINT)
-    records = load_eval_prompts(paths.EVAL_PROMPTS_PATH)
+    target, _ = load_target(TARGET_CHECKPOINT)
+    records = load_eval_prompts(EVAL_PROMPTS_PATH)
     ps = [tokenizer.chat_prompt(r["prompt"]) for r in records[::80]]  # one prompt per domain, ragged lengths
     reference = generate(target, ps, 40, GREEDY, eos_id=tokenizer.eos_id)
     result = speculative_generate(

@@ -8,12 +8,12 @@ from test_parallel_drafter import make
 from test_speculative import GREEDY, prompts
 
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
+from dspark.engine import speculative_generate
 from dspark.lab.study import plots
 from dspark.lab.study.offline import measure_tau, round_latency, threshold_sweep
 from dspark.lab.study.tables import markdown_table
+from dspark.requests import RoundStats as Rounds
 from dspark.sampling import SamplingParams
-from dspark.serving.requests import RoundStats as Rounds
-from dspark.serving.speculative import speculative_generate
 
 # two fully verified rounds, γ = 3: survivals (0.9, 0.45, 0.405) accepting 2, and (0.4, 0.36, 0.324) accepting 0
 SHORT = [3, 17, 1, 9]  # far from the 64-token context: nothing caps the verify lengths
@@ -94,7 +94,7 @@ def test_wilson_interval_hand_worked():
 
 
 def test_acceptance_counts_are_behind_the_rates():
-    from dspark.serving.requests import RoundStats
+    from dspark.requests import RoundStats
 
     stats = RoundStats([[3, 3, 2]], [[3, 1, 0]], [[[], [], []]])
     hits, tries = stats.acceptance_counts(3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dspark.lab.study.tau_intervals import macro_tau_ratio, prompt_counts, ratio_rows, rows_of_runs
-from dspark.serving.requests import RoundStats
+from dspark.requests import RoundStats
 
 
 def row(drafter: str, domain: str, tokens: list[int], rounds: list[int], temperature: float = 1.0) -> dict:

@@ -1,4 +1,4 @@
-"""Assignment 2's checks: the speculative round (DESIGN §1, §6, §8; dspark/serving/engine.py).
+"""Assignment 2's checks: the speculative round (DESIGN §1, §6, §8; dspark/engine.py).
 
 `emit` on hand-worked blocks; then the student's `speculative_generate` at temperature 0
 must be token-identical to plain greedy decoding (`dspark.decoding.generate`) on a tiny
@@ -221,17 +221,14 @@ def verify_lengths_0_1_gamma_minus_1(solution: Solution) -> None:
 
 @checks.add(points=3)
 def shipped_model_greedy_identity(solution: Solution) -> None:
-    from dspark import paths
-    from dspark.checkpoint import load_target
-    from dspark.drafters.registry import get_drafter
-    from dspark.lab.data.corpus import load_eval_prompts
+    from dspark.checkpoint import TARGET_CHECKPOINT, TOKENIZER_PATH, load_target
+    from dspark.drafters import get_drafter
+    from dspark.lab.data.corpus import EVAL_PROMPTS_PATH, load_eval_prompts
     from dspark.tokenizer import Tokenizer
 
-    target, _ = load_target(paths.TARGET_CHECKPOINT)
-    tokenizer = Tokenizer.load(paths.TOKENIZER_PATH)
-    prompts = [
-        tokenizer.chat_prompt(r["prompt"]) for r in load_eval_prompts(paths.EVAL_PROMPTS_PATH)[::80][:2]
-    ]
+    target, _ = load_target(TARGET_CHECKPOINT)
+    tokenizer = Tokenizer.load(TOKENIZER_PATH)
+    prompts = [tokenizer.chat_prompt(r["prompt"]) for r in load_eval_prompts(EVAL_PROMPTS_PATH)[::80][:2]]
     got = run(solution, target, get_drafter("dspark", target), prompts, 24, 7, eos_id=tokenizer.eos_id)
     want = truths(target, prompts, 24, eos_id=tokenizer.eos_id)[0]
     expect_identical(got, want, "the shipped target with the shipped DSpark drafter, γ = 7")

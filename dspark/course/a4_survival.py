@@ -3,7 +3,7 @@
 Hand-worked values for the confidence label, the events/mask of recorded rounds, ECE
 (including unequal bin sizes and the bin edges) and AUROC (including ties); calibrated
 survivals (values and monotonicity); and STS on synthetic rounds built as in
-tests/test_calibration.py: the same temperatures as `dspark.scheduling.calibration.fit_sts`
+tests/test_calibration.py: the same temperatures as `dspark.calibration.fit_sts`
 on the same data, planted temperatures recovered, unverified positions skipped.
 
 What this file does not do: run anything itself (dspark/course/framework.py does).
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from dspark import calibration
 from dspark.course.framework import (
     Assignment,
     CheckFailed,
@@ -25,8 +26,7 @@ from dspark.course.framework import (
     function,
     show,
 )
-from dspark.scheduling import calibration
-from dspark.scheduling.scheduler import prefix_survival
+from dspark.scheduler import prefix_survival
 
 checks = CheckList()
 

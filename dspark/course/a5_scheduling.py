@@ -30,7 +30,7 @@ from dspark.course.framework import (
 from dspark.lab.study import counterexample as appendix_a
 from dspark.lab.study.stats import chi_square, chi_square_critical
 from dspark.sampling import sample_from_probs
-from dspark.scheduling.scheduler import ThroughputProfile, expected_rate, greedy_path, prefix_survival
+from dspark.scheduler import ThroughputProfile, expected_rate, greedy_path, prefix_survival
 from dspark.verify import verify
 
 checks = CheckList()

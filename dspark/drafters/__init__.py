@@ -1,3 +1,186 @@
 """Drafters: the contract (base.py: propose -> Proposal), MTP-1 and EAGLE-3 (autoregressive.py), DFlash and
-DSpark (parallel.py), building them by name (registry.py).
+DSpark (parallel.py); here, each by name (`none`, `mtp`, `eagle`, `dflash`, `dspark`, `dspark-rnn`) from its
+checkpoint.
+
+A checkpoint is `drafter_<name>.safetensors` (the drafter's own weights; embedding and LM head are the
+target's) + its `.json` twin, which also holds the STS calibration of its confidence head.
 """
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dspark.checkpoint import ASSETS_DIR, CheckpointError, config_path, mismatch, read_checkpoint
+from dspark.device import model_device
+from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
+from dspark.drafters.base import Drafter, NoDrafter
+from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
+from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
+from dspark.model import Transformer, cast_keeping_rope
+
+DRAFTER_NAMES = ("none", "mtp", "eagle", "dflash", "dspark", "dspark-rnn")
+
+
+def default_path(name: str, target_name: str = "tiny") -> Path:
+    """The shipped drafter `name` for the shipped tiny target, or for a named pretrained target."""
+    folder = ASSETS_DIR if target_name == "tiny" else ASSETS_DIR / target_name
+    return folder / f"drafter_{name}.safetensors"
+
+
+def trained_for(record: dict) -> str:
+    """' (trained for the target NAME)' from a drafter checkpoint's meta, '' when it does not say."""
+    meta = record.get("meta")
+    name = meta.get("target_checkpoint") if isinstance(meta, dict) else None
+    return f" (it was trained for the target {name!r})" if name else ""
+
+
+# options a drafter no longer has, with the one value every shipped checkpoint holds
+RETIRED = {"normed_head_input": True, "final_hidden": False, "tied_rank": 0}
+
+
+def without_retired(config: dict, path: str | Path) -> dict:
+    """A drafter checkpoint's `config` without the retired options; a checkpoint that used one is refused."""
+    for key, only in RETIRED.items():
+        if config.get(key, only) != only:
+            raise CheckpointError(f"{path} was trained with {key}={config[key]!r}, an option dspark no longer has "
+                                  "(commit 4acc240 reads it)")  # fmt: skip
+    return {k: v for k, v in config.items() if k not in RETIRED}
+
+
+def whole_vocabulary(target: Transformer, size: int) -> None:
+    """The core's drafters score the whole vocabulary; one of K draft ids is the lab's to build."""
+    if size:
+        raise CheckpointError(f"this drafter scores a reduced vocabulary of {size} ids: the lab reads it "
+                              "(dspark.lab.exporting.exported.load_any), as every command does")  # fmt: skip
+
+
+def load_drafter(
+    path: str | Path,
+    target: Transformer,
+    vocabulary: Callable[[Transformer, int], nn.Module | None] = whole_vocabulary,
+) -> Drafter:
+    """Rebuild a trained drafter for `target` from its checkpoint, on the target's device; `vocabulary(target, K)`
+    builds what it scores (None: the whole vocabulary)."""
+    if Path(path).is_dir():  # a folder in a serving engine's layout (python -m dspark.export, DeepSpec)
+        raise CheckpointError(f"{path} is a folder in a serving engine's layout: the lab reads it "
+                              "(dspark.lab.exporting.exported.load_any), as every command does")  # fmt: skip
+    record, tensors = read_checkpoint(path)
+    config, other_target = record["config"], trained_for(record)
+    if isinstance(config, dict) and "kind" not in config and "vocab_size" in config:
+        raise CheckpointError(f"{path} is a target model checkpoint, not a drafter: pass it as --checkpoint, and "
+                              "as --drafter-checkpoint a drafter trained for it")  # fmt: skip
+    try:
+        config = without_retired(config, path)
+        parallel = config.get("kind") in PARALLEL_KINDS
+        config = (ParallelDrafterConfig if parallel else AutoregressiveDrafterConfig)(**config)
+        vocab = vocabulary(target, config.draft_vocab)
+        drafter = (ParallelDrafter if parallel else AutoregressiveDrafter)(target, config, vocab)
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"drafter config of {path} is invalid ({exc}){other_target}") from None
+    taps = record.get("meta", {}).get("tap_layers")  # the target layers it was trained on
+    if taps is not None and tuple(taps) != tuple(target.config.tap_layers):
+        raise CheckpointError(
+            f"drafter {path} was trained on target layers {list(taps)}{other_target}, but this target taps "
+            f"{list(target.config.tap_layers)}; with another target model pass --drafter none or a "
+            "--drafter-checkpoint trained for it"
+        )
+    try:
+        drafter.load_state_dict(tensors)
+    except RuntimeError as exc:
+        raise CheckpointError(
+            f"drafter {path} does not fit this target ({mismatch(exc)}){other_target}; with another target "
+            "model pass --drafter none or a --drafter-checkpoint trained for it"
+        ) from None
+    drafter = drafter.to(model_device(target))  # a drafter lives where its target does, in its dtype
+    return cast_keeping_rope(drafter, target.embed.weight.dtype).eval()  # a bf16 target: a bf16 drafter
+
+
+def stored_calibration(path: str | Path) -> dict | None:
+    """The `calibration` record of the JSON at `path` (or of its twin); None when there is none."""
+    twin = config_path(path)
+    if not twin.is_file():
+        return None
+    try:
+        record = json.loads(twin.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{twin} is not valid JSON ({exc})") from None
+    stored = record.get("calibration") if isinstance(record, dict) else None
+    if stored is not None and not isinstance(stored, dict):
+        raise CheckpointError(f"{twin}: 'calibration' must be a JSON object, got {type(stored).__name__}")
+    return stored
+
+
+def finite_list(twin: Path, field: str, values, positive: bool) -> list[float]:
+    """`values` as floats if it is a list of finite numbers (> 0 with `positive`), else a one-line error."""
+    if not isinstance(values, list) or not values:
+        raise CheckpointError(f"{twin}: {field} must be a non-empty list of numbers, got {values!r}")
+    for k, v in enumerate(values, start=1):
+        finite = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not finite or (positive and v <= 0):
+            need = "finite numbers > 0" if positive else "finite numbers"
+            raise CheckpointError(f"{twin}: {field} must be {need}, got {v!r} at position {k}")
+    return [float(v) for v in values]
+
+
+def load_calibration(path: str | Path, positions: int | None = None) -> torch.Tensor | None:
+    """The stored STS calibration: (γ,) temperatures or (2, γ) temperatures and offsets, None if there is
+    none; anything but finite temperatures > 0 and `positions` of each is a `CheckpointError`."""
+    stored = stored_calibration(path)
+    if stored is None or stored.get("sts_temperatures") is None:
+        return None
+    twin = config_path(path)
+    temps = finite_list(twin, "sts_temperatures", stored["sts_temperatures"], positive=True)
+    shifts = stored.get("sts_shifts")
+    if shifts is not None:
+        shifts = finite_list(twin, "sts_shifts", shifts, positive=False)
+        if len(shifts) != len(temps):
+            raise CheckpointError(
+                f"{twin}: sts_shifts has {len(shifts)} entries, sts_temperatures {len(temps)}"
+            )
+    if positions is not None and len(temps) != positions:
+        raise CheckpointError(f"{twin}: the calibration has {len(temps)} positions but the drafter drafts "
+                              f"{positions}; run `python -m dspark.train calibrate` for this drafter again")  # fmt: skip
+    return torch.tensor(temps if shifts is None else [temps, shifts], dtype=torch.float64)
+
+
+def get_drafter(
+    name: str,
+    target: Transformer,
+    path: str | Path | None = None,
+    target_name: str = "tiny",
+    load: Callable[[Path, Transformer], Drafter] = load_drafter,
+) -> Drafter:
+    """`none`, or a trained drafter from `path` (default: the one shipped for `target_name`), read by `load`."""
+    if name not in DRAFTER_NAMES:
+        raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
+    if name == "none":
+        return NoDrafter(target.config.vocab_size)
+    path = Path(path) if path else default_path(name, target_name)
+    if not (path.is_file() or path.is_dir()):
+        if target_name != "tiny" and Path(path) == default_path(name, target_name):
+            raise CheckpointError(f"no {name} drafter is shipped for the target {target_name!r}; pass --drafter none "
+                                  "(plain decoding) or a --drafter-checkpoint trained for it")  # fmt: skip
+        raise CheckpointError(
+            f"no trained {name} drafter at {path}; train one with `python -m dspark.train drafter --kind {name}`"
+        )
+    drafter = load(path, target)
+    if drafter.name != name:
+        raise CheckpointError(
+            f"{path} holds a {drafter.name} drafter, not {name}; pass --drafter {drafter.name}"
+        )
+    return drafter
+
+
+def get_calibration(
+    name: str, path: str | Path | None = None, target_name: str = "tiny", positions: int | None = None
+) -> torch.Tensor | None:
+    """The STS calibration stored with drafter `name` (`load_calibration`); None for `none` or if never fitted."""
+    if name == "none":
+        return None
+    return load_calibration(Path(path) if path else default_path(name, target_name), positions)

@@ -1,6 +1,6 @@
 """Choosing, checking and storing STS: what `python -m dspark.train calibrate` and `bench calibration` run.
 
-The core fits the temperatures (dspark/scheduling/calibration.py `fit_sts`); here they are kept only where
+The core fits the temperatures (dspark/calibration.py `fit_sts`); here they are kept only where
 held-out rounds show they help (`select_sts`), measured per position with bootstrap intervals and the ECE's
 noise floor (`position_metrics`), and stored as the `calibration` record of a JSON file (the drafter
 checkpoint's twin, or for a shipped drafter a file under DSPARK_HOME: `train calibrate` never writes into
@@ -15,12 +15,12 @@ from pathlib import Path
 
 import torch
 
+from dspark.calibration import auroc, ece, ece_rows, fit_sts
+from dspark.checkpoint import config_path
 from dspark.device import generator_uniforms
-from dspark.drafters.registry import default_path, load_calibration, stored_calibration
+from dspark.drafters import default_path, load_calibration, stored_calibration
 from dspark.lab import storage
-from dspark.paths import config_path
-from dspark.scheduling.calibration import auroc, ece, ece_rows, fit_sts
-from dspark.scheduling.scheduler import prefix_survival, temperatures_and_offsets
+from dspark.scheduler import prefix_survival, temperatures_and_offsets
 
 FIT_PROMPTS = (40, 80)  # eval prompts [40, 80) per domain fit STS; benchmarks report on [0, 40)
 MIN_SURVIVORS = 50  # fitting rounds that must reach a position before its temperature is trusted

@@ -36,10 +36,9 @@ from typing import NoReturn
 
 import torch
 
-from dspark import paths
-from dspark.checkpoint import CheckpointError
+from dspark.checkpoint import ASSETS_DIR, TARGET_CHECKPOINT, TOKENIZER_PATH, CheckpointError
+from dspark.drafters import DRAFTER_NAMES
 from dspark.drafters.parallel import ParallelDrafterConfig
-from dspark.drafters.registry import DRAFTER_NAMES
 from dspark.lab import storage
 from dspark.lab.machine import cpu_has_bf16, resolve_device
 from dspark.lab.pretrained.fetch import KNOWN_MODELS, FetchError
@@ -146,7 +145,7 @@ def refuse_clobber(
             continue
         where, flag = storage.resolved(dest), f"--{option} {dest}"
         if storage.inside_package(where):
-            raise UsageError(f"{flag} lies inside the dspark package ({paths.ASSETS_DIR.parent}), whose shipped "
+            raise UsageError(f"{flag} lies inside the dspark package ({ASSETS_DIR.parent}), whose shipped "
                              "files the commands never overwrite (--ship updates them); write elsewhere")  # fmt: skip
         for given, source in inputs:
             if where == source or (where.exists() and source.exists() and os.path.samefile(where, source)):
@@ -234,10 +233,10 @@ def apply_threads(args: argparse.Namespace) -> None:
 
 def add_target(parser: argparse.ArgumentParser, tokenizer: bool = False, pretrained: bool = False) -> None:
     """--checkpoint of the target model (and --tokenizer); with `pretrained` also --model and --dtype."""
-    parser.add_argument("--checkpoint", default=str(paths.TARGET_CHECKPOINT),
+    parser.add_argument("--checkpoint", default=str(TARGET_CHECKPOINT),
                         help="target model weights (default: the shipped model)")  # fmt: skip
     if tokenizer:
-        parser.add_argument("--tokenizer", default=str(paths.TOKENIZER_PATH),
+        parser.add_argument("--tokenizer", default=str(TOKENIZER_PATH),
                             help="tokenizer.json (default: the shipped one)")  # fmt: skip
     if pretrained:
         parser.add_argument("--model", metavar="NAME|PATH",
@@ -279,13 +278,13 @@ def load_target(args: argparse.Namespace, device: torch.device | None = None):
         raise UsageError("--model is empty: give a known model name, a .gguf file or a model folder")
     dtype = DTYPES[getattr(args, "dtype", None) or default_dtype_name(spec, device)]
     if spec:
-        if args.checkpoint != str(paths.TARGET_CHECKPOINT) or getattr(args, "tokenizer", None) not in (
-            None, str(paths.TOKENIZER_PATH)):  # fmt: skip
+        if args.checkpoint != str(TARGET_CHECKPOINT) or getattr(args, "tokenizer", None) not in (
+            None, str(TOKENIZER_PATH)):  # fmt: skip
             raise UsageError("--model brings its own weights and tokenizer: drop --checkpoint/--tokenizer")
         loaded = load_pretrained(spec, dtype)
         return loaded.tokenizer, fast_on_cpu(loaded.model.to(device)), loaded.name
     refuse_pretrained_checkpoint(args.checkpoint, hasattr(args, "model"))
-    tokenizer = Tokenizer.load(getattr(args, "tokenizer", None) or paths.TOKENIZER_PATH)
+    tokenizer = Tokenizer.load(getattr(args, "tokenizer", None) or TOKENIZER_PATH)
     model = load_checkpoint(args.checkpoint)[0]
     if model.config.vocab_size != tokenizer.vocab_size:
         raise UsageError(

@@ -20,8 +20,8 @@ import torch
 from dspark.lab import storage
 from dspark.lab.machine import cpu_description
 from dspark.model import Transformer
-from dspark.scheduling.profiler import DEFAULT_POINTS, measure_sps
-from dspark.scheduling.scheduler import ThroughputProfile
+from dspark.profiler import DEFAULT_POINTS, measure_sps
+from dspark.scheduler import ThroughputProfile
 
 
 def profile_path(key: dict) -> Path:

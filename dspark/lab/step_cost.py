@@ -20,7 +20,7 @@ taken from `measure_draft_cost`. Cached under DSPARK_HOME next to the `propose`
 table (same key, plus the method), measured again on `refresh`.
 
 What this file does not do: decide anything (dspark/lab/cost_aware/scheduler.py) or
-measure SPS (dspark/scheduling/profiler.py).
+measure SPS (dspark/profiler.py).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import statistics
 import torch
 
 from dspark.drafters.base import Drafter, Proposal
+from dspark.engine import Engine, Request
 from dspark.lab.cost_aware.draft_cost import (
     DRAFT_POINTS,
     DraftCost,
@@ -39,8 +40,7 @@ from dspark.lab.cost_aware.draft_cost import (
 )
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
-from dspark.scheduling.scheduler import Scheduler, ThroughputProfile, make_policy
-from dspark.serving.engine import Engine, Request
+from dspark.scheduler import Scheduler, ThroughputProfile, make_policy
 
 STEPS = 12  # engine steps per timed run
 REPEATS = 5  # interleaved rounds of paired runs per point (the median difference counts)

@@ -3,7 +3,7 @@ checkpoints.
 
 Everything the training and benchmark commands produce (corpus, token arrays, training runs, cached
 profiles) goes under `DSPARK_HOME` (default `~/.cache/dspark`), never into git; the shipped artefacts are
-read from `dspark.paths` and written only through `--ship`.
+read from `dspark.checkpoint` and written only through `--ship`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TypeVar
 import torch
 from safetensors.torch import save_file
 
-from dspark.paths import ASSETS_DIR, config_path
+from dspark.checkpoint import ASSETS_DIR, config_path
 
 T = TypeVar("T")
 

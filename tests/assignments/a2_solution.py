@@ -1,4 +1,4 @@
-"""Assignment 2, solved without dspark.serving: the base of the a2_* planted bugs."""
+"""Assignment 2, solved without dspark.engine: the base of the a2_* planted bugs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Assignment 4, solved from scratch (no dspark.scheduling.calibration): the base of the a4_* bugs."""
+"""Assignment 4, solved from scratch (no dspark.calibration): the base of the a4_* bugs."""
 
 from __future__ import annotations
 

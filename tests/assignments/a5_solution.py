@@ -1,4 +1,4 @@
-"""Assignment 5, solved from scratch (no dspark.scheduling functions): the base of the a5_* bugs."""
+"""Assignment 5, solved from scratch (no dspark.scheduler functions): the base of the a5_* bugs."""
 
 from __future__ import annotations
 

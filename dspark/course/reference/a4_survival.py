@@ -1,7 +1,7 @@
-"""Reference solution of assignment 4 (survival estimation), built on dspark/scheduling/calibration.py.
+"""Reference solution of assignment 4 (survival estimation), built on dspark/calibration.py.
 
 `ece`, `auroc` and `fit_sts` are the project's; the events and mask come from
-`RoundStats.calibration_arrays` (dspark/serving/requests.py), the survivals from
+`RoundStats.calibration_arrays` (dspark/requests.py), the survivals from
 `scheduler.prefix_survival`, and the label c* = 1 − ½‖q − p‖₁ is the one
 dspark/training.py trains the confidence head on (DESIGN §3).
 What this file does not do: anything beyond adapting signatures.
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from dspark.scheduling import calibration
-from dspark.scheduling.calibration import BINS
-from dspark.scheduling.scheduler import prefix_survival
-from dspark.serving.requests import RoundStats
+from dspark import calibration
+from dspark.calibration import BINS
+from dspark.requests import RoundStats
+from dspark.scheduler import prefix_survival
 
 
 def confidence_label(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:

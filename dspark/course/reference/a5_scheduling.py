@@ -1,4 +1,4 @@
-"""Reference solution of assignment 5 (Algorithm 1), built on dspark/scheduling/scheduler.py.
+"""Reference solution of assignment 5 (Algorithm 1), built on dspark/scheduler.py.
 
 `prefix_survival`, `greedy_path` and `prefix_schedule` are the project's; `path_rates`
 evaluates `expected_rate` at every prefix of the greedy path (DESIGN §5).
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from dspark.scheduling import scheduler
-from dspark.scheduling.scheduler import ThroughputProfile
+from dspark import scheduler
+from dspark.scheduler import ThroughputProfile
 
 
 def prefix_survival(confidences: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ import torch
 from dspark.lab import cli, storage
 from dspark.lab.study import offline, pareto, plots
 from dspark.model import Transformer
-from dspark.scheduling.scheduler import make_policy
+from dspark.scheduler import make_policy
 from dspark.tokenizer import Tokenizer
 
 

@@ -12,8 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
+from dspark.drafters import default_path
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
-from dspark.drafters.registry import default_path
 from dspark.lab import calibration, cli
 from dspark.lab.benchmarks.common import dtype_name, load_model, policy_for, study_prompts, write_outputs
 from dspark.lab.calibration import find_calibration, get_calibration
@@ -25,7 +25,7 @@ from dspark.lab.pretrained.prompt_sets import prompts_label
 from dspark.lab.study import gpu, offline, plots, tables, tau_intervals
 from dspark.lab.study.offline import labelled_specs
 from dspark.sampling import SamplingParams
-from dspark.scheduling.scheduler import temperatures_and_offsets
+from dspark.scheduler import temperatures_and_offsets
 
 
 def bench_offline(args: argparse.Namespace) -> dict:

@@ -69,7 +69,7 @@ from dspark.lab.benchmarks.speed import (
 from dspark.lab.cli import UsageError, parse_float_list, parse_int_list, parse_name_list
 from dspark.lab.cli import add_option as option
 from dspark.lab.data.corpus import EVAL_PER_DOMAIN
-from dspark.scheduling.scheduler import POLICY_NAMES
+from dspark.scheduler import POLICY_NAMES
 
 MAX_ARRIVAL_SPAN_S = 3600.0  # bench serve --poisson: the requests must all arrive within an hour
 

@@ -31,13 +31,13 @@ from pathlib import Path
 
 import torch
 
-from dspark.drafters.registry import DRAFTER_NAMES, default_path
+from dspark.checkpoint import config_path
+from dspark.drafters import DRAFTER_NAMES, default_path
 from dspark.lab import cli
 from dspark.lab.cli import UsageError
 from dspark.lab.exporting.exported import get_drafter
 from dspark.lab.exporting.fields import KNOWN_TARGETS, ExportInfo
 from dspark.lab.exporting.folder import DTYPES, FORMATS, check_replaceable, export_drafter
-from dspark.paths import config_path
 
 
 def parse(argv: list[str] | None):

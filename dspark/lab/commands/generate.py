@@ -16,7 +16,7 @@ fewer target passes. Tokens that came from accepted drafts are highlighted
 `--policy` decides how many of the γ drafts each round verifies: `fixed` (all),
 `dspark` (Algorithm 1 on the drafter's calibrated confidences and this
 machine's measured SPS profile), `dspark-async`, `threshold`, `goodput`,
-`mtp1` or `none` (see dspark/scheduling/scheduler.py). Any policy is lossless.
+`mtp1` or `none` (see dspark/scheduler.py). Any policy is lossless.
 
 `--device cpu|cuda` picks where the model runs (default: cuda when available,
 else cpu); the target and the drafter are moved there after loading, and the
@@ -46,6 +46,7 @@ import sys
 import torch
 
 from dspark.decoding import check_prompts, generate
+from dspark.engine import SpeculativeResult, speculative_generate
 from dspark.lab import cli
 from dspark.lab.calibration import get_calibration
 from dspark.lab.cli import UsageError, run_main
@@ -55,8 +56,7 @@ from dspark.lab.data.prompt_files import held_out, read_prompts
 from dspark.lab.exporting.exported import get_drafter
 from dspark.lab.study.gpu import measured_scheduler
 from dspark.sampling import SamplingParams
-from dspark.scheduling.scheduler import POLICY_NAMES
-from dspark.serving.speculative import SpeculativeResult, speculative_generate
+from dspark.scheduler import POLICY_NAMES
 from dspark.tokenizer import Tokenizer
 from kernels import KERNEL_MODES, kernel_mode, kernels_as
 

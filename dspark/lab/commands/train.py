@@ -23,10 +23,10 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
+from dspark.drafters import DRAFTER_NAMES
 from dspark.drafters.autoregressive import AutoregressiveDrafterConfig
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.parallel import ParallelDrafterConfig
-from dspark.drafters.registry import DRAFTER_NAMES
 from dspark.lab import cli, storage
 from dspark.lab.cli import add_option as option
 from dspark.lab.data.corpus import MATH_PROBLEMS

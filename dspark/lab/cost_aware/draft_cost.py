@@ -1,6 +1,6 @@
 """What one drafting pass costs: the other half of a speculative step's time, next to SPS(B).
 
-Algorithm 1 (dspark/scheduling/scheduler.py) prices a step by its target pass,
+Algorithm 1 (dspark/scheduler.py) prices a step by its target pass,
 1 / SPS(B). Every step that drafts also pays a drafting pass, whatever it then
 verifies. On a GPU that is a small fraction of the step (the paper ignores it);
 on this CPU a DSpark drafting pass costs about as much as a target pass, so a
@@ -23,7 +23,7 @@ over-prices them a little, never under):
     under DSPARK_HOME keyed like the SPS profile (target config, drafter
     config, γ, threads) and measures again on `refresh`.
   * `roofline_draft_cost`: the same for a modelled GPU (the SPS roofline of
-    dspark/scheduling/profiler.py with the drafter's parameter count): a
+    dspark/profiler.py with the drafter's parameter count): a
     parallel drafter is one pass over n·γ block tokens, a chain drafter γ
     passes over n tokens.
 
@@ -49,7 +49,7 @@ from dspark.lab.machine import cpu_description
 from dspark.lab.profiles import RooflineConfig
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
-from dspark.scheduling.scheduler import interpolated_times
+from dspark.scheduler import interpolated_times
 
 DRAFT_POINTS = [1, 2, 4, 8, 16, 32]  # drafting requests measured on the CPU
 CATCH_UP_TOKENS = 16  # extra context tokens per request when measuring the cost of catching up

@@ -1,6 +1,6 @@
 """The cost-aware scheduler: the drafting time in Θ, and who drafts (speculate or not).
 
-`CostAwareScheduler` is the core's `Scheduler` (dspark/scheduling/scheduler.py)
+`CostAwareScheduler` is the core's `Scheduler` (dspark/scheduler.py)
 with the drafting cost (dspark/lab/cost_aware/draft_cost.py) for the cost-aware
 policies (`dspark`, `dspark-async`; any other policy, or a free cost: the core's
 scheduler, the paper's step). Every input is an argument: the temperatures and
@@ -57,8 +57,8 @@ verifying relatively cheaper. The early stop is
 still what keeps it lossless: admitting draft j of request r depends only on
 survivals ranked above it, never on its own acceptance.
 
-What this file does not do: time anything (dspark/scheduling/profiler.py,
-draft_cost.py) or run the step (dspark/serving/engine.py).
+What this file does not do: time anything (dspark/profiler.py,
+draft_cost.py) or run the step (dspark/engine.py).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ import torch
 from dspark.device import to_host
 from dspark.drafters.base import Proposal
 from dspark.lab.cost_aware.draft_cost import DraftCost
-from dspark.scheduling.scheduler import (
+from dspark.scheduler import (
     AsyncPrefixPolicy,
     Policy,
     Scheduler,

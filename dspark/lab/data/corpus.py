@@ -37,12 +37,14 @@ from pathlib import Path
 
 import numpy as np
 
+from dspark.checkpoint import ASSETS_DIR
 from dspark.lab import storage
 from dspark.lab.data.math_problems import generate_problems
-from dspark.paths import EVAL_PROMPTS_PATH
 from dspark.tokenizer import Tokenizer
 
 DOMAINS = ("code", "math", "chat")
+EVAL_PROMPTS_PATH = ASSETS_DIR / "eval_prompts.jsonl"  # the held-out prompts, shipped
+CORPUS_MANIFEST_PATH = ASSETS_DIR / "corpus_manifest.json"  # sizes + hash of the corpus behind them
 MATH_PROBLEMS = 15000  # generated math problems in the default corpus
 EVAL_PER_DOMAIN = 80  # held-out prompts per domain (at least 64, so per-domain numbers are not noise)
 VAL_FRACTION = 0.02

@@ -35,13 +35,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from dspark import drafters
 from dspark.checkpoint import CheckpointError
 from dspark.device import model_device
-from dspark.drafters import registry
+from dspark.drafters import load_drafter
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import Drafter
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
-from dspark.drafters.registry import load_drafter
 from dspark.lab.cpu_speed import fast_on_cpu
 from dspark.lab.draft_vocab import vocabulary
 from dspark.lab.exporting.hf_layout import draft_ids, head_rows, load_eagle3, load_parallel
@@ -237,4 +237,4 @@ def get_drafter(
 ) -> Drafter:
     """The core's `get_drafter` for the commands: `path` may also be an exported folder, and the drafter has the
     CPU speed path (`load_any`)."""
-    return registry.get_drafter(name, target, path, target_name, load=load_any)
+    return drafters.get_drafter(name, target, path, target_name, load=load_any)

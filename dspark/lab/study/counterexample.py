@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from dspark.sampling import sample_from_probs
-from dspark.scheduling.scheduler import AsyncPrefixPolicy, ThroughputProfile, prefix_schedule
+from dspark.scheduler import AsyncPrefixPolicy, ThroughputProfile, prefix_schedule
 from dspark.verify import verify
 
 TARGET = (0.7, 0.3)  # p_t of the first token over {A, B}

@@ -41,9 +41,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from dspark import profiler
 from dspark.device import host_sync_counts, model_device
+from dspark.drafters import PARALLEL_KINDS
 from dspark.drafters.base import Drafter, NoDrafter
-from dspark.drafters.registry import PARALLEL_KINDS
+from dspark.engine import Engine, Request, speculative_generate
 from dspark.lab import profiles, storage
 from dspark.lab.calibration import get_calibration
 from dspark.lab.cost_aware.scheduler import COST_AWARE, CostAwareScheduler
@@ -57,10 +59,7 @@ from dspark.lab.training.drafters import DrafterTrainConfig, new_drafter
 from dspark.lab.training.feature_cache import LiveFeatures
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
-from dspark.scheduling import profiler
-from dspark.scheduling.scheduler import ThroughputProfile, make_policy
-from dspark.serving.engine import Engine, Request
-from dspark.serving.speculative import speculative_generate
+from dspark.scheduler import ThroughputProfile, make_policy
 from dspark.tokenizer import Tokenizer
 
 DRAFTERS = ("mtp", "eagle", "dflash", "dspark")

@@ -66,7 +66,7 @@ def cases(R: int, gamma: int, small: bool, device: str):
     from dspark.lab.profiles import named_profile
     from dspark.model import RaggedIndex, ragged_attention_reference
     from dspark.sampling import SamplingParams
-    from dspark.scheduling.scheduler import prefix_schedule, prefix_survival
+    from dspark.scheduler import prefix_schedule, prefix_survival
     from dspark.verify import verify_reference
     from kernels.markov_sampler import markov_block_sample_triton
     from kernels.prefix_scheduler import prefix_schedule_triton

@@ -18,10 +18,10 @@ prompts of each domain (their figures: dspark/lab/study/plots.py):
     so one recorded run answers every threshold.
 
 A threshold θ verifies the longest prefix whose *survival* Π_{j<=k} c_j is at
-least θ (θ = 0: everything) -- the quantity the prefix scheduler ranks (dspark/scheduling/scheduler.py).
+least θ (θ = 0: everything) -- the quantity the prefix scheduler ranks (dspark/scheduler.py).
 
 What this file does not do: train drafters (`dspark.train drafter`), fit the
-confidence calibration (dspark/scheduling/calibration.py; `record_rounds`
+confidence calibration (dspark/calibration.py; `record_rounds`
 only records the rounds it is fitted and scored on), or parse arguments.
 """
 
@@ -36,19 +36,19 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from dspark.checkpoint import config_path
 from dspark.decoding import generate
 from dspark.device import model_device
 from dspark.drafters.base import Drafter, TargetFeatures
+from dspark.engine import speculative_generate
 from dspark.lab.cost_aware.scheduler import CostAwareScheduler
 from dspark.lab.data.corpus import eval_prompts_by_domain
 from dspark.lab.data.prompt_files import prompt_ids_by_domain
 from dspark.lab.study.tau_intervals import prompt_counts
 from dspark.model import Transformer
-from dspark.paths import config_path
+from dspark.requests import RoundStats
 from dspark.sampling import SamplingParams, probabilities, sample
-from dspark.scheduling.scheduler import FixedPolicy, Scheduler, ThroughputProfile
-from dspark.serving.requests import RoundStats
-from dspark.serving.speculative import speculative_generate
+from dspark.scheduler import FixedPolicy, Scheduler, ThroughputProfile
 from dspark.tokenizer import Tokenizer
 
 

@@ -13,7 +13,7 @@ Two ways, the same `points` format
   * tau: committed tokens per request-round (`RoundStats.tau`).
 
 
-  * `serve_points`: the real engine (dspark/serving/engine.py) on this CPU, closed loop
+  * `serve_points`: the real engine (dspark/engine.py) on this CPU, closed loop
     at each concurrency C over held-out prompts, with the measured CPU SPS
     profile feeding the schedulers;
   * `simulate_points`: the trace-driven simulator (dspark/lab/study/simulator.py) on a
@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from dspark.device import model_device
 from dspark.drafters.base import Drafter, NoDrafter
+from dspark.engine import Engine, EngineResult, Request
 from dspark.lab import storage
 from dspark.lab.calibration import get_calibration
 from dspark.lab.cost_aware.draft_cost import DraftCost, roofline_draft_cost
@@ -48,10 +49,9 @@ from dspark.lab.study.simulator import RequestTrace, simulate, traces_from_recor
 from dspark.lab.study.stats import mean_interval
 from dspark.lab.training.feature_cache import weights_fingerprint
 from dspark.model import Transformer
+from dspark.requests import RoundStats
 from dspark.sampling import SamplingParams
-from dspark.scheduling.scheduler import ThroughputProfile, make_policy
-from dspark.serving.engine import Engine, EngineResult, Request
-from dspark.serving.requests import RoundStats
+from dspark.scheduler import ThroughputProfile, make_policy
 from dspark.tokenizer import Tokenizer
 
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dspark.calibration import ece, reliability
 from dspark.lab.study.stats import wilson_interval
-from dspark.scheduling.calibration import ece, reliability
-from dspark.scheduling.scheduler import ThroughputProfile, prefix_survival
+from dspark.scheduler import ThroughputProfile, prefix_survival
 
 
 def _pyplot():

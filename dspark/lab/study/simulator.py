@@ -4,7 +4,7 @@ This CPU cannot show what happens at production scale, where the target pass
 is memory-bound until hundreds of batch tokens. So: record what the real
 drafters do on held-out prompts (per round: the confidences c_1..c_γ and how
 many drafts full verification accepted, a), then replay those rounds through
-any policy and any SPS profile (dspark/scheduling/profiler.py). With lossless
+any policy and any SPS profile (dspark/profiler.py). With lossless
 verification a round that verifies ℓ drafts accepts exactly min(ℓ, a) of them
 (position k's verdict never depends on later positions), so the replay needs
 no model at all.
@@ -37,8 +37,8 @@ import torch
 from dspark.drafters.base import Proposal
 from dspark.lab.cost_aware.draft_cost import DraftCost
 from dspark.lab.cost_aware.scheduler import COST_AWARE, CostAwareScheduler
-from dspark.scheduling.scheduler import Policy, ThroughputProfile
-from dspark.serving.requests import RECENT_ROUNDS
+from dspark.requests import RECENT_ROUNDS
+from dspark.scheduler import Policy, ThroughputProfile
 
 
 @dataclass

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from dspark.serving.requests import RoundStats
+from dspark.requests import RoundStats
 
 
 def prompt_counts(stats: RoundStats) -> tuple[list[int], list[int]]:

@@ -1,11 +1,11 @@
 """`train calibrate`: Sequential Temperature Scaling of a drafter's confidence head, fitted and stored.
 
 `cmd_calibrate` records rounds on eval prompts 40..79 (dspark/lab/study/offline.py), selects one temperature
-(and logit offset) per position (dspark/scheduling/calibration.py), prints the per-position table and
+(and logit offset) per position (dspark/calibration.py), prints the per-position table and
 stores the result where `calibration_output` says; `padded_sts` extends it to every position the
 drafter can draft.
 
-What this file does not do: fit anything itself (dspark/scheduling/calibration.py) or report the
+What this file does not do: fit anything itself (dspark/calibration.py) or report the
 calibration on held-out prompts (`python -m dspark.bench calibration`, dspark/lab/benchmarks/paper.py).
 """
 
@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
+from dspark.checkpoint import config_path
+from dspark.drafters import default_path
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
-from dspark.drafters.registry import default_path
 from dspark.lab import cli, storage
 from dspark.lab.calibration import calibration_path, checkpoint_digest
 from dspark.lab.cli import UsageError
 from dspark.lab.pretrained.prompt_sets import prompts_label
-from dspark.paths import config_path
 
 
 def calibration_output(args: argparse.Namespace, checkpoint: Path, target_name: str) -> Path:
@@ -67,7 +67,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     from dspark.lab.exporting.exported import get_drafter
     from dspark.lab.study import offline
     from dspark.sampling import SamplingParams
-    from dspark.scheduling.scheduler import temperatures_and_offsets
+    from dspark.scheduler import temperatures_and_offsets
 
     tokenizer, target, target_name = cli.load_target(args)
     path = (

@@ -1,7 +1,7 @@
 """`train drafter`: a drafter (mtp | eagle | dflash | dspark | dspark-rnn) trained on the target's responses.
 
 `cmd_drafter` refuses option combinations that do not fit the kind, loads the frozen target and the
-feature caches (dspark/lab/train_commands/drafter_data.py), builds the drafter (dspark/drafters/registry.py),
+feature caches (dspark/lab/train_commands/drafter_data.py), builds the drafter (dspark/drafters/__init__.py),
 trains it (dspark/lab/training/drafters.py) and writes the checkpoint under DSPARK_HOME, to --out, or with
 --ship into dspark/assets/. `training_in_bf16` decides --bf16 when it is not given.
 
@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from dspark.device import model_device
+from dspark.drafters import default_path
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
-from dspark.drafters.registry import default_path
 from dspark.lab import storage
 from dspark.lab.cli import UsageError
 from dspark.lab.cpu_speed import fast_on_cpu

@@ -18,12 +18,13 @@ from pathlib import Path
 
 import torch
 
-from dspark import paths
-from dspark.checkpoint import load_target
+from dspark.checkpoint import ASSETS_DIR, TARGET_CHECKPOINT, TOKENIZER_PATH, load_target
 from dspark.lab import storage
 from dspark.lab.cli import UsageError
 from dspark.lab.data.corpus import (
+    CORPUS_MANIFEST_PATH,
     DOMAINS,
+    EVAL_PROMPTS_PATH,
     build_samples,
     build_token_arrays,
     corpus_manifest,
@@ -48,14 +49,14 @@ def cmd_data(args: argparse.Namespace) -> None:
     write_jsonl([s.__dict__ for s in samples], out / "corpus.jsonl")
     prompts = eval_prompts(samples)
     write_jsonl(prompts, out / "eval_prompts.jsonl")
-    if args.retrain_tokenizer or not paths.TOKENIZER_PATH.is_file():
+    if args.retrain_tokenizer or not TOKENIZER_PATH.is_file():
         print(f"training a byte-level BPE tokenizer, vocabulary {args.vocab_size} ...")
         texts = (s.prompt + "\n" + s.response for s in samples if s.split == "train")
         tokenizer = train_tokenizer(texts, args.vocab_size)
         tokenizer.save(out / "tokenizer.json")
     else:
-        print(f"using the shipped tokenizer {paths.TOKENIZER_PATH} (--retrain-tokenizer to learn a new one)")
-        shutil.copy(paths.TOKENIZER_PATH, out / "tokenizer.json")
+        print(f"using the shipped tokenizer {TOKENIZER_PATH} (--retrain-tokenizer to learn a new one)")
+        shutil.copy(TOKENIZER_PATH, out / "tokenizer.json")
         tokenizer = Tokenizer.load(out / "tokenizer.json")
     print("tokenising ...")
     sizes = build_token_arrays(samples, tokenizer, out)
@@ -74,10 +75,10 @@ def cmd_data(args: argparse.Namespace) -> None:
             f"{sizes[d + '.train']:>13,} {sizes[d + '.val']:>11,}"
         )
     if args.ship:
-        shutil.copy(out / "tokenizer.json", paths.TOKENIZER_PATH)
-        shutil.copy(out / "eval_prompts.jsonl", paths.EVAL_PROMPTS_PATH)
-        shutil.copy(out / "manifest.json", paths.CORPUS_MANIFEST_PATH)
-        print(f"shipped tokenizer, manifest and {len(prompts)} evaluation prompts to {paths.ASSETS_DIR}")
+        shutil.copy(out / "tokenizer.json", TOKENIZER_PATH)
+        shutil.copy(out / "eval_prompts.jsonl", EVAL_PROMPTS_PATH)
+        shutil.copy(out / "manifest.json", CORPUS_MANIFEST_PATH)
+        print(f"shipped tokenizer, manifest and {len(prompts)} evaluation prompts to {ASSETS_DIR}")
     print(f"done in {time.perf_counter() - t0:.0f}s; wrote {out}")
 
 
@@ -111,5 +112,5 @@ def cmd_target(args: argparse.Namespace) -> None:
         print(f"  {d:<5} loss {meta['val_loss'][d]:.3f}  ppl {meta['val_ppl'][d]:.2f}")
     if args.ship:
         model, _ = load_target(run / "model.safetensors")
-        save_checkpoint(model, mc, paths.TARGET_CHECKPOINT, dtype=torch.float16, meta=meta)
-        print(f"shipped fp16 weights to {paths.TARGET_CHECKPOINT}")
+        save_checkpoint(model, mc, TARGET_CHECKPOINT, dtype=torch.float16, meta=meta)
+        print(f"shipped fp16 weights to {TARGET_CHECKPOINT}")

@@ -12,7 +12,7 @@ appends a ragged block per KV-cache slot and advances the cache; `KVCache.rollba
 (dspark/kv_cache.py) forgets positions; `drafter.propose` (dspark/drafters/base.py) returns
 a `Proposal(tokens, probs, confidence)`; `verify` and `draw_uniforms` (dspark/verify.py) are
 assignment 1's answer; `probabilities` (dspark/sampling.py) turns logits into p. Do not
-import dspark.serving: it is the answer.
+import dspark.engine: it is the answer.
 
 Simplifications: every request verifies the same number of drafts ℓ each round
 (`verify_len`, default γ), and the prompts leave room in the context, so you need not cap ℓ.

@@ -6,7 +6,7 @@ Fill in the six functions, then grade your work with
     python -m dspark.grade 4 walkthrough/assignments/a4_survival/starter.py
 
 handout.md, next to this file, explains the method and names the check that proves each step.
-Use torch only: dspark/scheduling/calibration.py is the answer.
+Use torch only: dspark/calibration.py is the answer.
 
 Notation: N recorded request-rounds, γ draft positions; index k = 0..γ-1 is position k+1.
 """

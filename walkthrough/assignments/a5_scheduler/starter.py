@@ -6,7 +6,7 @@ Fill in the four functions, then grade your work with
 
 handout.md, next to this file, explains the method and names the check that proves each step.
 
-Given: `ThroughputProfile` (dspark/scheduling/scheduler.py): `profile.sps(B)` is SPS(B),
+Given: `ThroughputProfile` (dspark/scheduler.py): `profile.sps(B)` is SPS(B),
 target passes per second with B tokens in one pass (non-increasing in B). You may use
 torch and it; do not import the project's scheduler functions, they are the answer.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from dspark.scheduling.scheduler import ThroughputProfile
+from dspark.scheduler import ThroughputProfile
 
 
 def prefix_survival(confidences: torch.Tensor) -> torch.Tensor:

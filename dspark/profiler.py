@@ -13,7 +13,7 @@ import time
 import torch
 
 from dspark.model import Transformer
-from dspark.scheduling.scheduler import ThroughputProfile
+from dspark.scheduler import ThroughputProfile
 
 DEFAULT_POINTS = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]  # batch tokens measured on the CPU
 

@@ -7,6 +7,8 @@
 
 Tensors live on the target's device; the bookkeeping (slots, anchors, lengths) stays on the host and is
 uploaded without waiting, and each step reads the device at a few counted points (`# host sync`).
+`speculative_generate` (at the end) runs a batch of prompts through it: at T = 0 token-identical to
+`decoding.generate` for every drafter and policy, at T > 0 exactly the target's distribution.
 """
 
 from __future__ import annotations
@@ -21,20 +23,21 @@ from itertools import accumulate
 
 import torch
 
-from dspark.decoding import check_token_ids, is_integer
+from dspark.decoding import GenerationResult, check_max_new_tokens, check_prompts, check_token_ids, is_integer
 from dspark.device import generator_uniforms, host_syncs, model_device, to_host, upload
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
 from dspark.model import Transformer
-from dspark.sampling import SamplingParams, probabilities, sample_from_probs
-from dspark.scheduling.scheduler import Scheduler
-from dspark.serving.requests import (
+from dspark.requests import (
     RECENT_ROUNDS,
     ActiveRequest,
     EngineResult,
     Request,
     RequestRecord,
     RoundRecord,
+    RoundStats,
 )
+from dspark.sampling import SamplingParams, probabilities, sample_from_probs
+from dspark.scheduler import Scheduler
 from dspark.verify import draw_uniforms, verify, verify_greedy
 
 
@@ -380,3 +383,34 @@ class Engine:
             return full
 
         return Proposal(tokens, probs, conf, drafted)
+
+
+# ---- a batch of prompts through the engine (every prompt admitted at once) ----
+@dataclass
+class SpeculativeResult(GenerationResult):
+    from_draft: list[list[bool]] = field(default_factory=list)  # per emitted token: was it an accepted draft?
+    stats: RoundStats = field(default_factory=RoundStats)  # per request, per round: ℓ_r, a_r, confidences
+
+
+def speculative_generate(
+    target: Transformer,
+    drafter: Drafter,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    params: SamplingParams,
+    gamma: int,
+    generator: torch.Generator | None = None,
+    eos_id: int | None = None,
+    scheduler: Scheduler | None = None,
+) -> SpeculativeResult:
+    """Generate for every prompt, `drafter` proposing `gamma` tokens per round; `scheduler` (default: verify
+    all γ) must depend only on the proposal and earlier rounds, or losslessness is lost."""
+    check_max_new_tokens(max_new_tokens)
+    check_prompts(prompts, target.config.max_seq_len, target.config.vocab_size)
+    engine = Engine(target, drafter, params, gamma, len(prompts), eos_id, scheduler)
+    run = engine.run([Request(p, max_new_tokens) for p in prompts], generator)
+    recs = run.records
+    return SpeculativeResult(
+        [r.tokens for r in recs], [r.stop_reason for r in recs], run.prefill_seconds,
+        run.seconds - run.prefill_seconds, run.steps, [r.from_draft for r in recs], run.stats,
+    )  # fmt: skip
