@@ -1,7 +1,7 @@
 """A continuous-batching speculative serving engine (DESIGN.md section 6). Each step of `Engine.run`:
 
     admit + prefill    free slots take arrived requests; ONE ragged pass over their prompts
-    plan + draft       who drafts (0..γ each); the drafter's `Proposal` after every anchor
+    draft              the drafter's `Proposal` of γ tokens after every anchor
     verify_round       ℓ_r from the scheduler; ONE ragged pass over anchor + ℓ_r drafts; `verify`; roll back
     commit             emit accepted drafts + the next token; stop at EOS or a limit, free the slot
 
@@ -28,7 +28,6 @@ from dspark.device import generator_uniforms, host_syncs, model_device, to_host,
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
 from dspark.model import Transformer
 from dspark.requests import (
-    RECENT_ROUNDS,
     ActiveRequest,
     EngineResult,
     Request,
@@ -86,7 +85,6 @@ class Round:
     next_token: list[int]  # per request: the correction or bonus token
     drafts: list[list[int]]  # per request: the g drafted tokens
     confidences: list[list[float]]  # per request: their confidences ([] without a confidence head)
-    drafting: list[bool]  # per request: did it draft this step
 
 
 def read_outcome(
@@ -177,22 +175,9 @@ class Engine:
                 if run.queue:  # Poisson mode: idle until the next arrival
                     time.sleep(max(0.0, requests[run.queue[0]].arrival - run.now()))
                 continue
-            syncs_before, device = host_syncs(), model_device(self.target)
-            widths = self.plan(run.active)
-            slots = upload([a.slot for a in run.active], device)  # (R,)
-            anchors = upload([a.anchor for a in run.active], device)  # (R,)
-            if max(widths) == 0:  # no drafts to propose, schedule or verify: the step plain decoding takes
-                step = self.decode_round(slots, anchors, generator)
-            else:
-                t_draft, drafting = time.perf_counter(), [w > 0 for w in widths]
-                rows = [r for r, d in enumerate(drafting) if d]
-                proposal = self.draft(rows, run.active, slots, anchors, generator, max(widths))
-                run.draft_seconds += time.perf_counter() - t_draft
-                run.drafted_rounds += len(rows)
-                lengths = [a.length for a in run.active]
-                step = self.verify_round(proposal, lengths, drafting, slots, anchors, generator)
+            syncs_before = host_syncs()
+            self.commit(run, self.step(run, generator))
             run.steps += 1
-            self.commit(run, step)
             run.step_syncs.append(host_syncs() - syncs_before)
         return run.result()
 
@@ -234,31 +219,31 @@ class Engine:
             if a.emit([token], [False], self.eos_id, run.now()):
                 self.finish(run, a)
             else:
-                a.pending = [(tokens, feats)]
+                a.pending = (tokens, feats)
                 run.active.append(a)
         run.prefill_seconds += time.perf_counter() - t0
         run.prefill_syncs += host_syncs() - syncs_before
 
-    def plan(self, active: list[ActiveRequest]) -> list[int]:
-        """Per request a block width in 0..γ (0: a plain decode step), from earlier rounds only."""
-        gamma = self.gamma
-        if self.scheduler is None or gamma == 0:
-            return [gamma] * len(active)
-        widths = self.scheduler.speculate([a.recent for a in active], [a.idle for a in active], gamma)
-        if any(not 0 <= w <= gamma for w in widths):
-            raise ValueError(f"draft widths must be in 0..{gamma}, got {widths}")
-        return widths
+    def step(self, run: RunState, generator: torch.Generator) -> Round:
+        """Every active request drafts γ tokens and verifies them (γ = 0: the step plain decoding takes)."""
+        device = model_device(self.target)
+        slots = upload([a.slot for a in run.active], device)  # (R,)
+        anchors = upload([a.anchor for a in run.active], device)  # (R,)
+        if self.gamma == 0:
+            return self.decode_round(slots, anchors, generator)
+        t0 = time.perf_counter()
+        proposal = self.draft(run.active, slots, anchors, generator, self.gamma)
+        run.draft_seconds += time.perf_counter() - t0
+        run.drafted_rounds += len(run.active)
+        return self.verify_round(proposal, [a.length for a in run.active], slots, anchors, generator)
 
     def commit(self, run: RunState, step: Round) -> None:
         """Per request: record the round, emit accepted drafts + the next token, finish or keep the committed
         features for the drafter's next call."""
         still, features = [], step.features.split(step.block_lens)
         for r, (a, tokens, feats) in enumerate(zip(run.active, step.blocks.split(step.block_lens), features)):
-            accepted, next_token, drafting = step.accepted[r], step.next_token[r], step.drafting[r]
-            conf = (step.confidences[r] if drafting else []) if self.drafter.has_confidence else None
-            if drafting and conf is not None:
-                a.recent = [*a.recent, conf][-RECENT_ROUNDS:]
-            a.idle = 0 if drafting else a.idle + 1
+            accepted, next_token = step.accepted[r], step.next_token[r]
+            conf = step.confidences[r] if self.drafter.has_confidence else None
             a.length += accepted + 1
             a.anchor = next_token
             n_before = len(a.record.tokens)
@@ -268,8 +253,7 @@ class Engine:
             if finished:
                 self.finish(run, a)
             else:
-                new = (tokens[: accepted + 1], feats.take(accepted + 1))
-                a.pending = [new] if drafting else [*a.pending, new]  # waits for its next draft
+                a.pending = (tokens[: accepted + 1], feats.take(accepted + 1))  # for the drafter's next call
                 still.append(a)
         run.active = still
 
@@ -277,7 +261,7 @@ class Engine:
         """Free a finished request's slot in the target cache and the drafter."""
         self.cache.free(a.slot)
         self.drafter.release(a.slot)
-        a.pending = []
+        a.pending = None
         run.done()
 
     def decode_round(self, slots: torch.Tensor, anchors: torch.Tensor, generator: torch.Generator) -> Round:
@@ -290,28 +274,31 @@ class Engine:
             self.scheduler.observe(nothing, nothing)
         outcome = read_outcome(nothing, next_token, nothing.new_zeros(R, 0), None)  # no drafts: (R, 0)
         features = TargetFeatures(res.taps, res.last_hidden)
-        return Round([0] * R, [1] * R, anchors, features, *outcome, [False] * R)
+        return Round([0] * R, [1] * R, anchors, features, *outcome)
 
-    def verify_round(
-        self,
-        proposal: Proposal,
-        lengths: list[int],
-        drafting: list[bool],
-        slots: torch.Tensor,
-        anchors: torch.Tensor,
-        generator: torch.Generator,
-    ) -> Round:
-        """ℓ_r (capped by the context left after `lengths`), ONE ragged pass over anchor + ℓ_r drafts,
-        `verify`, and the caches rolled back to anchor + accepted."""
-        target, cache, device = self.target, self.cache, model_device(self.target)
-        context, (R, g) = target.config.max_seq_len, proposal.tokens.shape
-        drafts = proposal.tokens  # (R, γ)
+    def verify_lengths(self, proposal: Proposal, lengths: list[int]) -> list[int]:
+        """ℓ_r per request: the scheduler's (all g without one), capped by the context left after `lengths`."""
+        R, g = proposal.tokens.shape
         wanted = [g] * R
         if self.scheduler is not None:  # host sync: the lengths decide the shape of the target pass
             wanted = to_host(self.scheduler(proposal).long(), "engine: verify lengths")
         if any(not 0 <= w <= g for w in wanted):
             raise ValueError(f"verify lengths must be in 0..{g}")
-        ells = [min(w, context - n - 1) if d else 0 for w, n, d in zip(wanted, lengths, drafting)]
+        return [min(w, self.target.config.max_seq_len - n - 1) for w, n in zip(wanted, lengths)]
+
+    def verify_round(
+        self,
+        proposal: Proposal,
+        lengths: list[int],
+        slots: torch.Tensor,
+        anchors: torch.Tensor,
+        generator: torch.Generator,
+    ) -> Round:
+        """ONE ragged pass over anchor + ℓ_r drafts, `verify`, and the caches rolled back to anchor + accepted."""
+        target, cache, device = self.target, self.cache, model_device(self.target)
+        R, g = proposal.tokens.shape
+        drafts = proposal.tokens  # (R, γ)
+        ells = self.verify_lengths(proposal, lengths)
         verify_lens = upload(ells, device)  # (R,)
         block_lens = [ell + 1 for ell in ells]
         # (N,) where each verified token sits in the (R, γ+1) blocks: an index, not a mask (no sync)
@@ -333,7 +320,7 @@ class Engine:
             self.scheduler.observe(verify_lens, result.accepted)
         cache.lengths[slots] -= verify_lens - result.accepted  # roll back: anchor + accepted drafts stay
         outcome = read_outcome(result.accepted, result.next_token, drafts, proposal.confidence)
-        return Round(ells, block_lens, blocks, TargetFeatures(res.taps, res.last_hidden), *outcome, drafting)
+        return Round(ells, block_lens, blocks, TargetFeatures(res.taps, res.last_hidden), *outcome)
 
     def target_tokens(self, logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """(S, V) logits -> (S,) tokens; at T = 0 the argmax (the draw from a one-hot, without building it)."""
@@ -344,45 +331,19 @@ class Engine:
 
     def draft(
         self,
-        rows: list[int],
         active: list[ActiveRequest],
         slots: torch.Tensor,
         anchors: torch.Tensor,
         generator: torch.Generator,
         gamma: int,
     ) -> Proposal:
-        """The proposal for `rows` of `active`, fed what each committed since its last call; the other rows
-        are zeros, marked by `drafted`."""
-        device, V, R = model_device(self.target), self.target.config.vocab_size, len(active)
-        everyone = len(rows) == R
-        index = None if everyone else upload(rows, device)  # (D,) the drafting rows
-        who = [active[r] for r in rows]
-        proposal = self.drafter.propose(
-            slots if everyone else slots[index],
-            torch.cat([t for a in who for t, _ in a.pending]),
-            TargetFeatures(torch.cat([f.taps for a in who for _, f in a.pending]),
-                           torch.cat([f.last_hidden for a in who for _, f in a.pending])),  # fmt: skip
-            upload([sum(len(t) for t, _ in a.pending) for a in who], device),
-            anchors if everyone else anchors[index],
-            gamma, self.params, generator,
-        ) if who else None  # fmt: skip
-        if everyone:
-            return proposal
-        tokens = torch.zeros(R, gamma, dtype=torch.long, device=device)  # (R, γ)
-        conf = torch.zeros(R, gamma, device=device) if self.drafter.has_confidence else None  # (R, γ)
-        drafted = torch.zeros(R, dtype=torch.bool, device=device)
-        if proposal is not None:
-            tokens[index], drafted[index] = proposal.tokens, True
-            if conf is not None:
-                conf[index] = proposal.confidence.to(conf.dtype)
-
-        def probs() -> torch.Tensor:  # (R, γ, V), built only if read (greedy verification does not)
-            full = torch.zeros(R, gamma, V, device=device)
-            if proposal is not None:
-                full[index] = proposal.probs
-            return full
-
-        return Proposal(tokens, probs, conf, drafted)
+        """The drafter's proposal after each anchor, fed what each request committed since its last call."""
+        tokens = torch.cat([a.pending[0] for a in active])  # (n,) request-major
+        taps = torch.cat([a.pending[1].taps for a in active])
+        last_hidden = torch.cat([a.pending[1].last_hidden for a in active])
+        lens = upload([len(a.pending[0]) for a in active], model_device(self.target))  # (R,)
+        features = TargetFeatures(taps, last_hidden)
+        return self.drafter.propose(slots, tokens, features, lens, anchors, gamma, self.params, generator)
 
 
 # ---- a batch of prompts through the engine (every prompt admitted at once) ----
@@ -402,12 +363,14 @@ def speculative_generate(
     generator: torch.Generator | None = None,
     eos_id: int | None = None,
     scheduler: Scheduler | None = None,
+    engine_class: type[Engine] | None = None,
 ) -> SpeculativeResult:
     """Generate for every prompt, `drafter` proposing `gamma` tokens per round; `scheduler` (default: verify
-    all γ) must depend only on the proposal and earlier rounds, or losslessness is lost."""
+    all γ) must depend only on the proposal and earlier rounds, or losslessness is lost. `engine_class`:
+    `Engine`, or a subclass (the lab's cost-aware engine also decides who drafts)."""
     check_max_new_tokens(max_new_tokens)
     check_prompts(prompts, target.config.max_seq_len, target.config.vocab_size)
-    engine = Engine(target, drafter, params, gamma, len(prompts), eos_id, scheduler)
+    engine = (engine_class or Engine)(target, drafter, params, gamma, len(prompts), eos_id, scheduler)
     run = engine.run([Request(p, max_new_tokens) for p in prompts], generator)
     recs = run.records
     return SpeculativeResult(

@@ -10,8 +10,6 @@ import torch
 
 from dspark.drafters.base import TargetFeatures
 
-RECENT_ROUNDS = 4  # drafted rounds per request kept for a scheduler's forecast (`ActiveRequest.recent`)
-
 
 @dataclass
 class RoundStats:
@@ -134,10 +132,9 @@ class ActiveRequest:
     limit: int  # tokens it may emit: its budget, or fewer if the context ends first
     anchor: int = 0  # the last committed token: emitted, not yet in the target cache
     length: int = 0  # its target-cache length
-    recent: list[list[float]] = field(default_factory=list)  # confidences of its last drafted rounds
-    idle: int = 0  # steps since it last drafted
-    # (tokens (n,), features) committed since the drafter's last call, one chunk per step
-    pending: list[tuple[torch.Tensor, TargetFeatures]] = field(default_factory=list)
+    pending: tuple[torch.Tensor, TargetFeatures] | None = (
+        None  # (n,) tokens + features the drafter has not seen
+    )
 
     def emit(self, tokens: list[int], drafted: list[bool], eos_id: int | None, now: float) -> bool:
         """Append tokens until a stop rule fires (EOS, the budget, the context); True if it finished."""

@@ -329,8 +329,8 @@ def make_policy(name: str, threshold: float = 0.5, min_length: int = 0) -> Polic
 
 # ---- the engine's scheduler -----------------------------------------------------------------------
 class Scheduler:
-    """What the engine asks each step: who drafts (`speculate`), how many drafts each verifies
-    (`__call__`); `observe` hears the outcome."""
+    """What the engine asks each round: how many drafts each request verifies (`__call__`); `observe` hears
+    the outcome."""
 
     def __init__(
         self, policy: Policy, profile: ThroughputProfile, temperatures: torch.Tensor | None = None
@@ -350,28 +350,22 @@ class Scheduler:
             )
         return cls(policy, profile, *args, **kwargs)
 
-    def speculate(self, history: list[list[list[float]]], idle_steps: list[int], gamma: int) -> list[int]:
-        """Per request, the block width it drafts this step (0: plain decode), from earlier rounds only.
-        Here everybody drafts γ."""
-        return [gamma] * len(history)
-
     def confidences(self, proposal: Proposal) -> torch.Tensor:
-        """(R, γ) confidences, 0 where a request did not draft; ones without a head (blind policies only)."""
+        """(R, γ) confidences; ones without a head (blind policies only)."""
         R, gamma = proposal.tokens.shape
         conf = proposal.confidence
         if conf is None:
             if self.policy.needs_confidence:
                 raise ValueError(f"policy {self.policy.name!r} needs confidences; this proposal has none")
             conf = torch.ones(R, gamma, device=proposal.tokens.device)
-        return conf if proposal.drafted is None else conf * proposal.drafted[:, None]
+        return conf
 
     def __call__(self, proposal: Proposal) -> torch.Tensor:
-        """(R,) verify lengths for this round's proposal; 0 for the rows that did not draft."""
+        """(R,) verify lengths for this round's proposal."""
         gamma = proposal.tokens.shape[1]
-        lengths = self.policy.lengths_from_confidence(
+        return self.policy.lengths_from_confidence(
             self.confidences(proposal), self.temperatures, gamma, self.profile
         )
-        return lengths if proposal.drafted is None else lengths * proposal.drafted
 
     def observe(self, verify_lens: torch.Tensor, accepted: torch.Tensor) -> None:
         """This round's verify lengths and accepted counts (policies that learn from history)."""

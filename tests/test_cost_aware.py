@@ -22,6 +22,7 @@ from dspark.lab.cost_aware.draft_cost import (
     measure_draft_cost,
     roofline_draft_cost,
 )
+from dspark.lab.cost_aware.engine import CostAwareEngine, PartialProposal
 from dspark.lab.cost_aware.scheduler import (
     CostAwareScheduler,
     draft_plan,
@@ -295,7 +296,7 @@ def test_the_forecast_parts_are_kept_while_only_idle_steps_change(monkeypatch):
 def test_rows_that_did_not_draft_verify_nothing():
     conf = torch.full((3, 4), 0.99, dtype=torch.float64)
     drafted = torch.tensor([True, False, True])
-    proposal = Proposal(torch.zeros(3, 4, dtype=torch.long), torch.zeros(3, 4, 5), conf, drafted)
+    proposal = PartialProposal(torch.zeros(3, 4, dtype=torch.long), torch.zeros(3, 4, 5), conf, drafted)
     for name in ("fixed", "dspark", "threshold", "mtp1"):
         lengths = CostAwareScheduler(make_policy(name), PROFILE, None, DraftCost([0.001] * 8))(proposal)
         assert lengths[1] == 0 and bool((lengths[[0, 2]] > 0).all()), name
@@ -426,9 +427,9 @@ def test_engine_measured_cost_pairs_and_interleaves_its_runs(tiny_model, monkeyp
 
 # ---- the engine with speculate-or-not ---------------------------------------------------------------
 def run_engine(model, drafter, scheduler, concurrency, requests, params=None, seed=0):
-    from dspark.engine import Engine
-
-    engine = Engine(model, drafter, params or GREEDY, drafter.max_gamma, concurrency, None, scheduler)
+    engine = CostAwareEngine(
+        model, drafter, params or GREEDY, drafter.max_gamma, concurrency, None, scheduler
+    )
     return engine.run(requests, torch.Generator().manual_seed(seed))
 
 
@@ -457,8 +458,6 @@ def test_hopeless_drafting_drafts_nothing_and_is_plain_decoding(tiny_model, conc
 
 
 def test_the_engine_refuses_a_width_beyond_gamma(tiny_model):
-    from dspark.engine import Engine
-
     drafter = make(tiny_model, "dspark", gamma=4)
     _, reqs = requests_for(LENGTHS, seed=3)
 
@@ -466,7 +465,7 @@ def test_the_engine_refuses_a_width_beyond_gamma(tiny_model):
         def speculate(self, history, idle_steps, gamma):
             return [5] * len(history)
 
-    engine = Engine(tiny_model, drafter, GREEDY, 4, 2, None, TooWide(make_policy("fixed"), PROFILE))
+    engine = CostAwareEngine(tiny_model, drafter, GREEDY, 4, 2, None, TooWide(make_policy("fixed"), PROFILE))
     with pytest.raises(ValueError, match="widths must be in 0..4"):
         engine.run(reqs)
 
@@ -507,8 +506,6 @@ def test_mixed_drafting_is_token_identical_to_plain_decoding(tiny_model, concurr
 def test_narrow_blocks_are_token_identical_to_plain_decoding(tiny_model, concurrency):
     """Blocks narrower than γ (block boundaries 1, 2, γ-1, γ; rows that draft nothing beside them): every round
     verifies at most its width, records that many confidences, and the output is plain greedy decoding's."""
-    from dspark.engine import Engine
-
     drafter = make(tiny_model, "dspark", gamma=4)
     ps, reqs = requests_for(LENGTHS, seed=5)
     steps = []
@@ -520,7 +517,7 @@ def test_narrow_blocks_are_token_identical_to_plain_decoding(tiny_model, concurr
             return [0 if (r + len(steps)) % 3 == 0 else width for r in range(len(history))]
 
     narrow = Narrow(make_policy("fixed"), PROFILE)
-    result = Engine(tiny_model, drafter, GREEDY, 4, concurrency, None, narrow).run(reqs)
+    result = CostAwareEngine(tiny_model, drafter, GREEDY, 4, concurrency, None, narrow).run(reqs)
     widths = {len(d.confidences) for rec in result.records for d in rec.rounds}
     assert {1, 2, 3, 4} <= widths or concurrency == 1 and {1, 2, 4} <= widths
     for p, req, rec in zip(ps, reqs, result.records):
@@ -549,14 +546,12 @@ def test_the_decision_never_sees_the_current_round(tiny_model):
         def perturbed(*args, **kwargs):
             p = propose(*args, **kwargs)
             if perturb and len(log) >= K:
-                return Proposal(p.tokens, p.probs, 1 - p.confidence, p.drafted)
+                return Proposal(p.tokens, p.probs, 1 - p.confidence)
             return p
 
         drafter.propose = perturbed
-        from dspark.engine import Engine
-
         _, reqs = requests_for(LENGTHS, seed=7)
-        Engine(tiny_model, drafter, GREEDY, 4, 6, None, scheduler).run(reqs)
+        CostAwareEngine(tiny_model, drafter, GREEDY, 4, 6, None, scheduler).run(reqs)
         return log
 
     base, changed = decisions(False), decisions(True)
@@ -593,7 +588,7 @@ def test_mixed_drafting_follows_the_target_law():
     for _ in range(40):  # 40 batches of 300: small batches are where some requests draft and others not
         scheduler = Narrowed.for_drafter(make_policy("dspark"), drafter, profile, None, cost)
         result = speculative_generate(target, drafter, [MICRO_PROMPT] * 300, MICRO_LENGTH, SamplingParams(1.0), 3,
-                                      g, None, scheduler)  # fmt: skip
+                                      g, None, scheduler, CostAwareEngine)  # fmt: skip
         for toks in result.tokens:
             counts[toks[0] * 25 + toks[1] * 5 + toks[2]] += 1
     assert any(0 < d < 1 for d in drafted)  # some steps mixed drafting and plain rows

@@ -28,17 +28,15 @@ class Proposal:
     tokens (R, γ) int64: x_1..x_γ after each anchor.
     probs (R, γ, V) fp32: q_k, the distributions they were drawn from; may be handed as a function, built
         on first read (greedy verification never reads it).
-    confidence (R, γ): c_k in (0, 1) from a confidence head, else None.
-    drafted (R,) bool: rows that really drafted (None: all); the others are zeros and verify nothing."""
+    confidence (R, γ): c_k in (0, 1) from a confidence head, else None."""
 
     def __init__(
         self,
         tokens: torch.Tensor,
         probs: torch.Tensor | Callable[[], torch.Tensor],
         confidence: torch.Tensor | None = None,
-        drafted: torch.Tensor | None = None,
     ) -> None:
-        self.tokens, self._probs, self.confidence, self.drafted = tokens, probs, confidence, drafted
+        self.tokens, self._probs, self.confidence = tokens, probs, confidence
 
     @property
     def probs(self) -> torch.Tensor:

@@ -30,7 +30,7 @@ import statistics
 import torch
 
 from dspark.drafters.base import Drafter, Proposal
-from dspark.engine import Engine, Request
+from dspark.engine import Request
 from dspark.lab.cost_aware.draft_cost import (
     DRAFT_POINTS,
     DraftCost,
@@ -38,6 +38,7 @@ from dspark.lab.cost_aware.draft_cost import (
     cpu_draft_cost,
     draft_cost_key,
 )
+from dspark.lab.cost_aware.engine import CostAwareEngine
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduler import Scheduler, ThroughputProfile, make_policy
@@ -70,7 +71,7 @@ def seconds_per_step(
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, target.config.vocab_size, (prompt_len,), generator=g).tolist()
                for _ in range(requests)]  # fmt: skip
-    engine = Engine(
+    engine = CostAwareEngine(
         target, drafter, SamplingParams(1.0), gamma, requests, None, DraftButVerifyNothing(drafting)
     )
     engine.run([Request(p, 3) for p in prompts])  # warm-up

@@ -50,6 +50,7 @@ from dspark.engine import SpeculativeResult, speculative_generate
 from dspark.lab import cli
 from dspark.lab.calibration import get_calibration
 from dspark.lab.cli import UsageError, run_main
+from dspark.lab.cost_aware.engine import CostAwareEngine
 from dspark.lab.cost_aware.scheduler import COST_AWARE
 from dspark.lab.data.corpus import eval_prompts_by_domain
 from dspark.lab.data.prompt_files import held_out, read_prompts
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
             result = generate(model, prompts, args.max_new_tokens, params, generator, eos_id=tokenizer.eos_id)
         else:
             result = speculative_generate(model, drafter, prompts, args.max_new_tokens, params, gamma, generator,
-                                          tokenizer.eos_id, scheduler)  # fmt: skip
+                                          tokenizer.eos_id, scheduler, CostAwareEngine)  # fmt: skip
     replies = [tokenizer.decode(t) for t in result.tokens]
     speculative = isinstance(result, SpeculativeResult)
 

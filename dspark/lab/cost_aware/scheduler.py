@@ -399,12 +399,18 @@ class CostAwareScheduler(Scheduler):
         draft are those whose recent confidences were high), which never collapses on one unlucky round."""
         return realism_ratio(self.accepted_total, self.predicted_total)
 
+    def confidences(self, proposal: Proposal) -> torch.Tensor:
+        """(R, γ) confidences, 0 where a request did not draft (`PartialProposal.drafted`)."""
+        conf, drafted = super().confidences(proposal), getattr(proposal, "drafted", None)
+        return conf if drafted is None else conf * drafted[:, None]
+
     def __call__(self, proposal: Proposal) -> torch.Tensor:
         """(R,) verify lengths for this round's proposal; 0 for the rows that did not draft."""
-        if self.draft_cost.is_free:  # the paper's scheduler (on the device kernel where it applies)
-            return super().__call__(proposal)
         R, gamma = proposal.tokens.shape
-        drafted = proposal.drafted
+        drafted = getattr(proposal, "drafted", None)
+        if self.draft_cost.is_free:  # the paper's scheduler (on the device kernel where it applies)
+            lengths = super().__call__(proposal)
+            return lengths if drafted is None else lengths * drafted
         # host sync (only when some rows did not draft): a count for the cost table
         n_drafting = R if drafted is None else to_host(drafted.sum(), "step: drafting requests")
         # the kernel knows no drafting time: the survivals once, for the lengths and for realism

@@ -45,9 +45,10 @@ from dspark import profiler
 from dspark.device import host_sync_counts, model_device
 from dspark.drafters import PARALLEL_KINDS
 from dspark.drafters.base import Drafter, NoDrafter
-from dspark.engine import Engine, Request, speculative_generate
+from dspark.engine import Request, speculative_generate
 from dspark.lab import profiles, storage
 from dspark.lab.calibration import get_calibration
+from dspark.lab.cost_aware.engine import CostAwareEngine
 from dspark.lab.cost_aware.scheduler import COST_AWARE, CostAwareScheduler
 from dspark.lab.exporting.exported import get_drafter
 from dspark.lab.step_cost import engine_draft_cost
@@ -343,7 +344,9 @@ def sync_rows(target: Transformer, tokenizer: Tokenizer, plan: Plan, profile: Th
         scheduler = CostAwareScheduler.for_drafter(
             make_policy(policy), drafter, profile, get_calibration(name)
         )
-        engine = Engine(target, drafter, params, gamma, plan.sync_concurrency, tokenizer.eos_id, scheduler)
+        engine = CostAwareEngine(
+            target, drafter, params, gamma, plan.sync_concurrency, tokenizer.eos_id, scheduler
+        )
         engine.run(requests[:1])  # warm-up
         before = host_sync_counts()
         measured = None

@@ -41,6 +41,7 @@ from dspark.decoding import generate
 from dspark.device import model_device
 from dspark.drafters.base import Drafter, TargetFeatures
 from dspark.engine import speculative_generate
+from dspark.lab.cost_aware.engine import CostAwareEngine
 from dspark.lab.cost_aware.scheduler import CostAwareScheduler
 from dspark.lab.data.corpus import eval_prompts_by_domain
 from dspark.lab.data.prompt_files import prompt_ids_by_domain
@@ -288,7 +289,7 @@ def run_speedup(
                 for name, drafter in drafters.items():
                     sched = scheduler_for(name, drafter) if scheduler_for else None
                     r = speculative_generate(target, drafter, [prompt], max_new_tokens, params, gammas[name],
-                                             torch.Generator().manual_seed(i), eos_id, sched)  # fmt: skip
+                                             torch.Generator().manual_seed(i), eos_id, sched, CostAwareEngine)  # fmt: skip
                     tokens[name] += r.new_tokens
                     seconds[name] += r.prefill_seconds + r.decode_seconds
                     stats[name].extend(r.stats)

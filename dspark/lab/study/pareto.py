@@ -36,10 +36,11 @@ from tqdm import tqdm
 
 from dspark.device import model_device
 from dspark.drafters.base import Drafter, NoDrafter
-from dspark.engine import Engine, EngineResult, Request
+from dspark.engine import EngineResult, Request
 from dspark.lab import storage
 from dspark.lab.calibration import get_calibration
 from dspark.lab.cost_aware.draft_cost import DraftCost, roofline_draft_cost
+from dspark.lab.cost_aware.engine import CostAwareEngine
 from dspark.lab.cost_aware.scheduler import COST_AWARE, CostAwareScheduler
 from dspark.lab.exporting.exported import get_drafter
 from dspark.lab.profiles import RooflineConfig
@@ -124,7 +125,7 @@ def serve_points(
             scheduler = CostAwareScheduler.for_drafter(
                 make_policy(policy_name), drafter, profile, temperatures, cost
             )
-            engine = Engine(target, drafter, params, gamma, C, tokenizer.eos_id, scheduler)
+            engine = CostAwareEngine(target, drafter, params, gamma, C, tokenizer.eos_id, scheduler)
             engine.run([Request(prompts[0], 4)] * min(C, 2))  # warm-up
             result = engine.run([Request(p, max_new_tokens, a) for p, a in zip(prompts, arrivals)],
                                 torch.Generator().manual_seed(seed), bar.update)  # fmt: skip

@@ -36,8 +36,8 @@ import torch
 
 from dspark.drafters.base import Proposal
 from dspark.lab.cost_aware.draft_cost import DraftCost
+from dspark.lab.cost_aware.engine import RECENT_ROUNDS, PartialProposal
 from dspark.lab.cost_aware.scheduler import COST_AWARE, CostAwareScheduler
-from dspark.requests import RECENT_ROUNDS
 from dspark.scheduler import Policy, ThroughputProfile
 
 
@@ -102,8 +102,8 @@ def simulate(
         conf = conf[:, : width or gamma]  # a narrower block: the recorded round's first positions stand in
         draft_seconds = draft_cost.seconds(n_drafting, width)
         # a proposal of the recorded confidences (the scheduler reads no tokens or q)
-        proposal = Proposal(torch.zeros_like(conf, dtype=torch.long), torch.zeros(*conf.shape, 1), conf,
-                            drafting if decide else None)  # fmt: skip
+        blank = torch.zeros_like(conf, dtype=torch.long), torch.zeros(*conf.shape, 1), conf
+        proposal = PartialProposal(*blank, drafting) if decide else Proposal(*blank)
         lengths = scheduler(proposal)
         full = torch.tensor([s["trace"].accepted[s["round"] % len(s["trace"].accepted)] for s in active])
         accepted = torch.minimum(lengths, full)

@@ -1,0 +1,130 @@
+"""The core's `Engine` with a scheduler that also decides who drafts: the project's speculate-or-not extension.
+
+Each step, before anything is drafted, `scheduler.speculate(history, idle_steps, γ)` gives every request a
+block width (0: a plain decode step this time; the drafting ones draft the same width), from earlier rounds
+only, so the output stays exact. A request that skips drafting verifies nothing, records no confidences
+([]) and keeps what it committed for the drafter's next call. Schedulers without `speculate` (the core's)
+let everyone draft γ: then this is the core's engine, round for round.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from dspark.device import model_device, upload
+from dspark.drafters.base import Proposal, TargetFeatures
+from dspark.engine import Engine, Round, RunState
+from dspark.requests import ActiveRequest
+
+RECENT_ROUNDS = 4  # drafted rounds per request kept for the scheduler's forecast (`CostAwareEngine.recent`)
+
+
+class PartialProposal(Proposal):
+    """A proposal padded to every active request: `drafted` (R,) bool marks the rows that really drafted; the
+    others are zeros and verify nothing."""
+
+    def __init__(self, tokens, probs, confidence: torch.Tensor | None, drafted: torch.Tensor) -> None:
+        super().__init__(tokens, probs, confidence)
+        self.drafted = drafted
+
+
+def joined(earlier: tuple[torch.Tensor, TargetFeatures], new: tuple[torch.Tensor, TargetFeatures]):
+    """Two chunks of committed (tokens, features), one after the other."""
+    (t0, f0), (t1, f1) = earlier, new
+    taps, hidden = torch.cat([f0.taps, f1.taps]), torch.cat([f0.last_hidden, f1.last_hidden])
+    return torch.cat([t0, t1]), TargetFeatures(taps, hidden)
+
+
+class CostAwareEngine(Engine):
+    """`Engine` whose scheduler (a `CostAwareScheduler`, or anything with `speculate`) picks, each step, which
+    requests draft and how wide."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # per slot: confidences of its last drafted rounds (a list is replaced, never edited), idle steps
+        self.recent: dict[int, list[list[float]]] = {}
+        self.idle: dict[int, int] = {}
+        self.drafting: list[bool] = []  # this step, per active request
+
+    def plan(self, active: list[ActiveRequest]) -> list[int]:
+        """Per request a block width in 0..γ (0: a plain decode step), from earlier rounds only."""
+        gamma, speculate = self.gamma, getattr(self.scheduler, "speculate", None)
+        if speculate is None or gamma == 0:
+            return [gamma] * len(active)
+        history = [self.recent.setdefault(a.slot, []) for a in active]
+        widths = speculate(history, [self.idle.get(a.slot, 0) for a in active], gamma)
+        if any(not 0 <= w <= gamma for w in widths):
+            raise ValueError(f"draft widths must be in 0..{gamma}, got {widths}")
+        return widths
+
+    def step(self, run: RunState, generator: torch.Generator) -> Round:
+        widths = self.plan(run.active)
+        self.drafting = [w > 0 for w in widths]
+        device = model_device(self.target)
+        slots = upload([a.slot for a in run.active], device)  # (R,)
+        anchors = upload([a.anchor for a in run.active], device)  # (R,)
+        if not any(self.drafting):  # nothing to propose, schedule or verify: the step plain decoding takes
+            return self.decode_round(slots, anchors, generator)
+        t0 = time.perf_counter()
+        proposal = self.draft_rows(run.active, slots, anchors, generator, max(widths))
+        run.draft_seconds += time.perf_counter() - t0
+        run.drafted_rounds += sum(self.drafting)
+        return self.verify_round(proposal, [a.length for a in run.active], slots, anchors, generator)
+
+    def draft_rows(
+        self,
+        active: list[ActiveRequest],
+        slots: torch.Tensor,
+        anchors: torch.Tensor,
+        generator: torch.Generator,
+        gamma: int,
+    ) -> Proposal:
+        """The drafting rows' proposal, padded with zeros to every row (a `PartialProposal`)."""
+        rows = [r for r, d in enumerate(self.drafting) if d]
+        if len(rows) == len(active):
+            return self.draft(active, slots, anchors, generator, gamma)
+        device, V, R = model_device(self.target), self.target.config.vocab_size, len(active)
+        index = upload(rows, device)  # (D,) the drafting rows
+        proposal = self.draft([active[r] for r in rows], slots[index], anchors[index], generator, gamma)
+        tokens = torch.zeros(R, gamma, dtype=torch.long, device=device)  # (R, γ)
+        conf = torch.zeros(R, gamma, device=device) if self.drafter.has_confidence else None  # (R, γ)
+        drafted = torch.zeros(R, dtype=torch.bool, device=device)
+        tokens[index], drafted[index] = proposal.tokens, True
+        if conf is not None:
+            conf[index] = proposal.confidence.to(conf.dtype)
+
+        def probs() -> torch.Tensor:  # (R, γ, V), built only if read (greedy verification does not)
+            full = torch.zeros(R, gamma, V, device=device)
+            full[index] = proposal.probs
+            return full
+
+        return PartialProposal(tokens, probs, conf, drafted)
+
+    def verify_lengths(self, proposal: Proposal, lengths: list[int]) -> list[int]:
+        """The core's ℓ_r, and 0 for a request that did not draft."""
+        ells = super().verify_lengths(proposal, lengths)
+        return [ell if drafting else 0 for ell, drafting in zip(ells, self.drafting)]
+
+    def commit(self, run: RunState, step: Round) -> None:
+        """The core's commit; then a request that did not draft records no confidences and keeps its earlier
+        committed chunk for the drafter's next call, and one that drafted remembers its confidences."""
+        active, kept = list(run.active), [a.pending for a in run.active]
+        super().commit(run, step)
+        for a, drafted, earlier in zip(active, self.drafting, kept):
+            last = a.record.rounds[-1]
+            if not drafted and last.confidences is not None:
+                last.confidences = []
+            if a.record.stop_reason:  # finished: its slot is free
+                continue
+            self.idle[a.slot] = 0 if drafted else self.idle.get(a.slot, 0) + 1
+            if not drafted:
+                a.pending = joined(earlier, a.pending)
+            elif last.confidences is not None:
+                self.recent[a.slot] = [*self.recent.get(a.slot, []), last.confidences][-RECENT_ROUNDS:]
+
+    def finish(self, run: RunState, a: ActiveRequest) -> None:
+        super().finish(run, a)
+        self.recent.pop(a.slot, None)
+        self.idle.pop(a.slot, None)
