@@ -386,7 +386,7 @@ def test_the_core_imports_neither_lab_nor_course():
 
 # The core's size in lines and files of Python: ratchets on the way to the goal of at most 3,500 lines in at
 # most 25 files (issue #60). Lower them as code leaves the core; never raise them.
-CORE_LINE_BUDGET = 3456
+CORE_LINE_BUDGET = 3408
 CORE_FILE_BUDGET = 25
 
 
