@@ -488,7 +488,7 @@ def test_free_drafting_is_todays_engine(tiny_model):
 def test_mixed_drafting_is_token_identical_to_plain_decoding(tiny_model, concurrency):
     drafter = make(tiny_model, "dspark", gamma=4)
     with torch.no_grad():  # spread the confidences, so that some requests are worth drafting and some not
-        torch.nn.init.normal_(drafter.confidence.weight, std=2.0)
+        torch.nn.init.normal_(drafter.head.confidence.weight, std=2.0)
     ps, reqs = requests_for(LENGTHS, seed=7)
     shares = []
     for base in (0.05, 0.5, 1.0):  # drafting costs: between them, rounds with and without drafts
@@ -533,7 +533,7 @@ def test_the_decision_never_sees_the_current_round(tiny_model):
     def decisions(perturb: bool):
         drafter = make(tiny_model, "dspark", gamma=4)
         with torch.no_grad():
-            torch.nn.init.normal_(drafter.confidence.weight, std=2.0)
+            torch.nn.init.normal_(drafter.head.confidence.weight, std=2.0)
         log, propose = [], drafter.propose
 
         class Logged(CostAwareScheduler):
@@ -571,7 +571,7 @@ def test_mixed_drafting_follows_the_target_law():
     target, joint = micro_target_and_law()
     drafter = make(target, "dspark", gamma=3, rank=4)
     with torch.no_grad():
-        torch.nn.init.normal_(drafter.confidence.weight, std=2.0)
+        torch.nn.init.normal_(drafter.head.confidence.weight, std=2.0)
     profile = linear_profile(1.0, 0.004, max_tokens=4096)
     cost = DraftCost([0.002 * n for n in range(1, 1025)])
     counts, drafted, g = torch.zeros(5**MICRO_LENGTH), [], torch.Generator().manual_seed(7)
@@ -601,7 +601,7 @@ def test_cost_aware_engine_is_device_aware(tiny_model):
 
     drafter = make(tiny_model, "dspark", gamma=4)
     with torch.no_grad():
-        torch.nn.init.normal_(drafter.confidence.weight, std=2.0)
+        torch.nn.init.normal_(drafter.head.confidence.weight, std=2.0)
     _, reqs = requests_for(LENGTHS, seed=7)
 
     def run():

@@ -30,7 +30,7 @@ def drafter_with_vocab(target, kind, ids, seed=0):
     drafter = new_drafter(target, kind, gamma=4, rank=8, draft_vocab=len(ids))
     drafter.vocab.set_ids(torch.tensor(ids))
     if hasattr(drafter, "w2"):
-        torch.nn.init.normal_(drafter.w2.weight, std=0.5)  # a non-trivial sequential head
+        torch.nn.init.normal_(drafter.head.w2.weight, std=0.5)  # a non-trivial sequential head
     return drafter.eval()
 
 
@@ -155,7 +155,7 @@ def test_a_draft_vocabulary_of_every_id_trains_like_the_full_vocabulary(tiny_mod
     permuted.vocab.set_ids(perm)
     state = full.state_dict()
     if "w1.weight" in state:
-        torch.nn.init.normal_(full.w2.weight, std=0.5)
+        torch.nn.init.normal_(full.head.w2.weight, std=0.5)
         state = full.state_dict()
         state["w1.weight"] = torch.cat(
             [state["w1.weight"][perm], torch.zeros(1, state["w1.weight"].shape[1])]

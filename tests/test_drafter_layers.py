@@ -28,7 +28,7 @@ def qk_drafter(target, kind="dspark"):
     drafter = ParallelDrafter(target, config)
     with torch.no_grad():
         for name, p in drafter.named_parameters():
-            if "q_norm" in name or "k_norm" in name or name == "w2.weight":
+            if "q_norm" in name or "k_norm" in name or name == "head.w2.weight":
                 p.normal_(1.0 if "norm" in name else 0.0, 0.5)
     return drafter.eval()
 

@@ -43,7 +43,7 @@ def randomise(drafter, vocab: int):
     torch.manual_seed(1)
     with torch.no_grad():
         for name, p in drafter.named_parameters():
-            if "norm" in name or name.startswith("w2"):
+            if "norm" in name or name.startswith("head.w2"):
                 p.normal_(1.0 if "norm" in name else 0.0, 0.4)
     if vocab:
         shuffled = torch.randperm(CONFIG.vocab_size, generator=torch.Generator().manual_seed(3))
@@ -219,7 +219,7 @@ def test_d2t_maps_every_draft_index_to_its_target_id(target, tmp_path):
     assert w["d2t"].dtype == torch.int64 and torch.equal(ids, drafter.vocab.ids.sort().values)
     assert torch.equal(w["t2d"].nonzero().flatten(), ids) and (ids[1:] > ids[:-1]).all()
     torch.testing.assert_close(w["lm_head.weight"], target.lm_head.weight[ids].detach(), atol=0, rtol=0)
-    w2_rows = drafter.w2.weight[drafter.vocab.to_draft(ids)].detach()  # row i: the target id ids[i]
+    w2_rows = drafter.head.w2.weight[drafter.vocab.to_draft(ids)].detach()  # row i: the target id ids[i]
     torch.testing.assert_close(w["markov_head.markov_w2.weight"], w2_rows, atol=0, rtol=0)
 
 

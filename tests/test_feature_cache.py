@@ -278,7 +278,7 @@ def test_train_features_and_drafter_commands(small_checkpoint, tmp_path, capsys)
     )
     assert json.loads((tmp_path / "d.epochs-1.json").read_text())["meta"]["epochs"] >= 1  # --keep-at's copy
     target, _ = load_target(small_checkpoint)
-    assert load_drafter(out, target).markov_weights()[0].shape[1] == 4  # loads for the taps it was trained on
+    assert load_drafter(out, target).head.weights()[0].shape[1] == 4  # loads for the taps it was trained on
     with pytest.raises(UsageError, match="--keep-at takes epochs inside the run"):
         train.main(["drafter", "--kind", "mtp", *common, "--epochs", "2", "--keep-at", "0.5", "2"])
     train.main(["drafter", "--kind", "mtp", *common, "--taps", "1", "--out", str(tmp_path / "m.safetensors")])

@@ -16,7 +16,7 @@ from dspark.checkpoint import CheckpointError
 from dspark.decoding import generate
 from dspark.drafters import load_drafter
 from dspark.drafters.base import TargetFeatures
-from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
+from dspark.drafters.parallel import MarkovHead, ParallelDrafter, ParallelDrafterConfig, RNNHead
 from dspark.engine import speculative_generate
 from dspark.lab.storage import save_checkpoint
 from dspark.lab.training import fast_loss
@@ -31,7 +31,7 @@ def make(target, kind, gamma=4, rank=8, seed=0):
     config = ParallelDrafterConfig(kind, gamma=gamma, ffn_hidden=64, rank=rank, mask_id=mask_id)
     drafter = ParallelDrafter(target, config)
     if kind != "dflash":  # a non-trivial sequential head (W2 starts at zero)
-        torch.nn.init.normal_(drafter.w2.weight, std=0.5)
+        torch.nn.init.normal_(drafter.head.w2.weight, std=0.5)
     return drafter.eval()
 
 
@@ -90,7 +90,7 @@ def test_rank_zero_dspark_is_the_dflash_path(tiny_model):
     shared = {k: v for k, v in dflash.state_dict().items() if not k.startswith("confidence")}
     dspark.load_state_dict({**dspark.state_dict(), **shared})  # same backbone, plus a Markov head
     with torch.no_grad():
-        dspark.w2.weight.zero_()  # the Markov term W1[x] W2 vanishes
+        dspark.head.w2.weight.zero_()  # the Markov term W1[x] W2 vanishes
         params = SamplingParams(temperature=1.0)
         outs = []
         for d in (dflash, dspark):
@@ -125,7 +125,7 @@ def test_training_loss_terms_and_gradients(tiny_model):
     loss.backward()
     assert set(terms) == {"ce", "tv", "conf"} and len(acc) == drafter.config.gamma
     assert all(0 <= float(a) <= 1 for a in acc)
-    assert drafter.w1.weight.grad.abs().sum() > 0 and drafter.confidence.weight.grad.abs().sum() > 0
+    assert drafter.head.w1.weight.grad.abs().sum() > 0 and drafter.head.confidence.weight.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("kind", ["dflash", "dspark"])
@@ -256,3 +256,24 @@ def test_retired_options_load_at_their_shipped_value_and_are_refused_otherwise(t
         path.with_suffix(".json").write_text(json.dumps(record | {"config": record["config"] | {key: other}}))
         with pytest.raises(CheckpointError, match=f"trained with {key}="):
             load_drafter(path, tiny_model)
+
+
+def test_each_sequential_head_is_a_class_and_a_checkpoint_keeps_flat_names(tiny_model):
+    """DSpark's heads are small modules (`drafter.head`, None for DFlash); `state_dict` names their tensors
+    w1, w2, rnn, confidence -- the layout of the shipped checkpoints and the exporters -- and loads them back."""
+    for kind, head, names in (("dflash", type(None), set()), ("dspark", MarkovHead, {"w1", "w2", "confidence"}),
+                              ("dspark-rnn", RNNHead, {"w1", "w2", "rnn", "confidence"})):  # fmt: skip
+        config = ParallelDrafterConfig(kind, gamma=4, ffn_hidden=64, rank=8, mask_id=5)
+        torch.manual_seed(0)
+        drafter = ParallelDrafter(tiny_model, config)
+        assert type(drafter.head) is head
+        state = drafter.state_dict()
+        assert not any(key.startswith("head.") for key in state)
+        assert {key.split(".")[0] for key in state} >= names
+        assert {n.split(".")[1] for n, _ in drafter.named_parameters() if n.startswith("head.")} == names
+        with torch.no_grad():
+            for p in drafter.parameters():
+                p.add_(torch.randn_like(p))
+        twin = ParallelDrafter(tiny_model, config)
+        twin.load_state_dict(drafter.state_dict())  # strict: every name found
+        assert all(torch.equal(a, b) for a, b in zip(twin.parameters(), drafter.parameters()))

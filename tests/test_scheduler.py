@@ -265,7 +265,7 @@ def test_policy_driven_sampling_is_lossless(policy_name):
     params, prompt, length = SamplingParams(temperature=1.0), MICRO_PROMPT, MICRO_LENGTH
     drafter = make(target, "dspark", gamma=3, rank=4)
     with torch.no_grad():  # spread the confidences so that the chosen lengths vary
-        torch.nn.init.normal_(drafter.confidence.weight, std=2.0)
+        torch.nn.init.normal_(drafter.head.confidence.weight, std=2.0)
     profile = linear_profile(1.0, 0.004, max_tokens=4096)
     counts = torch.zeros(MICRO.vocab_size**length)
     lengths_seen = set()

@@ -105,7 +105,7 @@ def test_recorded_traces_are_replayed_only_for_the_weights_they_came_from(tiny_m
     assert len(recorded) == 1 and len(first) == 1
     assert traces()[0].accepted == first[0].accepted and len(recorded) == 1  # cached
     with torch.no_grad():
-        drafter.w2.weight.add_(0.01)  # "retrained"
+        drafter.head.w2.weight.add_(0.01)  # "retrained"
     traces()
     assert len(recorded) == 2
     pareto.record_traces(tiny_model, Tok(), "dspark", 4, SamplingParams(1.0), 1, 16)  # another length

@@ -112,7 +112,7 @@ def greedy_identity_dspark_drafter(solution: Solution) -> None:
     drafter = ParallelDrafter(
         target, ParallelDrafterConfig("dspark", gamma=3, ffn_hidden=64, rank=8, mask_id=5)
     )
-    torch.nn.init.normal_(drafter.w2.weight, std=0.5)
+    torch.nn.init.normal_(drafter.head.w2.weight, std=0.5)
     got = run(solution, target, drafter.eval(), prompts, 16, 3)
     expect_identical(got, truths(target, prompts, 16)[0], "a random DSpark drafter (its own KV cache), γ = 3")
 

@@ -110,6 +110,61 @@ def markov_block_sample(
     )
 
 
+class MarkovHead(nn.Module):
+    """The Markov head: logits U_k + W2 W1[x_{k-1}], and c_k = σ(wᵀ[h_k; W1[x_{k-1}]]); no state."""
+
+    def __init__(self, n_prev: int, n_out: int, dim: int, rank: int) -> None:
+        super().__init__()
+        self.w1 = nn.Embedding(n_prev, rank)  # W1[x]: (r,)
+        self.w2 = nn.Linear(rank, n_out, bias=False)  # W2: r -> V (or K)
+        self.confidence = nn.Linear(dim + rank, 1)  # w of c_k
+
+    def step(self, u_k, h_k, prev, state):
+        """(logits (R, V), c_k (R,), the state unchanged)."""
+        return (*markov_step(u_k, h_k, prev, *self.weights()), state)
+
+    def weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(W1 (V, r), W2 (V, r) as nn.Linear stores it, confidence w (dim + r,), its bias (1,))."""
+        return self.w1.weight, self.w2.weight, self.confidence.weight[0], self.confidence.bias
+
+
+class RNNHead(nn.Module):
+    """The RNN head: a gated state s (R, r) carries the whole drafted prefix,
+    s_k = σ(g) s_{k-1} + (1 − σ(g)) tanh(c), logits U_k + W2 tanh(o), with (g, c, o) from [s; W1[x_{k-1}]; h_k]."""
+
+    def __init__(self, n_prev: int, n_out: int, dim: int, rank: int) -> None:
+        super().__init__()
+        self.w1 = nn.Embedding(n_prev, rank)
+        self.w2 = nn.Linear(rank, n_out, bias=False)
+        self.rnn = nn.Linear(rank + rank + dim, 3 * rank)  # [s; W1[x]; h] -> gate, candidate, output
+        self.confidence = nn.Linear(dim + rank, 1)
+
+    def step(self, u_k, h_k, prev, state):
+        """(logits (R, V), c_k (R,), the new state (R, r))."""
+        e = self.w1(prev)  # (R, r)
+        gate, cand, out = self.rnn(torch.cat([state, e, h_k], dim=-1)).chunk(3, dim=-1)
+        g = torch.sigmoid(gate)
+        state = g * state + (1 - g) * torch.tanh(cand)
+        conf = torch.sigmoid(self.confidence(torch.cat([h_k, e], dim=-1))).squeeze(-1)
+        return u_k + self.w2(torch.tanh(out)), conf, state
+
+
+HEADS = {"markov": MarkovHead, "rnn": RNNHead}
+HEAD_TENSORS = ("w1.", "w2.", "rnn.", "confidence.")  # a checkpoint names them without the "head." prefix
+
+
+def flat_head_names(module: nn.Module, state_dict: dict, prefix: str, local_metadata: dict) -> None:
+    """state_dict(): `head.w1.weight` -> `w1.weight` (the layout of the checkpoints and the exporters)."""
+    for key in [k for k in state_dict if k.startswith(prefix + "head.")]:
+        state_dict[prefix + key[len(prefix) + len("head.") :]] = state_dict.pop(key)
+
+
+def nested_head_names(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
+    """load_state_dict(): `w1.weight` -> `head.w1.weight`, the other way."""
+    for key in [k for k in state_dict if k.startswith(tuple(prefix + n for n in HEAD_TENSORS))]:
+        state_dict[prefix + "head." + key[len(prefix) :]] = state_dict.pop(key)
+
+
 @dataclass
 class ParallelDrafterConfig:
     kind: str = "dspark"  # "dflash" (no sequential head), "dspark" (Markov head), "dspark-rnn"
@@ -153,14 +208,12 @@ class ParallelDrafter(Drafter):
         self.layers = nn.ModuleList(Block(self.layer_config, config.qk_norm) for _ in range(config.n_layers))
         self.out_norm = RMSNorm(tc.dim, tc.norm_eps)
         self.vocab = scored_vocabulary(target, config.draft_vocab, vocab)  # what it scores: V or K ids
-        r = config.rank
-        if r > 0:  # the sequential head (absent in DFlash); indexed by draft indices (+ "other" with K ids)
-            self.w1 = nn.Embedding(self.vocab.n_prev, r)  # W1[x]: (r,)
-            self.w2 = nn.Linear(r, self.vocab.n_out, bias=False)  # W2: r -> V (or K)
-        if config.head == "rnn":
-            self.rnn = nn.Linear(r + r + tc.dim, 3 * r)  # [s; W1[x]; h] -> gate, candidate, output
-        if config.head != "none":  # DFlash has no confidence head
-            self.confidence = nn.Linear(tc.dim + r, 1)  # w of c_k = σ(wᵀ[h_k; W1[x_{k-1}]])
+        # the sequential head + confidence head (none in DFlash), indexed by draft indices (+ "other" with K ids)
+        self.head = None
+        if config.head != "none":
+            self.head = HEADS[config.head](self.vocab.n_prev, self.vocab.n_out, tc.dim, config.rank)
+        self.register_state_dict_post_hook(flat_head_names)
+        self.register_load_state_dict_pre_hook(nested_head_names)
         cos, sin = rope_table(self.layer_config)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -173,8 +226,8 @@ class ParallelDrafter(Drafter):
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=0.02)
-        if r > 0:
-            nn.init.zeros_(self.w2.weight)  # the sequential term starts as a no-op on top of U
+        if self.head is not None:
+            nn.init.zeros_(self.head.w2.weight)  # the sequential term starts as a no-op on top of U
 
     @property
     def target(self) -> Transformer:
@@ -211,21 +264,9 @@ class ParallelDrafter(Drafter):
     # ---- the sequential stage ---------------------------------------------------------------
     def sequential_logits(self, u_k, h_k, prev, state):
         """One left-to-right step: (logits (R, V), confidence (R,) or None for DFlash, new state)."""
-        if self.config.head == "none":
+        if self.head is None:
             return u_k, None, state
-        if self.config.head == "markov":
-            return (*markov_step(u_k, h_k, prev, *self.markov_weights()), state)
-        e = self.w1(prev)  # (R, r), the RNN head
-        gate, cand, out = self.rnn(torch.cat([state, e, h_k], dim=-1)).chunk(3, dim=-1)
-        g = torch.sigmoid(gate)
-        state = g * state + (1 - g) * torch.tanh(cand)
-        u_k = u_k + self.w2(torch.tanh(out))
-        conf = torch.sigmoid(self.confidence(torch.cat([h_k, e], dim=-1))).squeeze(-1)
-        return u_k, conf, state
-
-    def markov_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(W1 (V, r), W2 (V, r) as nn.Linear stores it, confidence w (dim + r,), its bias (1,))."""
-        return self.w1.weight, self.w2.weight, self.confidence.weight[0], self.confidence.bias
+        return self.head.step(u_k, h_k, prev, state)
 
     # ---- inference ------------------------------------------------------------------------------
     def reset(self, n_slots: int) -> None:
@@ -286,7 +327,7 @@ class ParallelDrafter(Drafter):
             return Proposal(vocab.to_target(draw_token(q, uniforms, params)), lambda: vocab.expand(q))
         prev = vocab.to_draft(anchors)  # (R,) the previous token's row of W1
         if self.config.head == "markov":  # the whole block in one call (a Triton kernel on CUDA)
-            tokens, probs, conf = markov_block_sample(u, h, prev, *self.markov_weights(), params, uniforms)
+            tokens, probs, conf = markov_block_sample(u, h, prev, *self.head.weights(), params, uniforms)
             return Proposal(vocab.to_target(tokens), lambda: vocab.expand(probs), conf)
         # the RNN head: left to right in PyTorch
         state = h.new_zeros(slots.shape[0], self.config.rank)

@@ -85,12 +85,12 @@ def parallel_tensors(drafter: ParallelDrafter) -> dict[str, torch.Tensor]:
     out |= vocabulary_tensors(drafter.vocab)
     if drafter.config.head != "none":
         if drafter.config.head == "markov":
-            w1, w2, conf_w, conf_b = drafter.markov_weights()
+            w1, w2, conf_w, conf_b = drafter.head.weights()
         else:
-            w1, w2 = drafter.w1.weight, drafter.w2.weight
-            conf_w, conf_b = drafter.confidence.weight[0], drafter.confidence.bias
-            out["markov_head.joint_proj.weight"] = drafter.rnn.weight
-            out["markov_head.joint_proj.bias"] = drafter.rnn.bias
+            w1, w2 = drafter.head.w1.weight, drafter.head.w2.weight
+            conf_w, conf_b = drafter.head.confidence.weight[0], drafter.head.confidence.bias
+            out["markov_head.joint_proj.weight"] = drafter.head.rnn.weight
+            out["markov_head.joint_proj.bias"] = drafter.head.rnn.bias
         row_of_id = drafter.vocab.to_draft(torch.arange(drafter.vocab.target_vocab, device=w1.device))
         out["markov_head.markov_w1.weight"] = w1[
             row_of_id
