@@ -68,26 +68,20 @@ class CostAwareEngine(Engine):
         if not any(self.drafting):  # nothing to propose, schedule or verify: the step plain decoding takes
             return self.decode_round(slots, anchors, generator)
         t0 = time.perf_counter()
-        proposal = self.draft_rows(run.active, slots, anchors, generator, max(widths))
+        proposal = self.draft(run.active, slots, anchors, generator, max(widths))
         run.draft_seconds += time.perf_counter() - t0
         run.drafted_rounds += sum(self.drafting)
         return self.verify_round(proposal, [a.length for a in run.active], slots, anchors, generator)
 
-    def draft_rows(
-        self,
-        active: list[ActiveRequest],
-        slots: torch.Tensor,
-        anchors: torch.Tensor,
-        generator: torch.Generator,
-        gamma: int,
-    ) -> Proposal:
-        """The drafting rows' proposal, padded with zeros to every row (a `PartialProposal`)."""
+    def draft(self, active, slots, anchors, generator, gamma) -> Proposal:
+        """The core's proposal for this step's drafting rows, padded with zeros to every row (a
+        `PartialProposal`)."""
         rows = [r for r, d in enumerate(self.drafting) if d]
         if len(rows) == len(active):
-            return self.draft(active, slots, anchors, generator, gamma)
+            return super().draft(active, slots, anchors, generator, gamma)
         device, V, R = model_device(self.target), self.target.config.vocab_size, len(active)
         index = upload(rows, device)  # (D,) the drafting rows
-        proposal = self.draft([active[r] for r in rows], slots[index], anchors[index], generator, gamma)
+        proposal = super().draft([active[r] for r in rows], slots[index], anchors[index], generator, gamma)
         tokens = torch.zeros(R, gamma, dtype=torch.long, device=device)  # (R, γ)
         conf = torch.zeros(R, gamma, device=device) if self.drafter.has_confidence else None  # (R, γ)
         drafted = torch.zeros(R, dtype=torch.bool, device=device)
