@@ -115,8 +115,8 @@ class Engine:
         eos_id: int | None = None,
         scheduler: Scheduler | None = None,
     ) -> None:
-        """`scheduler` (None: all draft and verify γ) decides who drafts, then ℓ_r; it must depend only on
-        the proposal and earlier rounds, or losslessness is lost."""
+        """`scheduler` (None: verify all γ) decides each round's ℓ_r; it must depend only on the proposal and
+        earlier rounds, or losslessness is lost. Every active request drafts γ (0: plain decode steps)."""
         if not 0 <= gamma <= drafter.max_gamma:
             raise ValueError(f"gamma must be in 0..{drafter.max_gamma} for drafter {drafter.name!r}")
         if concurrency < 1:
