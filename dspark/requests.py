@@ -12,38 +12,75 @@ from dspark.drafters.base import TargetFeatures
 
 
 @dataclass
+class RoundRecord:  # one request's share of one step
+    verify_len: int  # ℓ, the drafts it verified
+    accepted: int  # a ≤ ℓ, the drafts accepted
+    emitted: int  # tokens committed: a + 1, fewer where a stop cut the round
+    confidences: list[float] | None  # c_1..c_γ ([] in a round without drafts; None: the drafter has no head)
+
+
+@dataclass
 class RoundStats:
     """Every request-round of some runs, grouped by request (DESIGN.md section 7). A request-round verified
     ℓ drafts, accepted a ≤ ℓ and committed a + 1 tokens, fewer where a stop cut it; only committed tokens
     count, in τ as in the position-wise acceptance."""
 
-    verify_lens: list[list[int]] = field(default_factory=list)  # per request, per round: ℓ
-    accepted: list[list[int]] = field(default_factory=list)  # per request, per round: accepted drafts a ≤ ℓ
-    # per request, per round: c_1..c_γ ([] without a confidence head)
-    confidences: list[list[list[float]]] = field(default_factory=list)
-    # per request, per round: tokens committed, a + 1 unless a stop cut the round
-    emitted: list[list[int]] = field(default_factory=list)
+    requests: list[list[RoundRecord]] = field(default_factory=list)  # per request, its rounds in order
 
-    def __post_init__(self) -> None:
-        if not self.emitted:  # default: every round committed a + 1
-            self.emitted = [[a + 1 for a in acc] for acc in self.accepted]
-        if [len(e) for e in self.emitted] != [len(a) for a in self.accepted]:
-            raise ValueError("emitted must have one entry per round, like accepted")
+    @classmethod
+    def from_lists(
+        cls,
+        verify_lens: list[list[int]],
+        accepted: list[list[int]],
+        confidences: list[list[list[float]]] | None = None,
+        emitted: list[list[int]] | None = None,
+    ) -> RoundStats:
+        """From per-request, per-round lists: ℓ, a, c_1..c_γ (a request's [] or None: no confidence head) and
+        the tokens committed (default a + 1: no stop cut a round)."""
+        requests = []
+        for r, (lens, accs) in enumerate(zip(verify_lens, accepted, strict=True)):
+            emits = emitted[r] if emitted else [a + 1 for a in accs]
+            confs = confidences[r] if confidences and confidences[r] else [None] * len(accs)
+            if not len(lens) == len(accs) == len(emits) == len(confs):
+                raise ValueError(f"request {r}: ℓ, a, emitted and confidences need one entry per round")
+            requests.append([RoundRecord(*round_) for round_ in zip(lens, accs, emits, confs)])
+        return cls(requests)
+
+    # per request, per round: ℓ; a ≤ ℓ; tokens committed; c_1..c_γ ([] in a round without drafts; a request
+    # of a drafter without a confidence head has [])
+    @property
+    def verify_lens(self) -> list[list[int]]:
+        return [[r.verify_len for r in rounds] for rounds in self.requests]
+
+    @property
+    def accepted(self) -> list[list[int]]:
+        return [[r.accepted for r in rounds] for rounds in self.requests]
+
+    @property
+    def emitted(self) -> list[list[int]]:
+        return [[r.emitted for r in rounds] for rounds in self.requests]
+
+    @property
+    def confidences(self) -> list[list[list[float]]]:
+        return [[r.confidences for r in rounds if r.confidences is not None] for rounds in self.requests]
+
+    def all_rounds(self) -> list[RoundRecord]:
+        return [r for rounds in self.requests for r in rounds]
 
     @property
     def rounds(self) -> int:
         """Number of request-rounds."""
-        return sum(len(a) for a in self.accepted)
+        return sum(map(len, self.requests))
 
     @property
     def tau(self) -> float:
         """τ: committed tokens per request-round, the bonus/correction token included."""
-        return sum(map(sum, self.emitted)) / max(1, self.rounds)
+        return sum(r.emitted for r in self.all_rounds()) / max(1, self.rounds)
 
     @property
     def mean_verify_len(self) -> float:
         """Mean ℓ over request-rounds."""
-        return sum(map(sum, self.verify_lens)) / max(1, self.rounds)
+        return sum(r.verify_len for r in self.all_rounds()) / max(1, self.rounds)
 
     def acceptance_by_position(self, gamma: int) -> list[float | None]:
         """Per position k = 1..γ: of the rounds that verified k and accepted 1..k−1, the fraction that
@@ -54,32 +91,27 @@ class RoundStats:
     def acceptance_counts(self, gamma: int) -> tuple[list[int], list[int]]:
         """(hits, tries) per draft position, over committed tokens only."""
         hits, tries = [0] * gamma, [0] * gamma
-        for lens, accs, emits in zip(self.verify_lens, self.accepted, self.emitted):
-            for ell, a, e in zip(lens, accs, emits):
-                for k in range(min(ell, a + 1, e)):  # positions 1..min(ℓ, a+1, e) were reached and output
-                    tries[k] += 1
-                    hits[k] += k < a
+        for r in self.all_rounds():
+            for k in range(min(r.verify_len, r.accepted + 1, r.emitted)):  # positions reached and output
+                tries[k] += 1
+                hits[k] += k < r.accepted
         return hits, tries
 
     def extend(self, other: RoundStats) -> None:
         """Append another run's requests."""
-        self.verify_lens += other.verify_lens
-        self.accepted += other.accepted
-        self.confidences += other.confidences
-        self.emitted += other.emitted
+        self.requests += other.requests
 
     def calibration_arrays(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(N, γ) confidences, events "drafts 1..k accepted" and verified masks of the N rounds with
         confidences (what STS fits on)."""
         conf, events, mask = [], [], []
-        for L, A, C in zip(self.verify_lens, self.accepted, self.confidences):
-            for ell, a, c in zip(L, A, C):
-                if not c:  # a round in which the request did not draft
-                    continue
-                k = torch.arange(1, len(c) + 1)
-                conf.append(torch.tensor(c, dtype=torch.float64))
-                events.append((k <= a).double())
-                mask.append(k <= ell)
+        for r in self.all_rounds():
+            if not r.confidences:  # no confidence head, or a round in which the request did not draft
+                continue
+            k = torch.arange(1, len(r.confidences) + 1)
+            conf.append(torch.tensor(r.confidences, dtype=torch.float64))
+            events.append((k <= r.accepted).double())
+            mask.append(k <= r.verify_len)
         if not conf:
             raise ValueError("no rounds with confidences (does the drafter have a confidence head?)")
         return torch.stack(conf), torch.stack(events), torch.stack(mask)
@@ -90,14 +122,6 @@ class Request:
     prompt: list[int]  # token ids
     max_new_tokens: int  # generation budget
     arrival: float = 0.0  # seconds after the start (Poisson mode; 0 = already waiting)
-
-
-@dataclass
-class RoundRecord:  # one request's share of one step
-    verify_len: int  # ℓ, the drafts it verified
-    accepted: int  # a ≤ ℓ, the drafts accepted
-    emitted: int  # tokens committed: a + 1, fewer where a stop cut the round
-    confidences: list[float] | None  # c_1..c_γ ([] in a round without drafts; None: the drafter has no head)
 
 
 @dataclass
@@ -175,10 +199,7 @@ class EngineResult:
     @property
     def stats(self) -> RoundStats:
         """Every request's rounds (ℓ, accepted, confidences), in submission order."""
-        per = [r.rounds for r in self.records]
-        confidences = [[d.confidences for d in rs if d.confidences is not None] for rs in per]  # no head: []
-        return RoundStats([[d.verify_len for d in rs] for rs in per], [[d.accepted for d in rs] for rs in per],
-                          confidences, [[d.emitted for d in rs] for rs in per])  # fmt: skip
+        return RoundStats([r.rounds for r in self.records])
 
     @property
     def throughput(self) -> float:

@@ -46,7 +46,9 @@ def synthetic_rounds(
     true = torch.sigmoid(torch.logit(conf) / torch.tensor(true_temps).double() - shifts)
     success = torch.rand(n, gamma, generator=g).double() < true
     accepted = success.long().cumprod(1).sum(1)
-    return RoundStats([[gamma] for _ in range(n)], [[int(a)] for a in accepted], [[c] for c in conf.tolist()])
+    return RoundStats.from_lists(
+        [[gamma] for _ in range(n)], [[int(a)] for a in accepted], [[c] for c in conf.tolist()]
+    )
 
 
 def test_sts_recovers_the_temperatures_and_calibrates():
@@ -63,11 +65,11 @@ def test_sts_recovers_the_temperatures_and_calibrates():
 
 
 def test_round_arrays_masks_unverified_positions_and_needs_confidences():
-    rounds = RoundStats([[3, 1]], [[2, 1]], [[[0.9, 0.8, 0.7], [0.6, 0.5, 0.4]]])
+    rounds = RoundStats.from_lists([[3, 1]], [[2, 1]], [[[0.9, 0.8, 0.7], [0.6, 0.5, 0.4]]])
     conf, events, mask = rounds.calibration_arrays()
     assert events.tolist() == [[1, 1, 0], [1, 0, 0]] and mask.tolist() == [[True] * 3, [True, False, False]]
     with pytest.raises(ValueError, match="confidence head"):
-        RoundStats([[1]], [[0]], [[]]).calibration_arrays()
+        RoundStats.from_lists([[1]], [[0]], [[]]).calibration_arrays()
 
 
 def test_temperatures_live_in_the_checkpoint_json(tmp_path):
@@ -176,7 +178,9 @@ def test_selected_sts_refuses_a_fix_that_breaks_a_later_position():
     first = torch.rand(n, generator=g).double() < c1_true
     second = first & (torch.rand(n, generator=g).double() < c2_true)
     accepted = [[int(a) + int(b)] for a, b in zip(first, second)]
-    conf_, events, mask = RoundStats([[2]] * n, accepted, [[c] for c in conf.tolist()]).calibration_arrays()
+    conf_, events, mask = RoundStats.from_lists(
+        [[2]] * n, accepted, [[c] for c in conf.tolist()]
+    ).calibration_arrays()
     for shifts in (False, True):
         sts, reasons = lab_calibration.select_sts(conf_, events, mask, shifts=shifts)
         assert (sts.flatten()[:2] == 1.0).all() and "raises it at 1 later position(s) (at 2:" in reasons[0]

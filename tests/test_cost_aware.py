@@ -296,7 +296,9 @@ def test_the_forecast_parts_are_kept_while_only_idle_steps_change(monkeypatch):
 def test_rows_that_did_not_draft_verify_nothing():
     conf = torch.full((3, 4), 0.99, dtype=torch.float64)
     drafted = torch.tensor([True, False, True])
-    proposal = PartialProposal(torch.zeros(3, 4, dtype=torch.long), torch.zeros(3, 4, 5), conf, drafted)
+    proposal = PartialProposal(
+        torch.zeros(3, 4, dtype=torch.long), torch.zeros(3, 4, 5), conf, drafted=drafted
+    )
     for name in ("fixed", "dspark", "threshold", "mtp1"):
         lengths = CostAwareScheduler(make_policy(name), PROFILE, None, DraftCost([0.001] * 8))(proposal)
         assert lengths[1] == 0 and bool((lengths[[0, 2]] > 0).all()), name
@@ -546,7 +548,7 @@ def test_the_decision_never_sees_the_current_round(tiny_model):
         def perturbed(*args, **kwargs):
             p = propose(*args, **kwargs)
             if perturb and len(log) >= K:
-                return Proposal(p.tokens, p.probs, 1 - p.confidence)
+                return Proposal(p.tokens, p.q, 1 - p.confidence, p.vocab)
             return p
 
         drafter.propose = perturbed

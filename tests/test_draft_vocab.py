@@ -103,9 +103,10 @@ def test_q_over_the_whole_vocabulary_is_built_only_when_read(tiny_model, kind, m
                                          return_taps=True)  # fmt: skip
     proposal = drafter.propose(slots, toks, TargetFeatures(features.taps, features.last_hidden), torch.tensor([2, 3]),
                                torch.tensor([8, 9]), gamma, SamplingParams(1.0), torch.Generator().manual_seed(0))  # fmt: skip
-    assert expansions == []
+    assert expansions == [] and proposal.q.shape == (2, gamma, 30)  # q over the K = 30 draft ids only
     q = proposal.probs
-    assert q.shape == (2, gamma, TINY.vocab_size) and proposal.probs is q and len(expansions) == 1
+    assert q.shape == (2, gamma, TINY.vocab_size) and len(expansions) == 1
+    assert torch.equal(q[..., 10:40], proposal.q)  # the ids 10..39 in order: the draft indices' columns
     torch.testing.assert_close(q.sum(-1), torch.ones(2, gamma))
     assert float(q[..., :10].sum() + q[..., 40:].sum()) == 0  # zero off the draft ids
 

@@ -25,7 +25,7 @@ def committed_drafts(stats: RoundStats) -> int:
 
 
 def test_a_round_cut_by_the_token_limit_counts_only_what_it_output():
-    stats = RoundStats(
+    stats = RoundStats.from_lists(
         verify_lens=[[7, 7]], accepted=[[7, 5]], emitted=[[8, 2]]
     )  # the last round: 2 of 6 output
     hits, tries = stats.acceptance_counts(7)

@@ -88,7 +88,7 @@ def test_recorded_traces_are_replayed_only_for_the_weights_they_came_from(tiny_m
 
     def measure_tau(target, drafter_, prompts, params, gamma, max_new_tokens, eos_id):
         recorded.append(1)
-        return RoundStats([[4, 4]], [[4, 1]], [[[0.9] * 4, [0.5] * 4]])
+        return RoundStats.from_lists([[4, 4]], [[4, 1]], [[[0.9] * 4, [0.5] * 4]])
 
     monkeypatch.setattr(pareto, "get_drafter", lambda name, target, target_name="tiny": drafter)
     monkeypatch.setattr(pareto, "get_calibration", lambda name, target_name="tiny": None)

@@ -12,12 +12,14 @@ from dspark.engine import speculative_generate
 from dspark.lab.study import plots
 from dspark.lab.study.offline import measure_tau, round_latency, threshold_sweep
 from dspark.lab.study.tables import markdown_table
-from dspark.requests import RoundStats as Rounds
+from dspark.requests import RoundStats
 from dspark.sampling import SamplingParams
 
 # two fully verified rounds, γ = 3: survivals (0.9, 0.45, 0.405) accepting 2, and (0.4, 0.36, 0.324) accepting 0
 SHORT = [3, 17, 1, 9]  # far from the 64-token context: nothing caps the verify lengths
-HAND = Rounds(verify_lens=[[3], [3]], accepted=[[2], [0]], confidences=[[[0.9, 0.5, 0.9]], [[0.4, 0.9, 0.9]]])
+HAND = RoundStats.from_lists(
+    verify_lens=[[3], [3]], accepted=[[2], [0]], confidences=[[[0.9, 0.5, 0.9]], [[0.4, 0.9, 0.9]]]
+)
 
 
 def test_threshold_sweep_hand_worked():
@@ -32,9 +34,9 @@ def test_threshold_sweep_hand_worked():
 
 def test_threshold_sweep_needs_full_rounds_with_confidences():
     with pytest.raises(ValueError, match="fully verified"):
-        threshold_sweep(Rounds([[2]], [[1]], [[[0.5, 0.5, 0.5]]]), [0.1])
+        threshold_sweep(RoundStats.from_lists([[2]], [[1]], [[[0.5, 0.5, 0.5]]]), [0.1])
     with pytest.raises(ValueError, match="confidence head"):
-        threshold_sweep(Rounds([[3]], [[1]], [[]]), [0.1])
+        threshold_sweep(RoundStats.from_lists([[3]], [[1]], [[]]), [0.1])
 
 
 def test_confidences_are_recorded_per_round(tiny_model):
@@ -96,7 +98,7 @@ def test_wilson_interval_hand_worked():
 def test_acceptance_counts_are_behind_the_rates():
     from dspark.requests import RoundStats
 
-    stats = RoundStats([[3, 3, 2]], [[3, 1, 0]], [[[], [], []]])
+    stats = RoundStats.from_lists([[3, 3, 2]], [[3, 1, 0]], [[[], [], []]])
     hits, tries = stats.acceptance_counts(3)
     assert (hits, tries) == ([2, 1, 1], [3, 2, 1])
     assert stats.acceptance_by_position(3) == [2 / 3, 1 / 2, 1.0]

@@ -14,7 +14,7 @@ def row(drafter: str, domain: str, tokens: list[int], rounds: list[int], tempera
 
 
 def test_prompt_counts_follow_the_emitted_tokens():
-    stats = RoundStats(verify_lens=[[3, 3], [3]], accepted=[[2, 0], [3]], emitted=[[3, 1], [2]])
+    stats = RoundStats.from_lists(verify_lens=[[3, 3], [3]], accepted=[[2, 0], [3]], emitted=[[3, 1], [2]])
     assert prompt_counts(stats) == ([4, 2], [2, 1])  # the last round of request 2 was cut by a stop
 
 

@@ -180,11 +180,11 @@ class AutoregressiveDrafter(Drafter):
             q = probabilities(self.logits(g_last), params)  # (R, V) fp32 (or (R, K): draft indices)
             x = self.vocab.to_target(sample(q, generator, check=False))
             tokens.append(x)
-            probs.append(q)  # over the draft ids; the full vocabulary when `probs` is read
+            probs.append(q)  # over the draft ids (`Proposal.probs` puts it on the full vocabulary)
             if k + 1 < gamma:  # feed back: own output as the feature of the drafted position
                 g_last = self._run(self.entries(x, g_last), slots, torch.ones_like(slots))
         if not tokens:
             V = self.target.config.vocab_size
             return Proposal(slots.new_zeros(R, 0), torch.zeros(R, 0, V, device=slots.device))
         probs = torch.stack(probs, 1)  # (R, γ, K)
-        return Proposal(torch.stack(tokens, 1), lambda: self.vocab.expand(probs))
+        return Proposal(torch.stack(tokens, 1), probs, vocab=self.vocab)

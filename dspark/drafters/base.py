@@ -4,7 +4,7 @@ A drafter gets, per request, the positions just *committed* (their tokens and th
 the whole prompt at prefill) and the *anchor* (the token sampled after them), and returns γ drafts after it:
 
     propose(slots, committed_tokens, features, committed_lens, anchors, gamma, params, generator)
-        -> Proposal(tokens (R, γ), probs (R, γ, V), confidence (R, γ) or None)
+        -> Proposal(tokens (R, γ), q (R, γ, V), confidence (R, γ) or None)
 
 The Proposal goes unchanged to the verify-length policy and to `verify`. A drafter keeps its per-request
 state by the target's cache slot, rolls back what it built from its own drafts, and makes every tensor on
@@ -13,7 +13,6 @@ the device of `slots`. `NoDrafter` (γ = 0) turns the loop into plain decoding.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -22,28 +21,23 @@ from torch import nn
 from dspark.sampling import SamplingParams
 
 
+@dataclass
 class Proposal:
-    """One round's drafts for R requests.
+    """One round's drafts for R requests, the distributions they were drawn from, and their confidences.
 
-    tokens (R, γ) int64: x_1..x_γ after each anchor.
-    probs (R, γ, V) fp32: q_k, the distributions they were drawn from; may be handed as a function, built
-        on first read (greedy verification never reads it).
-    confidence (R, γ): c_k in (0, 1) from a confidence head, else None."""
+    A drafter scores K ids: the target's whole vocabulary (K = V) in the core, the K most frequent with the
+    lab's draft vocabulary. `q` stays over those K; `probs` puts it on the target's V ids when read (sampled
+    verification reads it, greedy verification never does)."""
 
-    def __init__(
-        self,
-        tokens: torch.Tensor,
-        probs: torch.Tensor | Callable[[], torch.Tensor],
-        confidence: torch.Tensor | None = None,
-    ) -> None:
-        self.tokens, self._probs, self.confidence = tokens, probs, confidence
+    tokens: torch.Tensor  # (R, γ) int64: x_1..x_γ after each anchor, target ids
+    q: torch.Tensor  # (R, γ, K) fp32: q_k over the drafter's K scored ids
+    confidence: torch.Tensor | None = None  # (R, γ): c_k in (0, 1) from a confidence head, else None
+    vocab: nn.Module | None = None  # the drafter's vocabulary (maps q onto the target's); None: K = V
 
     @property
     def probs(self) -> torch.Tensor:
-        """(R, γ, V) fp32 q_k (built now if the drafter handed a function, once)."""
-        if callable(self._probs):
-            self._probs = self._probs()
-        return self._probs
+        """(R, γ, V) fp32 q_k over the target's vocabulary (zero off the scored ids; built on each read)."""
+        return self.q if self.vocab is None else self.vocab.expand(self.q)
 
 
 @dataclass

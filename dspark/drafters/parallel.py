@@ -324,11 +324,11 @@ class ParallelDrafter(Drafter):
         vocab = self.vocab  # sampling happens over draft indices; tokens and q leave in the target's ids
         if self.config.rank == 0:  # DFlash: no dependence between positions, sample the block at once
             q = probabilities(u, params)  # (R, γ, V)
-            return Proposal(vocab.to_target(draw_token(q, uniforms, params)), lambda: vocab.expand(q))
+            return Proposal(vocab.to_target(draw_token(q, uniforms, params)), q, vocab=vocab)
         prev = vocab.to_draft(anchors)  # (R,) the previous token's row of W1
         if self.config.head == "markov":  # the whole block in one call (a Triton kernel on CUDA)
             tokens, probs, conf = markov_block_sample(u, h, prev, *self.head.weights(), params, uniforms)
-            return Proposal(vocab.to_target(tokens), lambda: vocab.expand(probs), conf)
+            return Proposal(vocab.to_target(tokens), probs, conf, vocab)
         # the RNN head: left to right in PyTorch
         state = h.new_zeros(slots.shape[0], self.config.rank)
         tokens, probs, confs = [], [], []
@@ -340,6 +340,4 @@ class ParallelDrafter(Drafter):
             probs.append(q)
             confs.append(conf)
         probs = torch.stack(probs, 1)  # (R, γ, K)
-        return Proposal(
-            vocab.to_target(torch.stack(tokens, 1)), lambda: vocab.expand(probs), torch.stack(confs, 1)
-        )
+        return Proposal(vocab.to_target(torch.stack(tokens, 1)), probs, torch.stack(confs, 1), vocab)

@@ -24,7 +24,7 @@ def confidence_label(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
 def events_and_mask(
     verify_lens: torch.Tensor, accepted: torch.Tensor, gamma: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    rounds = RoundStats([[int(v)] for v in verify_lens], [[int(a)] for a in accepted],
+    rounds = RoundStats.from_lists([[int(v)] for v in verify_lens], [[int(a)] for a in accepted],
                         [[[0.5] * gamma] for _ in verify_lens])  # fmt: skip
     _, events, mask = rounds.calibration_arrays()
     return events, mask

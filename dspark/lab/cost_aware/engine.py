@@ -10,6 +10,7 @@ let everyone draft γ: then this is the core's engine, round for round.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -21,13 +22,12 @@ from dspark.requests import ActiveRequest
 RECENT_ROUNDS = 4  # drafted rounds per request kept for the scheduler's forecast (`CostAwareEngine.recent`)
 
 
+@dataclass
 class PartialProposal(Proposal):
     """A proposal padded to every active request: `drafted` (R,) bool marks the rows that really drafted; the
     others are zeros and verify nothing."""
 
-    def __init__(self, tokens, probs, confidence: torch.Tensor | None, drafted: torch.Tensor) -> None:
-        super().__init__(tokens, probs, confidence)
-        self.drafted = drafted
+    drafted: torch.Tensor | None = None  # (R,) bool
 
 
 def joined(earlier: tuple[torch.Tensor, TargetFeatures], new: tuple[torch.Tensor, TargetFeatures]):
@@ -79,22 +79,17 @@ class CostAwareEngine(Engine):
         rows = [r for r, d in enumerate(self.drafting) if d]
         if len(rows) == len(active):
             return super().draft(active, slots, anchors, generator, gamma)
-        device, V, R = model_device(self.target), self.target.config.vocab_size, len(active)
+        device, R = model_device(self.target), len(active)
         index = upload(rows, device)  # (D,) the drafting rows
         proposal = super().draft([active[r] for r in rows], slots[index], anchors[index], generator, gamma)
         tokens = torch.zeros(R, gamma, dtype=torch.long, device=device)  # (R, γ)
         conf = torch.zeros(R, gamma, device=device) if self.drafter.has_confidence else None  # (R, γ)
         drafted = torch.zeros(R, dtype=torch.bool, device=device)
-        tokens[index], drafted[index] = proposal.tokens, True
+        q = proposal.q.new_zeros(R, gamma, proposal.q.shape[-1])  # (R, γ, K)
+        tokens[index], q[index], drafted[index] = proposal.tokens, proposal.q, True
         if conf is not None:
             conf[index] = proposal.confidence.to(conf.dtype)
-
-        def probs() -> torch.Tensor:  # (R, γ, V), built only if read (greedy verification does not)
-            full = torch.zeros(R, gamma, V, device=device)
-            full[index] = proposal.probs
-            return full
-
-        return PartialProposal(tokens, probs, conf, drafted)
+        return PartialProposal(tokens, q, conf, proposal.vocab, drafted)
 
     def verify_lengths(self, proposal: Proposal, lengths: list[int]) -> list[int]:
         """The core's ℓ_r, and 0 for a request that did not draft."""

@@ -103,7 +103,7 @@ def simulate(
         draft_seconds = draft_cost.seconds(n_drafting, width)
         # a proposal of the recorded confidences (the scheduler reads no tokens or q)
         blank = torch.zeros_like(conf, dtype=torch.long), torch.zeros(*conf.shape, 1), conf
-        proposal = PartialProposal(*blank, drafting) if decide else Proposal(*blank)
+        proposal = PartialProposal(*blank, drafted=drafting) if decide else Proposal(*blank)
         lengths = scheduler(proposal)
         full = torch.tensor([s["trace"].accepted[s["round"] % len(s["trace"].accepted)] for s in active])
         accepted = torch.minimum(lengths, full)

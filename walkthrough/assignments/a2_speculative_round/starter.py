@@ -10,7 +10,7 @@ handout.md, next to this file, explains the round and names the check that prove
 The pieces you use (read their docstrings): `Transformer.forward_cached` (dspark/model.py)
 appends a ragged block per KV-cache slot and advances the cache; `KVCache.rollback`
 (dspark/kv_cache.py) forgets positions; `drafter.propose` (dspark/drafters/base.py) returns
-a `Proposal(tokens, probs, confidence)`; `verify` and `draw_uniforms` (dspark/verify.py) are
+a `Proposal` (tokens, q and `probs`, confidence); `verify` and `draw_uniforms` (dspark/verify.py) are
 assignment 1's answer; `probabilities` (dspark/sampling.py) turns logits into p. Do not
 import dspark.engine: it is the answer.
 
