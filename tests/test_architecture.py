@@ -36,7 +36,15 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("the lab's storage and data", ("dspark.lab.storage", "dspark.lab.data.*")),
-    ("drafters", ("dspark.drafters.*", "dspark.lab.draft_vocab", "dspark.lab.pretrained.*")),
+    (
+        "drafters",
+        (
+            "dspark.drafters.*",
+            "dspark.lab.draft_vocab",
+            "dspark.lab.prompt_lookup",
+            "dspark.lab.pretrained.*",
+        ),
+    ),
     ("verify", ("dspark.verify",)),
     (
         "scheduling",

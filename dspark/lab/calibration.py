@@ -207,6 +207,6 @@ def get_calibration(
 ) -> torch.Tensor | None:
     """STS temperatures of the drafter `name` at `path` (default: the one shipped for `target_name`), found
     and checked by `find_calibration` (DSPARK_HOME's first); None for `none` or a drafter never calibrated."""
-    if name == "none":
+    if name in ("none", "prompt-lookup"):
         return None
     return find_calibration(Path(path) if path else default_path(name, target_name), target_name, positions)

@@ -45,6 +45,8 @@ from dspark.lab.pretrained.fetch import KNOWN_MODELS, FetchError
 from dspark.lab.pretrained.prompt_sets import PROMPT_SETS, resolve_prompts
 from dspark.sampling import MIN_TEMPERATURE
 
+RUNNABLE_DRAFTERS = (*DRAFTER_NAMES, "prompt-lookup")  # the trained ones, and the lab's copying drafter
+
 
 class UsageError(Exception):
     """The user asked for something that cannot be done; the message says why.

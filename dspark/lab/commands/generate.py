@@ -8,7 +8,9 @@ argument is a prompt; they are generated together as one batch.
 By default the shipped DSpark drafter (parallel backbone + Markov head, γ = 7)
 drafts. `--drafter none` decodes plainly; `mtp` (MTP-1, one draft token per round),
 `eagle` (EAGLE-3 style), `dflash` (parallel) and `dspark` / `dspark-rnn`
-(parallel + sequential head), with `--gamma` draft tokens per round, decode
+(parallel + sequential head), and `prompt-lookup` (copies what followed the
+last words earlier in the text; no training: pair it with --policy threshold so
+only copied drafts are verified), with `--gamma` draft tokens per round, decode
 speculatively: same output distribution (same text at --temperature 0),
 fewer target passes. Tokens that came from accepted drafts are highlighted
 (on a terminal) or wrapped in «» (when piped); the stats follow the text.
@@ -26,6 +28,13 @@ sampler, verify attention, prefix scheduler): `auto` (Triton kernels for CUDA
 tensors, the PyTorch references on the CPU), `reference`, or `triton`: every
 hot path on its Triton kernel -- on `--device cpu` in Triton's CPU interpreter
 (slow; the text is the same, which is the point).
+
+`--compare` also decodes the same prompts plainly (after the drafter's run, same
+settings) and prints one line: plain decoding's tokens/s, the drafter's, their
+ratio and τ, and at --temperature 0 whether the text is the same (it must be).
+The demo compares by default (`--no-compare` skips it). On the shipped 5 M
+target a target pass costs little more than a drafting pass, so speculation
+buys little there and can cost; `--model smollm2-135m` shows a real model.
 
 `--json` prints ONE JSON object on stdout. For a single prompt its `text` is a
 string and `new_tokens` an integer; for several prompts (or the demo) both are
@@ -45,7 +54,7 @@ import sys
 
 import torch
 
-from dspark.decoding import check_prompts, generate
+from dspark.decoding import GenerationResult, check_prompts, generate
 from dspark.engine import SpeculativeResult, speculative_generate
 from dspark.lab import cli
 from dspark.lab.calibration import get_calibration
@@ -114,6 +123,20 @@ def _mark_drafted(tokenizer: Tokenizer, tokens: list[int], from_draft: list[bool
 DEFAULT_THRESHOLD = 0.5  # --policy threshold: verify drafts while their survival estimate is at least this
 
 
+def comparison_line(drafter: str, result: SpeculativeResult, plain: GenerationResult, greedy: bool) -> str:
+    """What speculation bought on these prompts: plain and speculative tokens/s, their ratio, τ, and at T = 0
+    whether the text is the same."""
+    line = (f"plain decoding {plain.tokens_per_s:.1f} tokens/s, {drafter} {result.tokens_per_s:.1f} tokens/s "
+            f"({result.tokens_per_s / plain.tokens_per_s:.2f}x), tau {result.stats.tau:.2f}")  # fmt: skip
+    if greedy:
+        line += (
+            ", the same text"
+            if plain.tokens == result.tokens
+            else ", A DIFFERENT TEXT (a bug: please report)"
+        )
+    return line
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.command_parser("python -m dspark.generate", __doc__)
     parser.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt text (none: run the demo)")
@@ -125,13 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "\"domain\", only the eval split of a file that has splits; or plain text, one prompt per "
                         f"line; or a public set: {', '.join(cli.PROMPT_SETS)}, fetched once)")  # fmt: skip
     cli.add_outputs(parser, json="stdout")
-    cli.add_drafter(parser, help="speculative drafter; none = plain decoding",
+    cli.add_drafter(parser, cli.RUNNABLE_DRAFTERS, help="speculative drafter; none = plain decoding",
                     gamma_help="draft tokens per round (not mtp)")  # fmt: skip
     parser.add_argument("--policy", choices=POLICY_NAMES, default="fixed",
                         help="verify-length policy (default: %(default)s = verify every draft)")  # fmt: skip
     parser.add_argument("--threshold", type=cli.number(float, 0, 1), default=None,
                         help=f"survival threshold of --policy threshold, refused with any other policy "
                         f"(default: {DEFAULT_THRESHOLD})")  # fmt: skip
+    parser.add_argument("--compare", action=argparse.BooleanOptionalAction, default=None,
+                        help="also decode plainly and print what speculation bought (default: on for the demo)")  # fmt: skip
     cli.add_target(parser, tokenizer=True, pretrained=True)
     cli.add_threads(parser)
     cli.add_draft_cost(parser)
@@ -155,7 +180,7 @@ def refuse_ignored_options(args: argparse.Namespace) -> None:
     if args.drafter != "none":
         return
     ignored = [flag for flag, given in (("--drafter-checkpoint", args.drafter_checkpoint is not None),
-                                        ("--policy", args.policy != "fixed"),
+                                        ("--policy", args.policy != "fixed"), ("--compare", bool(args.compare)),
                                         ("--ignore-draft-cost", args.ignore_draft_cost)) if given]  # fmt: skip
     if ignored:
         raise UsageError(
@@ -200,8 +225,9 @@ def main(argv: list[str] | None = None) -> None:
     elif args.prompts:
         labels, texts = ["prompt"] * len(args.prompts), args.prompts
     else:
-        demo = demo_prompts(target_name)
-        labels, texts = list(demo), list(demo.values())
+        by_domain = demo_prompts(target_name)
+        labels, texts = list(by_domain), list(by_domain.values())
+    demo = not args.prompts and args.prompts_file is None
     prompts = [tokenizer.chat_prompt(t) for t in texts]
     check_prompts(prompts, model.config.max_seq_len, names=names)  # before loading a drafter
 
@@ -215,12 +241,17 @@ def main(argv: list[str] | None = None) -> None:
         threshold = DEFAULT_THRESHOLD if args.threshold is None else args.threshold
         scheduler = measured_scheduler(args.policy, drafter, model, gamma, temperatures, threshold,
                                        cost_aware=not args.ignore_draft_cost)  # fmt: skip
+    speculative_run = args.drafter != "none"
     with kernels_as(args.kernels):
-        if args.drafter == "none":
+        if not speculative_run:
             result = generate(model, prompts, args.max_new_tokens, params, generator, eos_id=tokenizer.eos_id)
         else:
             result = speculative_generate(model, drafter, prompts, args.max_new_tokens, params, gamma, generator,
                                           tokenizer.eos_id, scheduler, CostAwareEngine)  # fmt: skip
+        plain = None
+        if speculative_run and (args.compare if args.compare is not None else demo):  # same prompts, plainly
+            plain = generate(model, prompts, args.max_new_tokens, params, torch.Generator().manual_seed(args.seed),
+                             eos_id=tokenizer.eos_id)  # fmt: skip
     replies = [tokenizer.decode(t) for t in result.tokens]
     speculative = isinstance(result, SpeculativeResult)
 
@@ -250,6 +281,11 @@ def main(argv: list[str] | None = None) -> None:
                 "rounds": stats.rounds,
                 "acceptance_by_position": stats.acceptance_by_position(gamma),
             }
+        if plain is not None:
+            record |= {"plain_tokens_per_s": round(plain.tokens_per_s, 2),
+                       "speedup": round(result.tokens_per_s / plain.tokens_per_s, 3)}  # fmt: skip
+            if params.greedy:
+                record["same_text_as_plain"] = plain.tokens == result.tokens
         print(json.dumps(record, ensure_ascii=False))
         return
     mode = "greedy" if params.greedy else f"T={args.temperature}"
@@ -273,6 +309,11 @@ def main(argv: list[str] | None = None) -> None:
             f"tau {stats.tau:.2f} tokens per round over {stats.rounds} request-rounds; "
             f"acceptance by position: {rates}"
         )
+    if plain is not None:
+        print(comparison_line(args.drafter, result, plain, params.greedy))
+        if demo and target_name == "tiny":
+            print("(a 5 M target: a target pass costs little more than a drafting pass, so speculation buys little "
+                  "here and can cost; --model smollm2-135m shows a real model)")  # fmt: skip
 
 
 if __name__ == "__main__":

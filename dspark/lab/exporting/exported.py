@@ -45,6 +45,7 @@ from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from dspark.lab.cpu_speed import fast_on_cpu
 from dspark.lab.draft_vocab import vocabulary
 from dspark.lab.exporting.hf_layout import draft_ids, head_rows, load_eagle3, load_parallel
+from dspark.lab.prompt_lookup import PromptLookupDrafter
 from dspark.model import Transformer, cast_keeping_rope
 
 HEAD_KINDS = {
@@ -236,5 +237,11 @@ def get_drafter(
     name: str, target: Transformer, path: str | Path | None = None, target_name: str = "tiny"
 ) -> Drafter:
     """The core's `get_drafter` for the commands: `path` may also be an exported folder, and the drafter has the
-    CPU speed path (`load_any`)."""
+    CPU speed path (`load_any`); `prompt-lookup` is the lab's drafter without weights."""
+    if name == PromptLookupDrafter.name:
+        if path is not None:
+            raise CheckpointError(
+                "prompt lookup copies from the text and has no weights: drop --drafter-checkpoint"
+            )
+        return PromptLookupDrafter(target.config.vocab_size)
     return drafters.get_drafter(name, target, path, target_name, load=load_any)
