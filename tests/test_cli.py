@@ -19,7 +19,9 @@ from dspark.lab.cli import run_main
 from dspark.lab.commands import bench as bench_command
 from dspark.lab.commands import generate as generate_command
 from dspark.lab.commands import train as train_command
+from dspark.lab.cost_aware.draft_cost import draft_cost_of, measured_profile_file
 from dspark.lab.data.corpus import EVAL_PER_DOMAIN
+from dspark.lab.machine import cpu_description
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -485,10 +487,17 @@ def test_bench_profile_measures_what_the_cost_aware_policy_reads(
     measures nothing new (no new file under DSPARK_HOME/profiles)."""
     monkeypatch.setenv("DSPARK_HOME", str(tmp_path))
     drafter = f"dspark={small_drafters['dspark']}"
-    argv = ["profile", "--checkpoint", str(small_checkpoint), "--drafters", drafter, "--device", "cpu"]
+    argv = ["profile", "--checkpoint", str(small_checkpoint), "--drafters", drafter, "--device", "cpu",
+            "--json", str(tmp_path / "profile.json")]  # fmt: skip
     assert run_main(bench.main, argv) == 0
     assert "drafting cost of dspark (γ = 3)" in capsys.readouterr().out
     measured = sorted(p.name for p in (tmp_path / "profiles").iterdir())
+    # the JSON gives back what the policy reads (the notebooks replay it): the same profile and drafting cost
+    profile, costs, machine = measured_profile_file(tmp_path / "profile.json")
+    cached = [json.loads(p.read_text()) for p in (tmp_path / "profiles").iterdir()]
+    assert [profile.steps_per_second] == [r["steps_per_second"] for r in cached if "steps_per_second" in r]
+    assert costs["dspark"] in [draft_cost_of(r) for r in cached if "seconds_by_requests" in r]
+    assert machine == cpu_description()
     assert any(n.startswith("cpu-") for n in measured) and any(n.startswith("draft-") for n in measured)
     argv = ["hi", "--max-new-tokens", "4", "--checkpoint", str(small_checkpoint), "--drafter", "dspark",
             "--drafter-checkpoint", str(small_drafters["dspark"]), "--policy", "dspark", "--device", "cpu"]  # fmt: skip

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -142,7 +143,7 @@ def bench_profile(args: argparse.Namespace) -> dict:
     for name, drafter in drafters.items():
         gamma = drafter.max_gamma
         cost = engine_draft_cost(target, drafter, gamma, refresh=args.refresh)
-        costs[name] = {"gamma": gamma, "seconds_by_requests": cost.seconds_by_requests}
+        costs[name] = {"gamma": gamma, **asdict(cost)}  # all of it: `measured_profile_file` reads it back
         sizes = [n for n in (1, 2, 4, 8, 16, 32) if n <= len(cost.seconds_by_requests)]
         print(f"\ndrafting cost of {name} (γ = {gamma}), ms per drafting pass at n drafting requests: "
               + ", ".join(f"n = {n}: {1e3 * cost.seconds(n):.1f}" for n in sizes))  # fmt: skip
@@ -150,7 +151,11 @@ def bench_profile(args: argparse.Namespace) -> dict:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         plots.plot_profiles(shown, Path(args.out) / "sps_profiles.png", max_tokens=512)
         print(f"\nwrote {Path(args.out) / 'sps_profiles.png'}")
-    return {"benchmark": "profile", "target": args.target_name, "draft_costs": costs,
+    machine = (
+        cpu_description() if model_device(target).type == "cpu" else gpu.device_name(model_device(target))
+    )
+    return {"benchmark": "profile", "target": args.target_name, "machine": machine, "threads": torch.get_num_threads(),
+            "draft_costs": costs,
             "profiles": [{"name": p.name, "steps_per_second": p.steps_per_second} for p in shown]}  # fmt: skip
 
 

@@ -49,7 +49,7 @@ from dspark.lab.machine import cpu_description
 from dspark.lab.profiles import RooflineConfig
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
-from dspark.scheduler import interpolated_times
+from dspark.scheduler import ThroughputProfile, interpolated_times
 
 DRAFT_POINTS = [1, 2, 4, 8, 16, 32]  # drafting requests measured on the CPU
 CATCH_UP_TOKENS = 16  # extra context tokens per request when measuring the cost of catching up
@@ -276,3 +276,16 @@ def roofline_draft_cost(
     narrow = replace(drafter, tokens_per_request=1)
     one = [min(narrow.seconds(n), full) for n, full in zip(range(1, max_requests + 1), seconds)]
     return DraftCost(seconds, name, one_position=one, block=gamma)
+
+
+def measured_profile_file(path: str | Path) -> tuple[ThroughputProfile, dict[str, DraftCost], str]:
+    """What `python -m dspark.bench profile --drafters ... --json PATH` wrote: the measured SPS profile, each
+    drafter's drafting cost, and the machine that measured them -- so a notebook replays a committed measurement
+    instead of a cache of the machine it runs on."""
+    record = json.loads(Path(path).read_text(encoding="utf-8"))
+    measured = record["profiles"][0]  # the others are the H200 models
+    profile = ThroughputProfile(measured["steps_per_second"], measured["name"])
+    costs = {}
+    for name, fields in record.get("draft_costs", {}).items():
+        costs[name] = DraftCost(**{k: v for k, v in fields.items() if k != "gamma"})
+    return profile, costs, record.get("machine", "an unnamed machine")

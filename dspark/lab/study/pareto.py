@@ -80,6 +80,7 @@ def serve_points(
     target_name: str = "tiny",
     repeats: int = 1,
     prompts_file: str | None = None,
+    draft_costs: dict[str, DraftCost] | None = None,
 ) -> list[dict]:
     """Measured points of the real engine on this machine: closed loop, or with
     `arrival_rate` requests/s arriving as a Poisson process (C then caps the active ones).
@@ -87,7 +88,7 @@ def serve_points(
     `cost_aware` is False (the ablation). The drafters are those shipped for `target_name`.
     With `repeats` > 1 the whole sweep runs that many times and the points are combined
     (`combine_repeats`). `prompts_file`: the requests come from that file's held-out prompts (40 per
-    domain at most) instead of the shipped ones."""
+    domain at most) instead of the shipped ones. `draft_costs` (by drafter name) replace the measured ones."""
     pool = [
         p
         for ps in offline.prompts_by_domain(
@@ -112,7 +113,9 @@ def serve_points(
                 else get_drafter(name, target, target_name=target_name)
             )
         cost = None  # measured once per policy (cached), before any engine resets the drafter
-        if cost_aware and policy_name in COST_AWARE and model_device(target).type == "cpu":
+        if cost_aware and policy_name in COST_AWARE and draft_costs is not None:
+            cost = draft_costs[name]
+        elif cost_aware and policy_name in COST_AWARE and model_device(target).type == "cpu":
             cost = engine_draft_cost(target, drafters[name], gamma)
         setups[policy_name] = (name, gamma, cost, get_calibration(name, target_name=target_name))
     points = []
