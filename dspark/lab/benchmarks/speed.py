@@ -119,6 +119,11 @@ def parse_training_settings(text: str) -> list[tuple[str, int, bool]]:
     return out
 
 
+def machine_name(device: torch.device) -> str:
+    """What a result file says measured it: this CPU's description, or the GPU's name."""
+    return cpu_description() if device.type == "cpu" else gpu.device_name(device)
+
+
 def bench_profile(args: argparse.Namespace) -> dict:
     """Measure (once, then cached under DSPARK_HOME) how many target passes per second this machine does at B
     batch tokens, and print it next to the H200 roofline models (smooth, and with CUDA-graph buckets). With
@@ -151,9 +156,7 @@ def bench_profile(args: argparse.Namespace) -> dict:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         plots.plot_profiles(shown, Path(args.out) / "sps_profiles.png", max_tokens=512)
         print(f"\nwrote {Path(args.out) / 'sps_profiles.png'}")
-    machine = (
-        cpu_description() if model_device(target).type == "cpu" else gpu.device_name(model_device(target))
-    )
+    machine = machine_name(model_device(target))
     return {"benchmark": "profile", "target": args.target_name, "machine": machine, "threads": torch.get_num_threads(),
             "draft_costs": costs,
             "profiles": [{"name": p.name, "steps_per_second": p.steps_per_second} for p in shown]}  # fmt: skip
@@ -175,7 +178,7 @@ def bench_serve(args: argparse.Namespace) -> dict:
                                  prompts_file=args.prompts)  # fmt: skip
     mode = f"Poisson arrivals at {args.poisson:g}/s" if args.poisson else "closed loop"
     device = model_device(target)
-    machine = cpu_description() if device.type == "cpu" else gpu.device_name(device)
+    machine = machine_name(device)
     where = f"this CPU ({machine}" if device.type == "cpu" else f"{machine} ("
     title = (f"measured on {where}, {mode}): {args.requests} requests of up "
              f"to {args.max_new_tokens} tokens, T = {args.temperature:g}")  # fmt: skip

@@ -285,7 +285,9 @@ def measured_profile_file(path: str | Path) -> tuple[ThroughputProfile, dict[str
     record = json.loads(Path(path).read_text(encoding="utf-8"))
     measured = record["profiles"][0]  # the others are the H200 models
     profile = ThroughputProfile(measured["steps_per_second"], measured["name"])
-    costs = {}
-    for name, fields in record.get("draft_costs", {}).items():
-        costs[name] = DraftCost(**{k: v for k, v in fields.items() if k != "gamma"})
+    costs = {name: draft_cost_of(fields) for name, fields in record.get("draft_costs", {}).items()}
+    if None in costs.values():
+        raise ValueError(
+            f"{path} holds drafting costs without their catch-up cost: run `bench profile` again"
+        )
     return profile, costs, record.get("machine", "an unnamed machine")

@@ -113,10 +113,11 @@ def serve_points(
                 else get_drafter(name, target, target_name=target_name)
             )
         cost = None  # measured once per policy (cached), before any engine resets the drafter
-        if cost_aware and policy_name in COST_AWARE and draft_costs is not None:
-            cost = draft_costs[name]
-        elif cost_aware and policy_name in COST_AWARE and model_device(target).type == "cpu":
-            cost = engine_draft_cost(target, drafters[name], gamma)
+        if cost_aware and policy_name in COST_AWARE:
+            if draft_costs is not None:
+                cost = draft_costs[name]
+            elif model_device(target).type == "cpu":
+                cost = engine_draft_cost(target, drafters[name], gamma)
         setups[policy_name] = (name, gamma, cost, get_calibration(name, target_name=target_name))
     points = []
     bar = tqdm(total=repeats * len(policies) * len(concurrencies) * requests, desc="serve", unit="req")
