@@ -6,7 +6,10 @@ k = 1..γ in order, with T_1..T_{k-1} fixed, grid-search
 
     c̃_k = σ(logit(c_k) / T_k − b_k)     minimising ECE(Π_{i<=k} c̃_i, event_k)     (b_k = 0 unless `shifts`)
 
-Monotone in c_k, so the ranking inside a position is unchanged. Runs offline: the metrics are Python numbers.
+With offsets (this project's addition to the paper) ECE has a useless minimum: T → ∞ and b at the base
+rate give every round the same survival, ECE ≈ 0, and nothing left to rank. So (T_k, b_k) minimise the
+log-loss instead, a proper score that a constant cannot win. Monotone in c_k, so the ranking inside a
+position is unchanged. Runs offline: the metrics are Python numbers.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import torch
 
 BINS = 15  # reliability bins
 TEMPERATURE_GRID = torch.logspace(-1.5, 1.5, 241, dtype=torch.float64)  # 0.03 .. 31.6
-SHIFT_GRID = torch.linspace(-1.0, 1.0, 41, dtype=torch.float64)  # logit offsets b, step 0.05
+SHIFT_GRID = torch.linspace(-2.0, 2.0, 81, dtype=torch.float64)  # logit offsets b, step 0.05
 TOLERANCE = 0.002  # ECE differences below this are noise when choosing a temperature
+LOG_LOSS_TOLERANCE = 0.0002  # the same for log-loss differences (nats per round), choosing (T, b)
 
 
 def ece_rows(pred: torch.Tensor, obs: torch.Tensor, bins: int = BINS) -> torch.Tensor:
@@ -31,6 +35,12 @@ def ece_rows(pred: torch.Tensor, obs: torch.Tensor, bins: int = BINS) -> torch.T
 def ece(pred: torch.Tensor, obs: torch.Tensor, bins: int = BINS) -> float:
     """Expected calibration error over equal-width bins of the prediction."""
     return float("nan") if pred.numel() == 0 else float(ece_rows(pred[None], obs, bins)[0])
+
+
+def log_loss_rows(pred: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+    """(S,) mean binary cross-entropy of each row of (S, n) predictions against (n,) events."""
+    p = pred.double().clamp(1e-12, 1 - 1e-12)
+    return -(obs * p.log() + (1 - obs) * (1 - p).log()).mean(-1)
 
 
 def auroc(score: torch.Tensor, label: torch.Tensor) -> float | None:
@@ -54,6 +64,7 @@ def fit_sts(
     offsets = SHIFT_GRID.to(device) if shifts else torch.zeros(1, dtype=torch.float64, device=device)
     sts = torch.zeros(2, gamma, dtype=torch.float64, device=device)  # rows: T_k, b_k
     sts[0] = 1.0
+    score, tolerance = (log_loss_rows, LOG_LOSS_TOLERANCE) if shifts else (ece_rows, TOLERANCE)  # see the top
     logit = torch.logit(conf.double().clamp(1e-12, 1 - 1e-12))
     prefix = torch.ones(conf.shape[0], dtype=torch.float64, device=device)  # Π_{i<k} c̃_i
     for k in range(gamma):
@@ -61,10 +72,10 @@ def fit_sts(
         if int(m.sum()) == 0:
             break
         z, before = logit[m, k], prefix[m]  # (n,)
-        errors = torch.stack([ece_rows(before * torch.sigmoid(z / t - offsets[:, None]), events[m, k])
+        errors = torch.stack([score(before * torch.sigmoid(z / t - offsets[:, None]), events[m, k])
                               for t in grid])  # (temperatures, offsets)  # fmt: skip
-        # ECE is flat and noisy: of the near-best (T, b), take the closest to (1, 0)
-        near = (errors <= errors.min() + TOLERANCE).nonzero()  # (n_near, 2) grid indices
+        # the score is flat and noisy: of the near-best (T, b), take the closest to (1, 0)
+        near = (errors <= errors.min() + tolerance).nonzero()  # (n_near, 2) grid indices
         change = grid[near[:, 0]].log().abs() + offsets[near[:, 1]].abs()
         i, j = near[change.argmin()]
         sts[0, k], sts[1, k] = grid[i], offsets[j]

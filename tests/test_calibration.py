@@ -16,6 +16,7 @@ from dspark.lab.calibration import position_metrics
 from dspark.lab.profiles import RooflineConfig, default_buckets, roofline_profile
 from dspark.profiler import measure_sps
 from dspark.requests import RoundStats
+from dspark.scheduler import prefix_survival
 
 
 def test_ece_hand_worked():
@@ -167,24 +168,37 @@ def test_selected_sts_keeps_what_helps_and_falls_back_to_one():
     assert temps.tolist() == [[1.0, 1.0], [0.0, 0.0]] and "does not lower held-out ECE" in reasons[0]
 
 
-def test_selected_sts_refuses_a_fix_that_breaks_a_later_position():
-    # position 1 over-confident, but the raw product at position 2 exactly right: scaling c_1 would fix
-    # position 1 and break position 2 (every later product contains c_1), so the selection keeps T = 1
-    g = torch.Generator().manual_seed(0)
-    n = 20_000
-    conf = torch.sigmoid(torch.randn(n, 2, generator=g) + 0.5).double()
-    c1_true = torch.sigmoid(torch.logit(conf[:, 0]) / 2.0)
-    c2_true = (conf[:, 0] * conf[:, 1] / c1_true).clamp(max=1.0)  # so that c1_true · c2_true = c_1 · c_2
-    first = torch.rand(n, generator=g).double() < c1_true
-    second = first & (torch.rand(n, generator=g).double() < c2_true)
-    accepted = [[int(a) + int(b)] for a, b in zip(first, second)]
-    conf_, events, mask = RoundStats.from_lists(
-        [[2]] * n, accepted, [[c] for c in conf.tolist()]
-    ).calibration_arrays()
+def rounds_right_after_position_1(n: int, later: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """Position 1 over-confident (true logit = raw / 2), yet every raw product c_1 ··· c_k for k >= 2 exactly
+    right: c_2 absorbs c_1's error, the `later` - 1 positions after it have c = 0.95, truly."""
+    g = torch.Generator().manual_seed(seed)
+    c1 = torch.sigmoid(torch.randn(n, generator=g).abs() + 0.5).double()  # > 0.62, so c1_true < c1
+    c1_true = torch.sigmoid(torch.logit(c1) / 2.0)
+    conf = torch.cat(
+        [c1[:, None], (c1_true * 0.95 / c1)[:, None], torch.full((n, later - 1), 0.95).double()], 1
+    )
+    truth = torch.cat([c1_true[:, None], torch.full((n, later), 0.95).double()], 1)  # P(accept k | 1..k-1)
+    accepted = (torch.rand(n, later + 1, generator=g).double() < truth).long().cumprod(1).sum(1)
+    return RoundStats.from_lists([[later + 1] * n], [accepted.tolist()], [conf.tolist()]).calibration_arrays()
+
+
+def test_selected_sts_weighs_a_fix_against_what_it_breaks_later():
+    # scaling c_1 fixes position 1 and breaks every later product (each contains c_1): with three later
+    # positions the loss outweighs the gain and the selection keeps T = 1; with one it does not
+    conf, events, mask = rounds_right_after_position_1(20_000, later=3, seed=0)
     for shifts in (False, True):
-        sts, reasons = lab_calibration.select_sts(conf_, events, mask, shifts=shifts)
-        assert (sts.flatten()[:2] == 1.0).all() and "raises it at 1 later position(s) (at 2:" in reasons[0]
-    assert calibration.fit_sts(conf_, events, mask)[0] > 1.5  # what the fit alone would have kept
+        sts, reasons = lab_calibration.select_sts(conf, events, mask, shifts=shifts)
+        assert (sts.flatten()[:1] == 1.0).all() and "raises it at 3 later position(s)" in reasons[0]
+        assert "by more in all" in reasons[0]
+    assert calibration.fit_sts(conf, events, mask)[0] > 1.5  # what the fit alone would have kept
+
+    conf, events, mask = rounds_right_after_position_1(20_000, later=1, seed=1)
+    sts, reasons = lab_calibration.select_sts(conf, events, mask, shifts=False)
+    assert sts[0] > 1.5 and reasons[0].startswith("T = 1.")  # kept
+    fresh = rounds_right_after_position_1(20_000, later=1, seed=2)
+    total = [sum(ece(a[:, k], fresh[1][:, k]) for k in range(2)) for a in
+             (prefix_survival(fresh[0]), prefix_survival(fresh[0], sts))]  # fmt: skip
+    assert total[1] < total[0]  # new rounds: less calibration error over both positions than as trained
 
 
 def test_sts_offsets_fix_what_no_temperature_can():

@@ -52,8 +52,9 @@ def select_sts(
     left to right, on the others: position k's (T_k, b_k) is kept only if at least `min_survivors`
     fitting rounds reached position k (their drafts 1..k-1 all accepted), the held-out ECE of the
     prefix survival at k, with what was already chosen before k, is lower with it than with the head
-    as trained (T = 1, b = 0), and the held-out ECE of none of the later positions (whose products it
-    also scales) is higher. Otherwise position k keeps T = 1, b = 0."""
+    as trained (T = 1, b = 0), and that gain is not lost at the later positions, whose products it also
+    scales: the held-out ECE summed over positions k..γ (later ones as trained) is lower too. Otherwise
+    position k keeps T = 1, b = 0."""
     rows = torch.arange(conf.shape[0], device=conf.device)
     fit_rows = rows % 2 == 0 if fit_rows is None else fit_rows
     check = ~fit_rows
@@ -77,14 +78,14 @@ def select_sts(
                 f"T = 1: {what} does not lower held-out ECE ({100 * after:.1f}% vs {100 * before:.1f}%)"
             )
             continue
-        # it also moves every later prefix product: none of them may get worse
+        # it also moves every later prefix product: what it gains at k must not be lost there
         later = [[ece(a[mask[check, j], j], events[check][mask[check, j], j]) for j in range(k + 1, conf.shape[1])]
                  for a in held_out]  # fmt: skip
         worse = [(j, old, new) for j, (old, new) in enumerate(zip(*later), start=k + 2) if new > old]
-        if worse:
+        if before + sum(later[0]) <= after + sum(later[1]):
             j, old, new = worse[0]
             reasons.append(f"T = 1: {what} lowers held-out ECE at {k + 1} but raises it at {len(worse)} later "
-                           f"position(s) (at {j}: {100 * new:.2f}% vs {100 * old:.2f}%)")  # fmt: skip
+                           f"position(s) (at {j}: {100 * new:.2f}% vs {100 * old:.2f}%) by more in all")  # fmt: skip
             continue
         chosen[:, k] = fitted[:, k]
         reasons.append(f"{what}: held-out ECE {100 * before:.1f}% -> {100 * after:.1f}%")
