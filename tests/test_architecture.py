@@ -42,6 +42,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "dspark.drafters.*",
             "dspark.lab.draft_vocab",
             "dspark.lab.prompt_lookup",
+            "dspark.lab.online_confidence",
             "dspark.lab.pretrained.*",
         ),
     ),
@@ -394,8 +395,9 @@ def test_the_core_imports_neither_lab_nor_course():
 
 # The core's size in lines and files of Python, within the goal of at most 3,500 lines in at most 25 files (issue
 # #60). Lower them as code leaves the core; raise them only for what the issue asks the core to hold (DSpark's heads
-# as classes took 41 lines; `Proposal` as a dataclass and `RoundStats` over round records 13), never past the goal.
-CORE_LINE_BUDGET = 3462
+# as classes took 41 lines; `Proposal` as a dataclass and `RoundStats` over round records 13; the log-loss that fits
+# STS's offsets, because ECE has a constant minimum with them, 11), never past the goal.
+CORE_LINE_BUDGET = 3473
 CORE_FILE_BUDGET = 25
 
 

@@ -217,6 +217,10 @@ CASES = [
     ("prompts-per-domain-0", "bench", ["offline", "--prompts-per-domain", "0"], {}, "--prompts-per-domain"),
     ("prompts-per-domain-81", "bench", ["depth", "--prompts-per-domain", "81"], {}, "--prompts-per-domain must be 1..80"),
     ("calibration-dflash", "bench", ["calibration", "--drafter", "dflash"], {}, "no trained confidence head"),
+    ("confidence-dflash", "bench", ["confidence", "--drafter", "dflash", "--prompts-per-domain", "1",
+     "--fit-prompts-per-domain", "1"], {}, "no trained confidence head"),
+    ("confidence-greedy", "bench", ["confidence", "--temperature", "0"], {}, "--temperature must be > 0"),
+    ("confidence-fit-41", "bench", ["confidence", "--fit-prompts-per-domain", "41"], {}, "--fit-prompts-per-domain"),
     ("kernels-gamma-0", "bench", ["kernels", "--gamma", "0"], {}, "--gamma"),
     # train
     ("target-heads-0", "train", ["target", "--heads", "0"], {}, "--heads"),

@@ -14,6 +14,7 @@
   threshold  static confidence-threshold sweep over fully verified rounds (Fig. 5)
   training   drafter training speed: live target pass vs feature cache, anchor density, bf16
   calibration  ECE/AUROC/Brier of the prefix survival before/after STS (Fig. 6)
+  confidence   the trained confidence head vs the drafter's own top probability
   appendix-a   the selection-bias counterexample through the real schedulers
   profile      SPS(B) measured here (cached) and modelled for an H200
   serve        throughput vs tokens/s per user of the real engine, per policy
@@ -46,6 +47,7 @@ from functools import partial
 
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.lab import cli, profiles, storage
+from dspark.lab.benchmarks.free import bench_confidence
 from dspark.lab.benchmarks.paper import (
     bench_appendix_a,
     bench_budget,
@@ -66,6 +68,7 @@ from dspark.lab.benchmarks.speed import (
     bench_training,
     parse_training_settings,
 )
+from dspark.lab.calibration import FIT_PROMPTS
 from dspark.lab.cli import UsageError, parse_float_list, parse_int_list, parse_name_list
 from dspark.lab.cli import add_option as option
 from dspark.lab.data.corpus import EVAL_PER_DOMAIN
@@ -217,6 +220,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_study_options(p, prompts_per_domain=40)
     option(p, "--samples", 4, "decodes of every held-out prompt (other random draws): more rounds, a lower ECE "
            "noise floor", low=1)  # fmt: skip
+    cli.add_prompts_file(p)
+
+    p = command(
+        "confidence", bench_confidence, "the trained confidence head vs the free online confidence (same STS)"
+    )
+    cli.add_drafter(p, names=tuple(PARALLEL_KINDS))
+    add_study_options(p, prompts_per_domain=40)
+    option(p, "--fit-prompts-per-domain", FIT_PROMPTS[1] - FIT_PROMPTS[0], f"prompts per domain, from number "
+           f"{FIT_PROMPTS[0]}, whose rounds fit both STS", low=1, high=FIT_PROMPTS[1] - FIT_PROMPTS[0])  # fmt: skip
+    p.add_argument("--profile", choices=profiles.PROFILE_NAMES, default="h200",
+                   help="SPS profile Algorithm 1 is replayed on (default: %(default)s; cpu: measured here, cached)")  # fmt: skip
+    p.add_argument("--concurrency", type=parse_int_list, default=[1, 4, 16, 64],
+                   help="comma-separated concurrencies of the replay (default: 1,4,16,64)")  # fmt: skip
+    option(p, "--requests", 256, "requests per replayed point", low=1)
     cli.add_prompts_file(p)
 
     p = command("appendix-a", bench_appendix_a, "the paper's selection-bias counterexample, measured")

@@ -276,3 +276,29 @@ def plot_training_speed(rows: list[dict], path: str | Path) -> None:
     ax.set_xlabel("supervised (anchor, draft position) pairs per second")
     ax.grid(axis="x", alpha=0.3)
     _save(fig, path)
+
+
+def plot_confidences(result: dict, path: str | Path, title: str) -> None:
+    """`bench confidence`: AUROC and ECE by position of the trained head and the online confidence (both after
+    STS), and Algorithm 1's simulated throughput with each, against verifying every draft and the oracle."""
+    fig, (auc, cal, serve) = _panels(3, 4.2, 3.4)
+    for name, style in (("head", "o-"), ("online", "s--")):
+        rows = result["confidences"][name]["positions"]
+        ks = [r["k"] for r in rows]
+        auc.plot(ks, [r["auroc"] for r in rows], style, label=name)
+        cal.plot(ks, [100 * r["ece_after"] for r in rows], style, label=f"{name} + STS")
+    cal.plot(ks, [100 * r["ece_noise_floor"] for r in result["confidences"]["head"]["positions"]], ":",
+             color="grey", label="noise floor")  # fmt: skip
+    auc.set(xlabel="position k", ylabel="AUROC of the survival a_k", title="ranking")
+    cal.set(xlabel="position k", ylabel="ECE (%)", title="calibration")
+    for name in ("fixed", "head", "online", "oracle"):
+        pts = sorted((r["concurrency"], r["throughput"]) for r in result["serve"] if r["confidence"] == name)
+        serve.plot(
+            [c for c, _ in pts], [t for _, t in pts], "o-", label="verify all" if name == "fixed" else name
+        )
+    serve.set(xscale="log", xlabel="concurrency", ylabel="simulated tokens/s", title="Algorithm 1")
+    for ax in (auc, cal, serve):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    _save(fig, path)
