@@ -171,8 +171,11 @@ def plot_threshold(rows: list[dict], path: str | Path) -> None:
     _save(fig, path)
 
 
-def plot_reliability(conf, events, mask, temperatures, path: str | Path, title: str = "") -> None:
-    """Reliability diagrams of the prefix survival per position, before and after STS."""
+def plot_reliability(
+    conf, events, mask, temperatures, path: str | Path, title: str = "", min_rounds: int = 20
+) -> None:
+    """Reliability diagrams of the prefix survival per position, before and after STS; a bin of fewer than
+    `min_rounds` rounds is not drawn (its observed frequency is mostly noise), the ECE counts every round."""
     plt = _pyplot()
     gamma = conf.shape[1]
     raw, cal = prefix_survival(conf), prefix_survival(conf, temperatures)
@@ -181,12 +184,12 @@ def plot_reliability(conf, events, mask, temperatures, path: str | Path, title: 
         m = mask[:, k]
         ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
         for label, s, style in (("raw", raw, "o-"), ("STS", cal, "s-")):
-            pts = reliability(s[m, k], events[m, k])
+            pts = [p for p in reliability(s[m, k], events[m, k]) if p[2] >= min_rounds]
             if pts:
                 ax.plot([p for p, _, _ in pts], [o for _, o, _ in pts], style, ms=3,
                         label=f"{label} ECE {100 * ece(s[m, k], events[m, k]):.1f}%")  # fmt: skip
         ax.set_title(f"position {k + 1}", fontsize=9)
-        ax.set_xlabel("predicted survival", fontsize=8)
+        ax.set_xlabel(f"predicted survival (bins ≥ {min_rounds} rounds)", fontsize=7)
         ax.legend(fontsize=6, loc="upper left")
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
