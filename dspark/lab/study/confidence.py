@@ -80,20 +80,18 @@ def compare(fit: dict[str, RoundStats], held: dict[str, RoundStats], profile: Th
             concurrencies: list[int], requests: int, gamma: int, seeds: int = 3) -> dict:  # fmt: skip
     """Calibrate `head` and `online` on `fit`, score them on `held`; replay `held` through Algorithm 1."""
     out: dict = {"confidences": {}}
-    survivals = {}
+    survivals, fitted = {}, {}
     for name in CONFIDENCES:
-        sts, reasons = select_sts(*fit[name].calibration_arrays())
-        conf, events, mask = held[name].calibration_arrays()
-        survivals[name] = prefix_survival(conf, sts)
-        out["confidences"][name] = {"sts": sts.tolist(), "reasons": reasons,
-                                    "positions": position_metrics(conf, events, mask, sts),
+        fitted[name], reasons = select_sts(*fit[name].calibration_arrays())
+        conf, events, mask = held[name].calibration_arrays()  # the same events and mask for both
+        survivals[name] = prefix_survival(conf, fitted[name])
+        out["confidences"][name] = {"sts": fitted[name].tolist(), "reasons": reasons,
+                                    "positions": position_metrics(conf, events, mask, fitted[name]),
                                     "mean_auroc": mean_auroc(survivals[name], events)}  # fmt: skip
     out["auroc_difference_95"] = auroc_difference_interval(survivals["head"], survivals["online"], events)
-    runs = [("fixed", held["head"], None, "fixed"), ("head", held["head"], out["confidences"]["head"]["sts"], "dspark"),
-            ("online", held["online"], out["confidences"]["online"]["sts"], "dspark"),
-            ("oracle", oracle(held["head"]), None, "dspark")]  # fmt: skip
+    runs = [("fixed", held["head"], None, "fixed"), ("head", held["head"], fitted["head"], "dspark"),
+            ("online", held["online"], fitted["online"], "dspark"), ("oracle", oracle(held["head"]), None, "dspark")]  # fmt: skip
     out["serve"] = [{"confidence": name, "concurrency": c,
-                     **replay(rounds, None if sts is None else torch.tensor(sts), policy, profile, c, gamma,
-                              requests, seeds)}
+                     **replay(rounds, sts, policy, profile, c, gamma, requests, seeds)}
                     for name, rounds, sts, policy in runs for c in concurrencies]  # fmt: skip
     return out
