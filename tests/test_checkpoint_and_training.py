@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ from conftest import TINY
 
 from dspark.checkpoint import CheckpointError, load_target
 from dspark.lab.data.corpus import DOMAINS
-from dspark.lab.storage import save_checkpoint
+from dspark.lab.storage import plain_file_mode, save_checkpoint
 from dspark.lab.training.target import TrainConfig, domain_counts, lr_at, train_target
 from dspark.model import Transformer
 
@@ -44,6 +46,38 @@ def test_checkpoint_errors(tmp_path, tiny_model):
     path.with_suffix(".json").write_text("{")
     with pytest.raises(CheckpointError, match="corrupt"):
         load_target(path)
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.parametrize("umask", [None, 0o027])  # None: the umask the tests run under
+def test_checkpoint_and_json_get_a_plain_files_mode(tmp_path, tiny_model, umask):
+    """safetensors writes its file 0o600; the checkpoint gets what its JSON twin and `open()` give (issue #69)."""
+    old = os.umask(umask) if umask is not None else None
+    try:
+        path = tmp_path / "m.safetensors"
+        save_checkpoint(tiny_model, TINY, path)
+        opened = tmp_path / "opened"  # the mode a file made by open() gets: 0o666 less the umask
+        opened.write_text("")
+        want = mode(opened)
+        opened.unlink()
+        assert mode(path) == mode(path.with_suffix(".json")) == plain_file_mode() == want
+        assert umask is None or want == 0o640
+    finally:
+        if old is not None:
+            os.umask(old)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "m.safetensors"]  # no temporary left
+
+
+def test_a_rewritten_checkpoint_keeps_its_files_modes(tmp_path, tiny_model):
+    path = tmp_path / "m.safetensors"
+    save_checkpoint(tiny_model, TINY, path)
+    path.chmod(0o604)
+    path.with_suffix(".json").chmod(0o604)
+    save_checkpoint(tiny_model, TINY, path)
+    assert mode(path) == mode(path.with_suffix(".json")) == 0o604
 
 
 def test_lr_schedule_and_domain_split():

@@ -1,5 +1,6 @@
-"""Prompts files are read as their format says (issue #59): a byte-order mark is dropped, lines end at "\\n" only,
-a record without a split counts as eval, and a file that cannot be read is one line naming the line."""
+"""Prompts files are read as their format says (issue #59): a byte-order mark is dropped, lines end at "\\n" (or at
+"\\r" in an old-Mac file with no "\\n", issue #69), a record without a split counts as eval, and a file that
+cannot be read is one line naming the line."""
 
 import json
 
@@ -65,3 +66,25 @@ def test_an_empty_prompts_path_is_named_empty_not_a_folder():
         read_prompts("")
     with pytest.raises(Exception, match="empty path"):
         prompts_source("")
+
+
+@pytest.mark.parametrize("end", ["\r", "\r\n", "\n"])
+def test_old_mac_cr_line_ends_split_like_the_others(tmp_path, end):
+    """A file saved with CR-only line ends (classic Mac OS) is one prompt per line, as LF and CRLF files are."""
+    text = tmp_path / "p.txt"
+    text.write_text(end.join(["first", "second", "", "third"]) + end, encoding="utf-8", newline="")
+    assert [(r.prompt, r.line) for r in read_prompts(text)] == [("first", 1), ("second", 2), ("third", 4)]
+    rows = [{"prompt": "sum a list", "domain": "code"}, {"prompt": "what is 2 + 3?", "domain": "math"}]
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text(end.join(json.dumps(r) for r in rows) + end, encoding="utf-8-sig", newline="")
+    assert [(r.prompt, r.domain, r.line) for r in read_prompts(jsonl)] == [
+        ("sum a list", "code", 1),
+        ("what is 2 + 3?", "math", 2),
+    ]
+
+
+def test_bytes_that_are_not_utf8_name_their_line_in_a_cr_only_file(tmp_path):
+    path = tmp_path / "mac.txt"
+    path.write_bytes("fine\rstill fine\rcaf\xe9\r".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"mac.txt line 3: not UTF-8 text"):
+        read_prompts(path)

@@ -54,6 +54,14 @@ def keep_mode(old: Path, new: Path) -> None:
         pass
 
 
+def plain_file_mode() -> int:
+    """The permission bits `open()` gives a new file: 0o666 less the process's umask (0o644 under the usual
+    0o022). A file made by a library through a private temporary (safetensors: 0o600) is set to this."""
+    umask = os.umask(0)  # reading the umask means setting it: put it straight back
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 class CacheError(ValueError):
     """A cache file under DSPARK_HOME that cannot be read; the message names it and the way out."""
 
@@ -143,7 +151,7 @@ def save_checkpoint(
 ) -> None:
     """Write `path` (.safetensors) and its `.json` twin. Tied weights are stored once. A symlinked `path` stays
     a link: the weights replace its target, the twin goes beside the name given (where `read_checkpoint(path)`
-    looks for it)."""
+    looks for it). Both get the mode of the file they replace, or a new file's (`plain_file_mode`)."""
     path = Path(path)
     weights = resolved(path)
     weights.parent.mkdir(parents=True, exist_ok=True)
@@ -158,6 +166,9 @@ def save_checkpoint(
         ).contiguous()  # ids stay ints
     tmp = weights.with_suffix(".tmp")
     save_file(tensors, str(tmp))
+    # safetensors writes 0o600; the weights get what their JSON twin gets (a new file's mode, or the old one's)
+    os.chmod(tmp, plain_file_mode())
+    keep_mode(weights, tmp)
     tmp.replace(weights)  # atomic: a crash never leaves half a checkpoint
     record = {"config": config.to_dict(), "meta": meta or {}}
     write_text_atomic(config_path(path), json.dumps(record, indent=2) + "\n")

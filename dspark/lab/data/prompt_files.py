@@ -8,10 +8,11 @@ Two formats, told apart by the first non-blank line:
   as eval; `train responses` answers train and val, the benchmarks and `generate` read eval);
 * plain text: one prompt per line (blank lines skipped), domain "prompts".
 
-Lines end at "\n" (or "\r\n") only: a form feed, U+0085 or U+2028 inside a prompt is part of it, as in JSON
-text. A UTF-8 byte-order mark at the start is dropped. A gzipped file (`.gz`) reads like the file itself. Every
-problem is one line naming the file and the line (numbered from 1): a missing file, an empty one, bad JSON, a
-record without a text prompt.
+Lines end at "\n" (or "\r\n"): a form feed, U+0085, U+2028 or a lone "\r" inside a prompt is part of it, as in
+JSON text. A file with a "\r" and no "\n" at all has old-Mac line ends, and its lines end at "\r" (text and JSON
+lines alike: a JSON string cannot hold a raw "\r"). A UTF-8 byte-order mark at the start is dropped. A gzipped
+file (`.gz`) reads like the file itself. Every problem is one line naming the file and the line (numbered from
+1): a missing file, an empty one, bad JSON, a record without a text prompt.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class PromptRecord:
 
 
 def _lines(path: Path) -> list[str]:
-    """The file's lines, split at "\n" only (a "\r" before it dropped), without a leading byte-order mark."""
+    """The file's lines, split at "\n" (a "\r" before it dropped), or at "\r" in a file without any "\n"
+    (old-Mac line ends), without a leading byte-order mark."""
     try:
         if path.suffix == ".gz":
             with gzip.open(path) as f:
@@ -47,11 +49,15 @@ def _lines(path: Path) -> list[str]:
         if isinstance(exc, FileNotFoundError | IsADirectoryError | PermissionError):
             raise
         raise ValueError(f"{path}: not a readable text file ({exc})") from None
+    # old-Mac files end their lines at CR alone: nothing else in them is a line end
+    end = b"\r" if b"\r" in raw and b"\n" not in raw else b"\n"
     try:
         text = raw.decode("utf-8-sig")  # -sig: a BOM some editors write is not part of the first line
     except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
+        line = raw[: exc.start].count(end) + 1
         raise ValueError(f"{path} line {line}: not UTF-8 text (byte {raw[exc.start]:#04x})") from None
+    if end == b"\r":
+        return text.split("\r")
     return [line.removesuffix("\r") for line in text.split("\n")]
 
 
