@@ -8,6 +8,9 @@ from pathlib import Path
 # Triton kernels run on CPU only in the interpreter, which is chosen when a kernel module is
 # imported: set it before anything imports `kernels.*` (tests/test_kernel_*.py).
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# `generate` without --model runs SmolLM2; the tests (and the processes they start) name the tiny target
+# this way instead, and the tests of that default unset it
+os.environ["DSPARK_MODEL"] = "tiny"
 
 import pytest  # noqa: E402
 import torch
@@ -27,6 +30,15 @@ TINY = ModelConfig(
     max_seq_len=64,
     tap_layers=(0, 1),
 )
+
+
+@pytest.fixture(autouse=True)
+def quiet_enough(monkeypatch):
+    """Every measurement counts as taken on a quiet machine (a test's cache must not depend on the load of the
+    machine running the suite); the tests of the busy-machine rule set BUSY_SPREAD themselves."""
+    from dspark.lab import profiles
+
+    monkeypatch.setattr(profiles, "BUSY_SPREAD", float("inf"))
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # names exactly (or a longer "pkg.*" holds): dspark.course.command is a command, not part of "dspark.course.*".
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("device", ("dspark.device", "dspark.lab.machine")),
-    ("tokenizer", ("dspark.tokenizer",)),
+    ("tokenizer", ("dspark.tokenizer", "dspark.lab.text")),
     (
         "target and plain decoding",
         (

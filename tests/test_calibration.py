@@ -16,7 +16,7 @@ from dspark.lab.calibration import position_metrics
 from dspark.lab.profiles import RooflineConfig, default_buckets, roofline_profile
 from dspark.profiler import measure_sps
 from dspark.requests import RoundStats
-from dspark.scheduler import prefix_survival
+from dspark.scheduler import ThroughputProfile, prefix_survival
 
 
 def test_ece_hand_worked():
@@ -115,6 +115,39 @@ def test_profile_sizes_are_interleaved_round_by_round(tiny_model, monkeypatch):
     monkeypatch.setattr(tiny_model, "forward_cached", recording)
     measure_sps(tiny_model, [1, 3, 8], requests=4, context=8, repeats=2)
     assert sizes[1:] == [1, 3, 8] * 3  # (the first pass fills the context)
+
+
+def test_a_profile_measured_on_a_busy_machine_serves_the_run_but_is_not_cached(
+    tiny_model, tmp_path, monkeypatch, capsys
+):
+    """The sweeps of one size disagree by more than BUSY_SPREAD (a busy machine): the profile (their medians)
+    is used, one line says so, and nothing is cached; sweeps that agree are cached. Only the sizes asked for
+    are measured, and a cached profile that stops short of a later run's needs is measured again to them."""
+    sweeps, seen = iter([1.0, 1.9, 1.0, 1.0, 1.05, 1.0, 1.0, 1.02, 0.98, 1.0, 1.0, 1.0]), []
+
+    def sweep(
+        target, points, requests, context, repeats
+    ):  # one sweep: every size `factor` times 1 ms a token
+        factor = next(sweeps)
+        seen.append(list(points))
+        return ThroughputProfile.from_points(points, [factor * 1e-3 * b for b in points], max(points))
+
+    monkeypatch.setattr(profiles, "measure_sps", sweep)
+    monkeypatch.setattr(profiles, "BUSY_SPREAD", 0.25)
+    path = tmp_path / "cpu.json"
+    busy = profiles.cpu_profile(tiny_model, path=path, max_tokens=8)
+    assert (
+        not path.exists()
+        and "was busy while measuring target passes (repeats differ by 90%)" in capsys.readouterr().err
+    )
+    assert busy.sps(8) == pytest.approx(1 / 8e-3) and seen[0] == [1, 2, 4, 8]  # the medians, sizes 1..8
+    quiet = profiles.cpu_profile(tiny_model, path=path, max_tokens=8)
+    assert path.exists() and "busy" not in capsys.readouterr().err and quiet.max_tokens == 8
+    assert (
+        profiles.cpu_profile(tiny_model, path=path, max_tokens=4).steps_per_second == quiet.steps_per_second
+    )
+    assert profiles.cpu_profile(tiny_model, path=path, max_tokens=12).max_tokens == 12  # measured again
+    assert seen[-1] == [1, 2, 4, 8, 12] and len(seen) == 9
 
 
 def test_roofline_smooth_vs_bucketed():

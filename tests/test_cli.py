@@ -449,13 +449,16 @@ def test_bench_appendix_a_json(tmp_path, capsys):
 
 @pytest.mark.skipif(not TARGET_CHECKPOINT.is_file(), reason="no shipped target checkpoint yet")
 def test_readme_command_on_the_shipped_model():
-    """What the README's first command runs, as a real subprocess (fresh interpreter)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "dspark.generate", "--max-new-tokens", "24", "--json"],
-                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)  # fmt: skip
+    """What the README's first command runs, as a real subprocess (fresh interpreter): the demo on SmolLM2
+    (fetched by `.ci/run`), the paper's scheduler, compared with plain decoding -- the same text."""
+    env = {k: v for k, v in os.environ.items() if k != "DSPARK_MODEL"} | {"PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "dspark.generate", "--max-new-tokens", "8", "--json"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     record = json.loads(proc.stdout)
     assert len(record["text"]) == 3 and all(n > 0 for n in record["new_tokens"])
+    assert record["policy"] == "dspark" and record["same_text_as_plain"] is True
+    assert record["prompts"][0] == generate_command.EVERYDAY_DEMO["code"]  # a real model's demo
     bad = subprocess.run([sys.executable, "-m", "dspark.generate", "", "--json"],
                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)  # fmt: skip
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and bad.stdout == ""
@@ -514,7 +517,7 @@ def test_bench_offline_tau_only_measures_what_the_timed_run_does(
               "--temperatures", "0", "--prompts-per-domain", "2", "--max-new-tokens", "6",
               "--checkpoint", str(small_checkpoint)]  # fmt: skip
     records = []
-    for extra in ([], ["--tau-only", "--batch-size", "1"]):
+    for extra in (["--policy", "fixed"], ["--tau-only", "--batch-size", "1"]):  # both verify every draft
         out = tmp_path / f"o{len(extra)}.json"
         assert run_main(bench.main, [*common, *extra, "--json", str(out)]) == 0
         assert "| 0 | d / e |" in capsys.readouterr().out
@@ -529,7 +532,7 @@ def test_bench_offline_tau_only_measures_what_the_timed_run_does(
     assert records[0]["prompts"] == "shipped held-out" and records[0]["prompts_per_domain"] == 2
     assert records[0]["max_new_tokens"] == 6 and records[0]["machine"]
     # `bench ratios` pairs the two runs' JSON over prompts: at T = 0 each drafter's τ is the same in both
-    both = [str(tmp_path / "o0.json"), str(tmp_path / "o3.json")]
+    both = [str(tmp_path / "o2.json"), str(tmp_path / "o3.json")]
     assert (
         run_main(bench.main, ["ratios", *both, "--drafters", "d,d@2,e", "--json", str(tmp_path / "r.json")])
         == 0

@@ -24,6 +24,7 @@ from dspark.lab.cost_aware.draft_cost import (
 )
 from dspark.lab.cost_aware.engine import CostAwareEngine, PartialProposal
 from dspark.lab.cost_aware.scheduler import (
+    PROBE_STEPS,
     CostAwareScheduler,
     draft_plan,
     drafting_can_pay,
@@ -32,6 +33,7 @@ from dspark.lab.cost_aware.scheduler import (
     forecast_survivals,
     step_rate,
     with_drafting,
+    with_probes,
 )
 from dspark.lab.profiles import RooflineConfig
 from dspark.sampling import SamplingParams
@@ -249,7 +251,7 @@ def test_a_reused_decision_equals_a_fresh_one(monkeypatch):
         who, width = draft_plan(
             history, idle, 7, CPU_LIKE, cost, None, sched.realism, list(sched.first_rounds)
         )
-        assert mask == (who.long() * width).tolist(), step
+        assert mask == with_probes((who.long() * width).tolist(), idle, 7, cost.width_matters), step
         for r, drafts in enumerate(mask):
             if drafts:  # a new list, as the engine makes it
                 level = 0.99 if (step // 20 + r) % 3 else 0.3
@@ -263,6 +265,33 @@ def test_a_reused_decision_equals_a_fresh_one(monkeypatch):
             sched.accepted_total += float(torch.rand(1, generator=g)) * 3
             sched.predicted_total += 1.0
     assert 50 < len(computed) < 200  # reused (the lone idle request), recomputed (fades, new rounds)
+
+
+@pytest.mark.parametrize("width_matters", [False, True])
+def test_a_lone_request_that_stopped_drafting_looks_again_and_resumes(width_matters):
+    """Batch 1 has no other request to fade toward: after PROBE_STEPS idle steps the request drafts one
+    narrow round (a probe); a probe that shows the text got easy brings drafting back for good, one that
+    shows it still does not pay leaves it idle until the next probe."""
+    one = [0.0012] if width_matters else None
+    cost = DraftCost([0.0025], "about a target pass", 0.0, one, 7 if width_matters else 0)
+    sched = CostAwareScheduler(make_policy("dspark"), CPU_LIKE, None, cost)
+    history, idle = [[[0.2] * 7] * 4], [0]  # its last rounds: nothing would survive
+    widths = []
+    for step in range(8 * (PROBE_STEPS + 1)):
+        (w,) = sched.speculate(history, idle, 7)
+        widths.append(w)
+        if w:
+            level = 0.2 if step < 2 * (PROBE_STEPS + 1) else 0.98  # the text gets easy after two probes
+            history, idle = [[*history[0], [level] * w][-4:]], [0]
+        else:
+            idle = [idle[0] + 1]
+    probe = 2 if width_matters else 7
+    # idle, one probe, idle, a second probe (both hard); then probes of easy text, until the forecast that
+    # made it stop is outweighed (a few probes: it mixes a request's last four rounds): then every step drafts
+    assert widths[: 3 * (PROBE_STEPS + 1)] == ([0] * PROBE_STEPS + [probe]) * 3
+    resumed = next(i for i in range(len(widths)) if all(widths[i:]))
+    assert resumed <= 6 * (PROBE_STEPS + 1) and len(widths) - resumed > 2 * PROBE_STEPS
+    assert with_probes([0, 3, 0], [PROBE_STEPS, 0, PROBE_STEPS - 1], 7, True) == [3, 3, 0]
 
 
 def test_the_forecast_parts_are_kept_while_only_idle_steps_change(monkeypatch):
@@ -385,7 +414,9 @@ def test_engine_measured_cost_is_cached_beside_the_propose_table(tiny_model, tmp
     calls = []
     real = step_cost.measure_engine_draft_cost
     monkeypatch.setattr(
-        step_cost, "measure_engine_draft_cost", lambda *a: calls.append(1) or real(*a, [1, 2])
+        step_cost,
+        "measure_engine_draft_cost",
+        lambda t, d, g, *rest: calls.append(1) or real(t, d, g, [1, 2]),
     )
     drafter = make(tiny_model, "dspark", gamma=4)
     first = step_cost.engine_draft_cost(tiny_model, drafter, 4)
@@ -414,7 +445,7 @@ def test_engine_measured_cost_pairs_and_interleaves_its_runs(tiny_model, monkeyp
         return fake[calls[-1]][calls.count(calls[-1]) - 1]
 
     monkeypatch.setattr(step_cost, "seconds_per_step", seconds)
-    monkeypatch.setattr(step_cost, "cpu_draft_cost", lambda *a: DraftCost([0.0], "", 0.25))
+    monkeypatch.setattr(step_cost, "cpu_draft_cost", lambda *a, **k: DraftCost([0.0], "", 0.25))
     cost = step_cost.measure_engine_draft_cost(tiny_model, make(tiny_model, "dspark", gamma=4), 4, [1, 2])
     assert calls == [(1, None), (1, 4), (1, 1), (2, None), (2, 4), (2, 1)] * 3
     # γ = 4: n = 1: 1, 5, 1 -> 1; n = 2: 0.5, 1, 3 -> 1.  one position: 0.5, 0.5, 0 -> 0.5; 0.5, 0.2, 0.4 -> 0.4,

@@ -20,8 +20,8 @@ PINNED = json.loads((Path(__file__).parent / "data" / "demo_greedy.json").read_t
 
 @pytest.mark.parametrize(
     "args",
-    [["--drafter", "none"], ["--drafter", "dspark"], ["--drafter", "dspark", "--policy", "dspark"]],
-    ids=["none", "dspark", "dspark-policy-dspark"],
+    [["--drafter", "none"], ["--drafter", "dspark"], ["--drafter", "dspark", "--policy", "fixed"]],
+    ids=["none", "dspark-default-policy", "dspark-policy-fixed"],
 )
 def test_greedy_demo_output_is_pinned(args, capsys):
     generate.main(["--json", *args])

@@ -53,6 +53,9 @@ def test_an_unwritable_cache_costs_the_cache_not_the_answer(tmp_path, monkeypatc
     blocker.write_text("not a folder")
     monkeypatch.setenv("DSPARK_HOME", str(blocker / "home"))
     monkeypatch.setattr(storage, "_unsaved", set(), raising=False)
+    monkeypatch.setattr(
+        profiles, "BUSY_SPREAD", float("inf")
+    )  # (a busy machine would keep it unsaved anyway)
     first = profiles.cpu_profile(tiny_model)
     second = profiles.cpu_profile(tiny_model)  # measured again: nothing was saved
     assert first.steps_per_second and second.steps_per_second
@@ -65,7 +68,7 @@ def test_an_unwritable_cache_costs_the_cache_not_the_answer(tmp_path, monkeypatc
     "argv, says",
     [(["hi", "--threshold", "0.7"], "--policy threshold"),
      (["hi", "--policy", "dspark", "--threshold", "0.7"], "--policy dspark ignores it"),
-     (["hi", "--ignore-draft-cost"], "--policy fixed never weighs"),
+     (["hi", "--policy", "fixed", "--ignore-draft-cost"], "--policy fixed never weighs"),
      (["hi", "--policy", "threshold", "--ignore-draft-cost"], "--policy threshold never weighs")],
 )  # fmt: skip
 def test_an_option_that_does_nothing_is_refused(argv, says, capsys):

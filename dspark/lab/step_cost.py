@@ -26,6 +26,7 @@ measure SPS (dspark/profiler.py).
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 
 import torch
 
@@ -43,8 +44,9 @@ from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduler import Scheduler, ThroughputProfile, make_policy
 
-STEPS = 12  # engine steps per timed run
-REPEATS = 5  # interleaved rounds of paired runs per point (the median difference counts)
+STEPS = 6  # engine steps per timed run
+REPEATS = 3  # interleaved rounds of paired runs per point (the median difference counts)
+PROMPT_TOKENS = 32  # each dummy request's prompt (at most a quarter of the target's context)
 
 
 class DraftButVerifyNothing(Scheduler):
@@ -79,46 +81,77 @@ def seconds_per_step(
     return (result.seconds - result.prefill_seconds) / max(1, result.steps)
 
 
+def draft_points(requests: int | None) -> list[int]:
+    """The drafting-request counts measured to cover `requests` (None: every DRAFT_POINTS count)."""
+    if requests is None:
+        return list(DRAFT_POINTS)
+    return sorted({n for n in DRAFT_POINTS if n < requests} | {max(1, requests)})
+
+
 @torch.no_grad()
 def measure_engine_draft_cost(
-    target: Transformer, drafter: Drafter, gamma: int, points: list[int] = DRAFT_POINTS
+    target: Transformer,
+    drafter: Drafter,
+    gamma: int,
+    points: list[int] = DRAFT_POINTS,
+    tick: Callable[[str, int, int], None] | None = None,
 ) -> DraftCost:
     """T_draft(n) at each n of `points`: an engine step in which n requests draft (and verify nothing) minus
     one in which none does, paired and interleaved (each round runs every n, plain then drafting a block of
     γ and of one position, so a spell of a busy machine hits both sides of a difference), the median over
-    `REPEATS` rounds; the catch-up cost per token from `cpu_draft_cost`."""
-    prompt_len = min(64, target.config.max_seq_len // 4)
+    `REPEATS` rounds; the catch-up cost per token from `cpu_draft_cost`. Its `spread` is the median over n of the
+    relative spread of the plain steps' repeats (a busy machine); `tick(stage, done, total)` before the first round and
+    after each."""
+    prompt_len = min(PROMPT_TOKENS, target.config.max_seq_len // 4)
     widths = [gamma, 1] if gamma >= 2 else [gamma]  # the full block, and one position (cost(n, w) between)
     differences: dict[tuple[int, int], list[float]] = {(n, w): [] for n in points for w in widths}
-    for _ in range(REPEATS):
-        for n in points:
+    plain_steps: dict[int, list[float]] = {n: [] for n in points}
+    stage = f"{drafter.name} drafting {' and '.join(map(str, widths))} positions"
+    for done in range(REPEATS + 1):
+        if tick is not None:
+            tick(stage, done, REPEATS)
+        for n in points if done < REPEATS else []:
             plain = seconds_per_step(target, drafter, gamma, n, False, prompt_len)
+            plain_steps[n].append(plain)
             for w in widths:
                 drafting = seconds_per_step(target, drafter, w, n, True, prompt_len)
                 differences[n, w].append(drafting - plain)
     extra = {w: [max(0.0, statistics.median(differences[n, w])) for n in points] for w in widths}
-    per_token = cpu_draft_cost(target, drafter, gamma).seconds_per_token
+    per_token = cpu_draft_cost(target, drafter, gamma, points=points).seconds_per_token
     name = f"engine-measured {drafter.name} γ={gamma} ({torch.get_num_threads()} threads)"
     one_position = extra[1] if gamma >= 2 else None
-    return DraftCost.from_points(points, extra[gamma], max(points), name, per_token, one_position, gamma)
+    cost = DraftCost.from_points(points, extra[gamma], max(points), name, per_token, one_position, gamma)
+    cost.spread = statistics.median(max(t) / min(t) - 1 for t in plain_steps.values())
+    return cost
 
 
-def engine_draft_cost(target: Transformer, drafter: Drafter, gamma: int, refresh: bool = False) -> DraftCost:
+def engine_draft_cost(
+    target: Transformer,
+    drafter: Drafter,
+    gamma: int,
+    refresh: bool = False,
+    requests: int | None = None,
+    tick: Callable[[str, int, int], None] | None = None,
+) -> DraftCost:
     """The drafting cost as the engine pays it (`measure_engine_draft_cost`), measured once and cached;
-    `refresh` measures it again, and the `propose` table it draws on too."""
+    `refresh` measures it again, and the `propose` table it draws on too. `requests`: the most drafting
+    requests the caller needs measured (a cached table that stops short is measured again; None: any cached
+    one, else every DRAFT_POINTS count)."""
     if drafter.max_gamma == 0 or gamma == 0:
         return DraftCost.free()
+    points = draft_points(requests)
 
     def measure() -> DraftCost:
         if refresh:  # the `propose` table this cost reads inside: a refresh that kept it could not mend it
-            cpu_draft_cost(target, drafter, gamma, refresh=True)
-        return measure_engine_draft_cost(target, drafter, gamma)
+            cpu_draft_cost(target, drafter, gamma, refresh=True, points=points)
+        return measure_engine_draft_cost(target, drafter, gamma, points, tick)
 
-    return cached_draft_cost(engine_draft_cost_key(target, drafter, gamma), measure, refresh)
+    key = engine_draft_cost_key(target, drafter, gamma)
+    return cached_draft_cost(key, measure, refresh, requests or 1, "drafting")
 
 
 def engine_draft_cost_key(target: Transformer, drafter: Drafter, gamma: int) -> dict:
     """The cache key of `engine_draft_cost`: the `propose` table's, plus how the engine's cost was measured."""
     return draft_cost_key(target, drafter, gamma) | {
-        "method": "engine step, paired, interleaved, isotonic, widths 1 and γ"
+        "method": f"engine step, paired, interleaved, isotonic, widths 1 and γ, {STEPS} steps x {REPEATS}"
     }

@@ -37,6 +37,7 @@ def bench_offline(args: argparse.Namespace) -> dict:
     the drafters run `generate --policy`'s scheduler, so the speed-up is that of `python -m dspark.generate
     --drafter NAME --policy P` against `--drafter none`.
     """
+    args.policy = args.policy or ("fixed" if args.tau_only else "dspark")  # generate's default where timed
     tokenizer, target = load_model(args)
     by_domain = study_prompts(args, tokenizer, target)  # a bad --prompts file fails before the drafters load
     counts = {domain: len(prompts) for domain, prompts in by_domain.items()}  # a file may hold fewer
@@ -51,11 +52,11 @@ def bench_offline(args: argparse.Namespace) -> dict:
         """The scheduler `generate --policy` builds (fresh per request: it learns from its rounds)."""
         temperatures = get_calibration(name, checkpoints[name], args.target_name, drafter.max_gamma)
         return gpu.measured_scheduler(policies[name], drafter, target, gammas[name], temperatures,
-                                      cost_aware=not args.ignore_draft_cost)  # fmt: skip
+                                      cost_aware=not args.ignore_draft_cost, requests=1)  # fmt: skip
 
     if args.tau_only:
         if args.policy != "fixed":
-            raise UsageError("--tau-only verifies every draft: use it with --policy fixed (the default)")
+            raise UsageError("--tau-only verifies every draft: use it with --policy fixed (its default)")
         rows = offline.run_tau(target, drafters, by_domain, args.temperatures, gammas, args.max_new_tokens,
                                tokenizer.eos_id, args.batch_size)  # fmt: skip
     else:

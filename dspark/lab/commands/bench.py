@@ -1,6 +1,8 @@
 """`python -m dspark.bench`: benchmarks that print tables (and JSON on request).
 
   ar         plain autoregressive decoding speed of the target at several batch sizes
+  policies   batch 1: the default scheduler against plain decoding and every fixed
+             verify length, per domain, with its decisions
   offline    speculative decoding per drafter, domain and temperature: tau,
              position-wise acceptance, single-stream tokens/s and speed-up over
              no drafter (paper Table 1 and Fig. 2 analogues), and every macro-tau
@@ -58,6 +60,7 @@ from dspark.lab.benchmarks.paper import (
     bench_ratios,
     bench_threshold,
 )
+from dspark.lab.benchmarks.policies import bench_policies
 from dspark.lab.benchmarks.speed import (
     bench_ar,
     bench_gpu,
@@ -147,10 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated shipped drafter names or LABEL=CHECKPOINT (default: mtp,eagle)")  # fmt: skip
     p.add_argument("--temperatures", type=parse_float_list, default=[1.0],
                    help="comma-separated sampling temperatures (default: 1)")  # fmt: skip
-    p.add_argument("--policy", choices=POLICY_NAMES, default="fixed",
+    p.add_argument("--policy", choices=POLICY_NAMES, default=None,
                    help="verify-length policy, built as `generate --policy` builds it (drafters without a "
-                   "confidence head verify every draft under a policy that ranks by confidences) "
-                   "(default: %(default)s = verify every draft)")  # fmt: skip
+                   "confidence head verify every draft under a policy that ranks by confidences) (default: "
+                   "dspark, generate's default: the paper's scheduler on this machine's costs; with --tau-only "
+                   "fixed = verify every draft)")  # fmt: skip
     cli.add_draft_cost(p)
     p.add_argument("--tau-only", action="store_true",
                    help="measure tau and acceptance only: no plain decoding and no clock, --batch-size prompts "
@@ -158,6 +162,20 @@ def build_parser() -> argparse.ArgumentParser:
     option(p, "--batch-size", 16, "prompts decoded together with --tau-only", low=1)
     cli.add_gamma(p)
     add_study_options(p, prompts_per_domain=8, temperature=False)
+    cli.add_prompts_file(p)
+
+    p = command(
+        "policies", bench_policies, "batch 1: the default scheduler vs plain and every fixed verify length"
+    )
+    p.add_argument("--baselines", type=parse_name_list, default=[],
+                   help="comma-separated shipped drafters run beside it, each verifying its whole block (e.g. mtp; "
+                   "default: none)")  # fmt: skip
+    p.add_argument("--lengths", type=parse_int_list, default=None,
+                   help="comma-separated fixed verify lengths to run (default: every one, 1..gamma)")  # fmt: skip
+    cli.add_drafter(
+        p, ("dspark", "dspark-rnn"), help="the drafter whose scheduler is measured", checkpoint=False
+    )
+    add_study_options(p, prompts_per_domain=4, temperature=False)
     cli.add_prompts_file(p)
 
     p = command("ratios", bench_ratios, "macro-tau ratios across the JSON of several offline runs")

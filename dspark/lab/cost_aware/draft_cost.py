@@ -38,15 +38,15 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from dspark.drafters.base import Drafter, TargetFeatures
-from dspark.lab import storage
+from dspark.lab import profiles, storage
 from dspark.lab.machine import cpu_description
-from dspark.lab.profiles import RooflineConfig
+from dspark.lab.profiles import RooflineConfig, busy_note
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduler import ThroughputProfile, interpolated_times
@@ -68,6 +68,8 @@ class DraftCost:
     # the same whatever the width (a chain drafter of γ = 1, or a cost measured at γ only)
     one_position: list[float] | None = None
     block: int = 0  # γ, the width `seconds_by_requests` was measured at (needed with `one_position`)
+    # the largest relative spread of the measurement's repeats (a busy machine: not cached); not stored
+    spread: float = field(default=0.0, compare=False)
 
     def __post_init__(self) -> None:
         if not self.seconds_by_requests or any(not s >= 0 for s in self.seconds_by_requests):
@@ -227,14 +229,21 @@ def draft_cost_of(record: dict) -> DraftCost | None:
                      record.get("one_position"), record.get("block", 0))  # fmt: skip
 
 
-def cached_draft_cost(key: dict, measure: Callable[[], DraftCost], refresh: bool = False) -> DraftCost:
-    """The cost cached under `key` (DSPARK_HOME/profiles), else (or on `refresh`) `measure()`, stored. A corrupt
-    file is one line naming it and --refresh (`storage.read_cache`)."""
+def cached_draft_cost(
+    key: dict, measure: Callable[[], DraftCost], refresh: bool = False, requests: int = 1, what: str = ""
+) -> DraftCost:
+    """The cost cached under `key` (DSPARK_HOME/profiles) if it covers `requests` drafting requests, else (or
+    on `refresh`) `measure()`, stored unless its repeats disagree by more than BUSY_SPREAD (a busy machine:
+    said on stderr, naming `what`, and used for this run only). A corrupt file is one line naming it and
+    --refresh (`storage.read_cache`)."""
     path = draft_cost_path(key)
     cached = None if refresh else storage.read_cache(path, key, draft_cost_of, REFRESH_HINT)
-    if cached is not None:
+    if cached is not None and len(cached.seconds_by_requests) >= requests:
         return cached
     cost = measure()
+    if cost.spread > profiles.BUSY_SPREAD:
+        busy_note(what or "the drafting cost", cost.spread)
+        return cost
     record = {"key": key, "name": cost.name, "seconds_by_requests": cost.seconds_by_requests,
               "seconds_per_token": cost.seconds_per_token, "one_position": cost.one_position,
               "block": cost.block}  # fmt: skip
@@ -242,14 +251,17 @@ def cached_draft_cost(key: dict, measure: Callable[[], DraftCost], refresh: bool
     return cost
 
 
-def cpu_draft_cost(target: Transformer, drafter: Drafter, gamma: int, refresh: bool = False) -> DraftCost:
-    """The measured drafting cost of `drafter` at γ on this machine, measured once and cached (again on
-    `refresh`)."""
+def cpu_draft_cost(
+    target: Transformer, drafter: Drafter, gamma: int, refresh: bool = False, points: list[int] = DRAFT_POINTS
+) -> DraftCost:
+    """The measured drafting cost of `drafter` at γ on this machine at the drafting-request counts `points`,
+    measured once and cached (again on `refresh`, or when a cached one stops short of max(points))."""
     if drafter.max_gamma == 0 or gamma == 0:
         return DraftCost.free()
     context = min(64, target.config.max_seq_len // 4)  # each call then appends one token per request
     return cached_draft_cost(draft_cost_key(target, drafter, gamma),
-                             lambda: measure_draft_cost(target, drafter, gamma, DRAFT_POINTS, context), refresh)  # fmt: skip
+                             lambda: measure_draft_cost(target, drafter, gamma, points, context), refresh,
+                             max(points), "the drafting cost")  # fmt: skip
 
 
 def roofline_draft_cost(

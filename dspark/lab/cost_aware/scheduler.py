@@ -47,7 +47,12 @@ With free drafting everybody drafts, and the step is exactly the paper's. If
 drafting could not pay even with every draft accepted, nobody drafts: the step
 is plain decoding. The forecast of a request that has stopped drafting fades
 toward the other requests' (half-life IDLE_HALF_LIFE steps), so it drafts
-again when drafting pays for the others.
+again when drafting pays for the others. A request with no others to fade
+toward (batch 1) would keep the forecast of the rounds that made it stop for
+ever, however much easier its text has become since: so a request idle for
+PROBE_STEPS steps drafts one narrow round to look again (a probe, `with_probes`;
+on text where drafting does not pay it costs a narrow drafting pass every
+PROBE_STEPS + 1 steps).
 
 **Then Algorithm 1** (the core's, unchanged) runs on the drafting requests' real
 confidences against `WithDrafting(profile, T_draft)`, the profile of a step that
@@ -90,6 +95,7 @@ IDLE_HALF_LIFE = 4.0  # steps after which an idle request's own forecast counts 
 # positions drafted beyond the longest forecast verify length, where a narrower block costs less: a round
 # may beat its forecast, and the position after it is observed, so the forecast can grow again
 DRAFT_SLACK = 1
+PROBE_STEPS = 8  # idle steps after which a request drafts one narrow round to look again (batch 1 recovers)
 
 
 class WithDrafting(ThroughputProfile):
@@ -141,6 +147,17 @@ def drafting_can_pay(requests: int, gamma: int, profile: ThroughputProfile, cost
     best = max(step_rate(requests * (1 + w), requests * (1 + w), profile, cost.seconds(requests, w))
                for w in widths)  # fmt: skip
     return best > step_rate(requests, requests, profile)
+
+
+def with_probes(widths: list[int], idle_steps: list[int], gamma: int, width_matters: bool) -> list[int]:
+    """`widths` with every request idle for PROBE_STEPS or more steps drafting too: at the width the others
+    draft, else a narrow block (1 + DRAFT_SLACK positions where a narrower block costs less, else γ). Its
+    round refreshes the forecast that made it stop; like every decision here it reads earlier steps only."""
+    probing = [w == 0 and idle >= PROBE_STEPS for w, idle in zip(widths, idle_steps)]
+    if not any(probing):
+        return widths
+    width = max(widths) or (min(gamma, 1 + DRAFT_SLACK) if width_matters else gamma)
+    return [width if w or probe else 0 for w, probe in zip(widths, probing)]
 
 
 @dataclass
@@ -350,16 +367,30 @@ class CostAwareScheduler(Scheduler):
         The last decision is reused while its inputs are unchanged -- the same history lists (the engine
         replaces a request's list when it drafts, never edits it), the same realism and first rounds, and
         the same idle steps where they matter (they only fade one request's forecast toward the others'): a
-        lone request that stopped drafting costs nothing per step to keep not drafting."""
+        lone request that stopped drafting costs nothing per step to keep not drafting. On top of the
+        decision, a request idle for PROBE_STEPS steps drafts once to look again (`with_probes`), where
+        drafting can pay at all."""
         for h, idle in zip(history, idle_steps):
             if len(h) == 1 and idle == 0:
                 self.first_rounds.append(h[0])
                 self.first_rounds_seen += 1
         fades = sum(1 for h in history if h) > 1
         key = (gamma, self.realism, self.first_rounds_seen, tuple(idle_steps) if fades else len(idle_steps))
+        R = len(history)
+        if (R, gamma) not in self._can_pay:
+            self._can_pay[R, gamma] = drafting_can_pay(R, gamma, self.profile, self.draft_cost)
         last = self._last_decision
         if last is not None and last[0] == key and same_lists(last[1], history):
-            return last[2]
+            widths = last[2]
+        else:
+            widths = self.decide(history, idle_steps, gamma)
+            self._last_decision = (key, list(history), widths)
+        if not self._can_pay[R, gamma] or self.draft_cost.is_free:
+            return widths
+        return with_probes(widths, idle_steps, gamma, self.draft_cost.width_matters)
+
+    def decide(self, history: list[list[list[float]]], idle_steps: list[int], gamma: int) -> list[int]:
+        """`draft_plan`'s widths, the forecast parts kept while only the idle steps move (`speculate`)."""
 
         def parts() -> ForecastParts:
             """What only new rounds change, kept while the history lists are the same: a step in which only
@@ -372,8 +403,6 @@ class CostAwareScheduler(Scheduler):
             return fresh
 
         R = len(history)
-        if (R, gamma) not in self._can_pay:
-            self._can_pay[R, gamma] = drafting_can_pay(R, gamma, self.profile, self.draft_cost)
         mask, width = draft_plan(
             history,
             idle_steps,
@@ -388,9 +417,7 @@ class CostAwareScheduler(Scheduler):
             parts=parts,
             can_pay=self._can_pay[R, gamma],
         )
-        widths = [width if m else 0 for m in mask.tolist()]
-        self._last_decision = (key, list(history), widths)
-        return widths
+        return [width if m else 0 for m in mask.tolist()]
 
     @property
     def realism(self) -> float:

@@ -36,6 +36,7 @@ import json
 import platform
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -48,9 +49,11 @@ from dspark.drafters.base import Drafter, NoDrafter
 from dspark.engine import Request, speculative_generate
 from dspark.lab import profiles, storage
 from dspark.lab.calibration import get_calibration
+from dspark.lab.cost_aware.draft_cost import DraftCost
 from dspark.lab.cost_aware.engine import CostAwareEngine
 from dspark.lab.cost_aware.scheduler import COST_AWARE, CostAwareScheduler
 from dspark.lab.exporting.exported import get_drafter
+from dspark.lab.machine import MeasureProgress
 from dspark.lab.step_cost import engine_draft_cost
 from dspark.lab.study import kernels as kernel_study
 from dspark.lab.study import offline, pareto
@@ -199,18 +202,52 @@ def measured_scheduler(
     temperatures: torch.Tensor | None,
     threshold: float = 0.5,
     cost_aware: bool = True,
+    requests: int | None = None,
+    refresh: bool = False,
 ) -> CostAwareScheduler | None:
     """The verify-length scheduler `python -m dspark.generate --policy NAME` runs with: the policy on
     this device's measured SPS profile (`device_profile`), the drafter's STS `temperatures`, and for a
     cost-aware policy on a CPU the drafter's measured drafting time (cached; not yet measured on a GPU).
-    None for `fixed` (verify every draft) and for plain decoding."""
+    None for `fixed` (verify every draft) and for plain decoding. `requests`: how many requests the run
+    serves at once -- on a CPU only the batch sizes they need are measured (1..requests·(γ+1) target tokens,
+    1..requests drafting requests), in seconds, with a progress bar; `refresh` measures again."""
     if policy_name == "fixed" or drafter.max_gamma == 0:
         return None
     policy = make_policy(policy_name, threshold=threshold)
-    cost = None
-    if policy_name in COST_AWARE and cost_aware and model_device(target).type == "cpu":
-        cost = engine_draft_cost(target, drafter, gamma)
-    return CostAwareScheduler.for_drafter(policy, drafter, device_profile(target), temperatures, cost)
+    CostAwareScheduler.for_drafter(
+        policy, drafter, ThroughputProfile([1.0])
+    )  # refused before anything is measured
+    if model_device(target).type != "cpu":
+        return CostAwareScheduler.for_drafter(policy, drafter, device_profile(target, refresh), temperatures)
+    drafting = policy_name in COST_AWARE and cost_aware
+    # once per process and drafter, even where a busy machine kept the measurement out of the cache
+    kept = _MEASURED.setdefault(drafter, {})
+    key = (gamma, requests, drafting)
+    if refresh or key not in kept or kept[key][0]() is not target:
+        kept[key] = (weakref.ref(target), measured_costs(target, drafter, gamma, requests, refresh, drafting))
+    profile, cost = kept[key][1]
+    return CostAwareScheduler.for_drafter(policy, drafter, profile, temperatures, cost)
+
+
+# `measured_scheduler`'s measurements in this process, per drafter: (γ, requests, drafting) -> (target, costs)
+_MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def measured_costs(
+    target: Transformer, drafter: Drafter, gamma: int, requests: int | None, refresh: bool, drafting: bool
+) -> tuple[ThroughputProfile, DraftCost | None]:
+    """This CPU's SPS profile for `requests` requests at γ and (`drafting`) the drafter's drafting cost: cached,
+    or measured now under a progress bar that says what and why."""
+    where = storage.dspark_home() / "profiles"
+    tick = MeasureProgress(f"measuring this machine once (cached in {where}): how long the target takes to "
+                           f"verify 1-{gamma + 1} tokens and the {drafter.name} drafter to draft, so the "
+                           "scheduler drafts and verifies only what pays here")  # fmt: skip
+    max_tokens = None if requests is None else requests * (gamma + 1)
+    # the drafting cost first: a cache file of it that cannot be read is one line before anything is printed
+    cost = engine_draft_cost(target, drafter, gamma, refresh, requests, tick) if drafting else None
+    profile = profiles.cpu_profile(target, refresh, max_tokens=max_tokens, tick=tick)
+    tick.close()
+    return profile, cost
 
 
 # ---- the sections -----------------------------------------------------------------------------------
