@@ -222,7 +222,7 @@ def test_refresh_rebuilds_empty_caches_inner_ones_too(small_checkpoint, small_dr
     assert f"cache file {caches['sps']} is unreadable (empty): pass --refresh" in line
     # quick and rough: the numbers do not matter here, only that every cache is made again
     real = step_cost.measure_engine_draft_cost
-    monkeypatch.setattr(step_cost, "measure_engine_draft_cost", lambda *a: real(*a, [1, 2]))
+    monkeypatch.setattr(step_cost, "measure_engine_draft_cost", lambda t, d, g, *rest: real(t, d, g, [1, 2]))
     monkeypatch.setattr(draft_cost, "DRAFT_POINTS", [1, 2])
     monkeypatch.setattr(step_cost, "REPEATS", 1)
     monkeypatch.setattr(step_cost, "STEPS", 2)

@@ -119,7 +119,7 @@ def cpu_profile_key(target: Transformer) -> dict:
         "config": asdict(target.config),
         "threads": torch.get_num_threads(),
         "cpu": cpu_description(),
-        "method": f"{SWEEPS} sweeps of {QUICK_REQUESTS} requests, medians, isotonic",
+        "method": "3 sweeps of 4 requests, medians, isotonic",
         "projection": target.speed_paths,  # how its projections compute (dspark/lab/cpu_speed.py swaps them)
     }  # (a profile measured the older way, or of the older LM-head code, is measured again)
     key["config"]["tap_layers"] = list(key["config"]["tap_layers"])

@@ -95,11 +95,12 @@ def measure_engine_draft_cost(
     gamma: int,
     points: list[int] = DRAFT_POINTS,
     tick: Callable[[str, int, int], None] | None = None,
+    per_token: float | None = None,
 ) -> DraftCost:
     """T_draft(n) at each n of `points`: an engine step in which n requests draft (and verify nothing) minus
     one in which none does, paired and interleaved (each round runs every n, plain then drafting a block of
     γ and of one position, so a spell of a busy machine hits both sides of a difference), the median over
-    `REPEATS` rounds; the catch-up cost per token from `cpu_draft_cost`. Its `spread` is the median over n of the
+    `REPEATS` rounds; the catch-up cost per token `per_token`, else from `cpu_draft_cost` (cached). Its `spread` is the median over n of the
     relative spread of the plain steps' repeats (a busy machine); `tick(stage, done, total)` before the first round and
     after each."""
     prompt_len = min(PROMPT_TOKENS, target.config.max_seq_len // 4)
@@ -117,7 +118,8 @@ def measure_engine_draft_cost(
                 drafting = seconds_per_step(target, drafter, w, n, True, prompt_len)
                 differences[n, w].append(drafting - plain)
     extra = {w: [max(0.0, statistics.median(differences[n, w])) for n in points] for w in widths}
-    per_token = cpu_draft_cost(target, drafter, gamma, points=points).seconds_per_token
+    if per_token is None:
+        per_token = cpu_draft_cost(target, drafter, gamma, points=points).seconds_per_token
     name = f"engine-measured {drafter.name} γ={gamma} ({torch.get_num_threads()} threads)"
     one_position = extra[1] if gamma >= 2 else None
     cost = DraftCost.from_points(points, extra[gamma], max(points), name, per_token, one_position, gamma)
@@ -153,5 +155,5 @@ def engine_draft_cost(
 def engine_draft_cost_key(target: Transformer, drafter: Drafter, gamma: int) -> dict:
     """The cache key of `engine_draft_cost`: the `propose` table's, plus how the engine's cost was measured."""
     return draft_cost_key(target, drafter, gamma) | {
-        "method": f"engine step, paired, interleaved, isotonic, widths 1 and γ, {STEPS} steps x {REPEATS}"
+        "method": "engine step, paired, interleaved, isotonic, widths 1 and γ, 6 steps x 3 repeats"
     }
