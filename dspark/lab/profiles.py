@@ -48,19 +48,30 @@ def read_profile(path: Path, key: dict, refresh: str = REFRESH_HINT) -> Throughp
     )
 
 
-SWEEPS = (
-    3  # independent sweeps of every batch size (each the median of SWEEP_REPEATS); the profile: their medians
-)
-SWEEP_REPEATS = 3
+SWEEPS = 3  # independent sweeps of every batch size; the profile takes their medians
+SWEEP_REPEATS = 3  # passes per size in one sweep (their median is the sweep's)
 BUSY_SPREAD = 0.25  # sweeps that differ by more than this (max / min - 1, median over sizes): a busy machine
 QUICK_REQUESTS, QUICK_CONTEXT = 4, 64  # the dummy requests a sweep spreads its batch tokens over
 
 
-def busy_note(what: str, spread: float) -> None:
-    """Say in one line on stderr (above any progress bar) that a measurement's repeats disagree: it serves
-    this run and is not cached."""
+def points_up_to(grid: list[int], largest: int) -> list[int]:
+    """The sizes of `grid` below `largest`, and `largest` itself: what a measurement covering 1..largest times."""
+    return sorted({n for n in grid if n < largest} | {largest})
+
+
+def repeat_spread(repeats: list[list[float]]) -> float:
+    """How much a measurement's repeats disagree: per size max / min - 1 over its repeats, the median over sizes."""
+    return statistics.median(max(times) / min(times) - 1 for times in repeats)
+
+
+def too_busy_to_cache(what: str, spread: float) -> bool:
+    """Whether repeats that disagree by `spread` were measured on a busy machine (more than BUSY_SPREAD); if so,
+    one line on stderr (above any progress bar) says that the measurement serves this run and is not cached."""
+    if spread <= BUSY_SPREAD:
+        return False
     tqdm.write(f"note: the machine was busy while measuring {what} (repeats differ by {spread:.0%}): this run "
                "uses the measurement, nothing is cached, and the next run measures again", file=sys.stderr)  # fmt: skip
+    return True
 
 
 def measure_cpu_profile(
@@ -70,8 +81,7 @@ def measure_cpu_profile(
     relative spread of one size's sweeps); `tick(stage, done, total)` before the first sweep and after each."""
     context = min(QUICK_CONTEXT, target.config.max_seq_len // 2)  # a small model: a proportionally short one
     room = target.config.max_seq_len - context
-    points = sorted({b for b in DEFAULT_POINTS if b < max_tokens} | {max_tokens})
-    points = [b for b in points if -(-b // QUICK_REQUESTS) <= room]
+    points = [b for b in points_up_to(DEFAULT_POINTS, max_tokens) if -(-b // QUICK_REQUESTS) <= room]
     sweeps, stage = [], f"target passes of 1-{max(points)} tokens"
     for done in range(SWEEPS + 1):
         if tick is not None:
@@ -81,7 +91,7 @@ def measure_cpu_profile(
         sweep = measure_sps(target, points, QUICK_REQUESTS, context, SWEEP_REPEATS)
         sweeps.append([1.0 / sweep.sps(b) for b in points])  # seconds per pass at each point
     seconds = [statistics.median(times) for times in zip(*sweeps)]
-    spread = statistics.median(max(times) / min(times) - 1 for times in zip(*sweeps))
+    spread = repeat_spread([list(times) for times in zip(*sweeps)])
     name = f"cpu-measured ({torch.get_num_threads()} threads)"
     return ThroughputProfile.from_points(points, seconds, max(points), name), spread
 
@@ -103,8 +113,7 @@ def cpu_profile(
     if cached is not None and cached.max_tokens >= (max_tokens or 1):
         return cached
     profile, spread = measure_cpu_profile(target, max_tokens or DEFAULT_POINTS[-1], tick)
-    if spread > BUSY_SPREAD:
-        busy_note("target passes", spread)
+    if too_busy_to_cache("target passes", spread):
         return profile
     storage.write_cache(
         path, {"key": key, "name": profile.name, "steps_per_second": profile.steps_per_second}

@@ -40,6 +40,7 @@ from dspark.lab.cost_aware.draft_cost import (
     draft_cost_key,
 )
 from dspark.lab.cost_aware.engine import CostAwareEngine
+from dspark.lab.profiles import points_up_to, repeat_spread
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduler import Scheduler, ThroughputProfile, make_policy
@@ -83,9 +84,7 @@ def seconds_per_step(
 
 def draft_points(requests: int | None) -> list[int]:
     """The drafting-request counts measured to cover `requests` (None: every DRAFT_POINTS count)."""
-    if requests is None:
-        return list(DRAFT_POINTS)
-    return sorted({n for n in DRAFT_POINTS if n < requests} | {max(1, requests)})
+    return list(DRAFT_POINTS) if requests is None else points_up_to(DRAFT_POINTS, max(1, requests))
 
 
 @torch.no_grad()
@@ -100,9 +99,9 @@ def measure_engine_draft_cost(
     """T_draft(n) at each n of `points`: an engine step in which n requests draft (and verify nothing) minus
     one in which none does, paired and interleaved (each round runs every n, plain then drafting a block of
     γ and of one position, so a spell of a busy machine hits both sides of a difference), the median over
-    `REPEATS` rounds; the catch-up cost per token `per_token`, else from `cpu_draft_cost` (cached). Its `spread` is the median over n of the
-    relative spread of the plain steps' repeats (a busy machine); `tick(stage, done, total)` before the first round and
-    after each."""
+    `REPEATS` rounds; the catch-up cost per token `per_token`, else from `cpu_draft_cost` (cached). Its
+    `spread` is how much the plain steps' repeats disagree (`repeat_spread`: a busy machine); `tick(stage, done,
+    total)` is called before the first round and after each."""
     prompt_len = min(PROMPT_TOKENS, target.config.max_seq_len // 4)
     widths = [gamma, 1] if gamma >= 2 else [gamma]  # the full block, and one position (cost(n, w) between)
     differences: dict[tuple[int, int], list[float]] = {(n, w): [] for n in points for w in widths}
@@ -123,7 +122,7 @@ def measure_engine_draft_cost(
     name = f"engine-measured {drafter.name} γ={gamma} ({torch.get_num_threads()} threads)"
     one_position = extra[1] if gamma >= 2 else None
     cost = DraftCost.from_points(points, extra[gamma], max(points), name, per_token, one_position, gamma)
-    cost.spread = statistics.median(max(t) / min(t) - 1 for t in plain_steps.values())
+    cost.spread = repeat_spread(list(plain_steps.values()))
     return cost
 
 

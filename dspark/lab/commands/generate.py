@@ -71,6 +71,7 @@ from dspark.checkpoint import TARGET_CHECKPOINT, TOKENIZER_PATH
 from dspark.decoding import GenerationResult, check_prompts, generate
 from dspark.engine import SpeculativeResult, speculative_generate
 from dspark.lab import cli
+from dspark.lab.benchmarks.common import dtype_name
 from dspark.lab.calibration import get_calibration
 from dspark.lab.cli import UsageError, run_main
 from dspark.lab.cost_aware.engine import CostAwareEngine
@@ -80,6 +81,7 @@ from dspark.lab.data.prompt_files import held_out, read_prompts
 from dspark.lab.exporting.exported import get_drafter
 from dspark.lab.study.gpu import measured_scheduler
 from dspark.lab.text import decode_complete
+from dspark.model import Transformer
 from dspark.requests import RoundStats
 from dspark.sampling import SamplingParams
 from dspark.scheduler import POLICY_NAMES
@@ -179,11 +181,9 @@ def drafted_share(stats: RoundStats) -> float:
     return sum(1 for r in rounds if r.confidences != []) / max(1, len(rounds))
 
 
-def target_label(name: str, model: torch.nn.Module) -> str:
+def target_label(name: str, model: Transformer) -> str:
     """ "smollm2-135m, 135 M parameters, float32": the target as the summary names it."""
-    params = sum(p.numel() for p in model.parameters())
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    return f"{name}, {params / 1e6:.0f} M parameters, {dtype}"
+    return f"{name}, {model.num_parameters() / 1e6:.0f} M parameters, {dtype_name(model)}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -225,7 +225,9 @@ def refuse_ignored_options(args: argparse.Namespace) -> None:
     """Options that do nothing with the chosen settings are refused, rather than silently ignored: those only a
     drafter uses with --drafter none (--gamma is refused by `cli.resolve_gamma`), --threshold with a policy other
     than threshold, --ignore-draft-cost with a policy that never weighs the drafting time."""
-    args.policy = args.policy or DEFAULT_POLICY  # (until the drafter is known: `default_policy`)
+    args.policy = (
+        args.policy or DEFAULT_POLICY
+    )  # fixed instead, once loaded, for a drafter without confidences
     if args.threshold is not None and args.policy != "threshold":
         raise UsageError(f"--threshold is the threshold policy's: add --policy threshold (--policy {args.policy} "
                          "ignores it)")  # fmt: skip
@@ -389,8 +391,9 @@ def main(argv: list[str] | None = None) -> None:
         )
     if plain is not None:
         print(comparison_line(args.drafter, result, plain, params.greedy))
-        if speculative and drafted_share(result.stats) < NO_PAY_SHARE:
-            print(f"drafting did not pay here: the scheduler drafted in {drafted_share(result.stats):.0%} of the "
+        share = drafted_share(result.stats) if speculative else 1.0
+        if share < NO_PAY_SHARE:
+            print(f"drafting did not pay here: the scheduler drafted in {share:.0%} of the "
                   "steps and decoded plainly in the others (this machine's measured costs; --policy fixed "
                   "drafts and verifies every step)")  # fmt: skip
         if demo and target_name == "tiny":

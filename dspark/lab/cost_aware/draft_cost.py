@@ -44,9 +44,9 @@ from pathlib import Path
 import torch
 
 from dspark.drafters.base import Drafter, TargetFeatures
-from dspark.lab import profiles, storage
+from dspark.lab import storage
 from dspark.lab.machine import cpu_description
-from dspark.lab.profiles import RooflineConfig, busy_note
+from dspark.lab.profiles import RooflineConfig, too_busy_to_cache
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 from dspark.scheduler import ThroughputProfile, interpolated_times
@@ -68,7 +68,7 @@ class DraftCost:
     # the same whatever the width (a chain drafter of γ = 1, or a cost measured at γ only)
     one_position: list[float] | None = None
     block: int = 0  # γ, the width `seconds_by_requests` was measured at (needed with `one_position`)
-    # the largest relative spread of the measurement's repeats (a busy machine: not cached); not stored
+    # how much the measurement's repeats disagreed (`profiles.repeat_spread`; a busy machine: not cached); not stored
     spread: float = field(default=0.0, compare=False)
 
     def __post_init__(self) -> None:
@@ -241,8 +241,7 @@ def cached_draft_cost(
     if cached is not None and len(cached.seconds_by_requests) >= requests:
         return cached
     cost = measure()
-    if cost.spread > profiles.BUSY_SPREAD:
-        busy_note(what or "the drafting cost", cost.spread)
+    if too_busy_to_cache(what or "the drafting cost", cost.spread):
         return cost
     record = {"key": key, "name": cost.name, "seconds_by_requests": cost.seconds_by_requests,
               "seconds_per_token": cost.seconds_per_token, "one_position": cost.one_position,

@@ -214,11 +214,10 @@ def measured_scheduler(
     if policy_name == "fixed" or drafter.max_gamma == 0:
         return None
     policy = make_policy(policy_name, threshold=threshold)
-    CostAwareScheduler.for_drafter(
-        policy, drafter, ThroughputProfile([1.0])
-    )  # refused before anything is measured
+    # a policy the drafter cannot run is refused (the core's check) before anything is measured
+    CostAwareScheduler.for_drafter(policy, drafter, ThroughputProfile([1.0]))
     if model_device(target).type != "cpu":
-        return CostAwareScheduler.for_drafter(policy, drafter, device_profile(target, refresh), temperatures)
+        return CostAwareScheduler(policy, device_profile(target, refresh), temperatures)
     drafting = policy_name in COST_AWARE and cost_aware
     # once per process and drafter, even where a busy machine kept the measurement out of the cache
     kept = _MEASURED.setdefault(drafter, {})
@@ -226,7 +225,7 @@ def measured_scheduler(
     if refresh or key not in kept or kept[key][0]() is not target:
         kept[key] = (weakref.ref(target), measured_costs(target, drafter, gamma, requests, refresh, drafting))
     profile, cost = kept[key][1]
-    return CostAwareScheduler.for_drafter(policy, drafter, profile, temperatures, cost)
+    return CostAwareScheduler(policy, profile, temperatures, cost)
 
 
 # `measured_scheduler`'s measurements in this process, per drafter: (γ, requests, drafting) -> (target, costs)
@@ -239,10 +238,10 @@ def measured_costs(
     """This CPU's SPS profile for `requests` requests at γ and (`drafting`) the drafter's drafting cost: cached,
     or measured now under a progress bar that says what and why."""
     where = storage.dspark_home() / "profiles"
-    tick = MeasureProgress(f"measuring this machine once (cached in {where}): how long the target takes to "
-                           f"verify 1-{gamma + 1} tokens and the {drafter.name} drafter to draft, so the "
-                           "scheduler drafts and verifies only what pays here")  # fmt: skip
     max_tokens = None if requests is None else requests * (gamma + 1)
+    tick = MeasureProgress(f"measuring this machine once (cached in {where}): how long the target takes to "
+                           f"verify 1-{max_tokens or profiler.DEFAULT_POINTS[-1]} tokens and the {drafter.name} drafter "
+                           "to draft, so the scheduler drafts and verifies only what pays here")  # fmt: skip
     # the drafting cost first: a cache file of it that cannot be read is one line before anything is printed
     cost = engine_draft_cost(target, drafter, gamma, refresh, requests, tick) if drafting else None
     profile = profiles.cpu_profile(target, refresh, max_tokens=max_tokens, tick=tick)
