@@ -4,7 +4,7 @@ The rule: **a tensor is made on the device of the data it goes with** (the model
 or the inputs'), never torch's default device. The one exception: uniforms are drawn on the generator's own
 device and moved, so a seed gives the same tokens on CPU and GPU. A host read waits for the device, so hot
 paths read only where the host must decide (a shape, a stop), through `to_host`, which counts it.
-Which hot path runs its Triton kernel instead of the PyTorch reference is `kernels.use_kernel`'s call.
+Which hot path runs its Triton kernel instead of the PyTorch reference is `dspark_kernels.use_kernel`'s call.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from dspark.device import to_host
 from dspark.kv_cache import KVCache
-from kernels import use_kernel
+from dspark_kernels import use_kernel
 
 
 @dataclass
@@ -173,9 +173,9 @@ def ragged_attention_reference(
 
 
 def ragged_attention(q: Tensor, layer_keys: Tensor, layer_values: Tensor, rb: RaggedIndex) -> Tensor:
-    """`ragged_attention_reference`, or the Triton kernel when `kernels.use_kernel` picks it."""
+    """`ragged_attention_reference`, or the Triton kernel when `dspark_kernels.use_kernel` picks it."""
     if use_kernel(q, layer_keys, layer_values):
-        from kernels.ragged_attention import ragged_verify_attention
+        from dspark_kernels.ragged_attention import ragged_verify_attention
 
         return ragged_verify_attention(
             q, layer_keys, layer_values, rb.slots, rb.starts, rb.cu_seqlens, rb.slot_index,

@@ -24,7 +24,7 @@ import torch
 
 from dspark.device import to_host
 from dspark.drafters.base import Drafter, Proposal
-from kernels import use_kernel
+from dspark_kernels import use_kernel
 
 POLICY_NAMES = ("none", "mtp1", "fixed", "threshold", "goodput", "dspark", "dspark-async")
 
@@ -177,7 +177,7 @@ def scheduled_lengths(
     """(R, γ) confidences -> (R,) verify lengths: the Triton kernel where it may run and fits one tile,
     else `prefix_schedule(prefix_survival(...))`."""
     if use_kernel(confidences):
-        from kernels import prefix_scheduler  # imports Triton: only when a kernel may run
+        from dspark_kernels import prefix_scheduler  # imports Triton: only when a kernel may run
 
         if prefix_scheduler.fits(*confidences.shape):
             conf = confidences.float().contiguous()  # (R, γ)

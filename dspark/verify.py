@@ -16,7 +16,7 @@ import torch
 
 from dspark.device import generator_uniforms, to_host
 from dspark.sampling import sample_from_probs
-from kernels import use_kernel
+from dspark_kernels import use_kernel
 
 
 @dataclass
@@ -56,7 +56,7 @@ def verify(
 ) -> VerifyResult:
     """`verify_reference`, or the Triton kernel where `use_kernel` picks it (CUDA tensors by default)."""
     if use_kernel(draft_probs, target_probs):
-        from kernels.rejection_sampler import rejection_sample_triton
+        from dspark_kernels.rejection_sampler import rejection_sample_triton
 
         accepted, next_token = rejection_sample_triton(
             draft_tokens, draft_probs, target_probs, verify_lens, accept_uniforms, resample_uniforms

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 # Triton kernels run on CPU only in the interpreter, which is chosen when a kernel module is
-# imported: set it before anything imports `kernels.*` (tests/test_kernel_*.py).
+# imported: set it before anything imports `dspark_kernels.*` (tests/test_kernel_*.py).
 os.environ.setdefault("TRITON_INTERPRET", "1")
 # `generate` without --model runs SmolLM2; the tests (and the processes they start) name the tiny target
 # this way instead, and the tests of that default unset it

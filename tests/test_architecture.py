@@ -1,8 +1,8 @@
 """The package's layering, read from the source with `ast` (every import, also those inside functions).
 
-* kernels/ is a leaf: its files import only the standard library, torch, triton and `kernels.*`.
+* dspark_kernels/ is a leaf: its files import only the standard library, torch, triton and `dspark_kernels.*`.
 * A dspark module imports only dspark modules of its own layer or a lower one (LAYERS, lowest first);
-  `kernels` may be imported from anywhere in dspark.
+  `dspark_kernels` may be imported from anywhere in dspark.
 * No import cycle among dspark modules.
 
 The checker is a few small functions over an import graph so that `test_checker_reports_violations`
@@ -80,7 +80,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
 )
 
-KERNEL_ALLOWED = {"torch", "triton", "kernels", "__future__"} | set(sys.stdlib_module_names)
+KERNEL_ALLOWED = {"torch", "triton", "dspark_kernels", "__future__"} | set(sys.stdlib_module_names)
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class Import:
     line: int
 
 
-def find_modules(root: Path, packages: tuple[str, ...] = ("dspark", "kernels")) -> dict[str, Path]:
+def find_modules(root: Path, packages: tuple[str, ...] = ("dspark", "dspark_kernels")) -> dict[str, Path]:
     """Dotted module name -> file, for every .py file under the given top-level packages."""
     modules = {}
     for package in packages:
@@ -149,11 +149,11 @@ def _top(name: str) -> str:
 
 def kernel_violations(imports: list[Import]) -> list[str]:
     return [
-        f"{imp.path}:{imp.line}: {imp.importer} imports {imp.target}: kernels/ is a leaf "
-        f"(only the standard library, torch, triton and kernels.*), it must not import "
+        f"{imp.path}:{imp.line}: {imp.importer} imports {imp.target}: dspark_kernels/ is a leaf "
+        f"(only the standard library, torch, triton and dspark_kernels.*), it must not import "
         f"{'dspark' if _top(imp.target) == 'dspark' else 'third-party packages'}"
         for imp in imports
-        if _top(imp.importer) == "kernels" and _top(imp.target) not in KERNEL_ALLOWED
+        if _top(imp.importer) == "dspark_kernels" and _top(imp.target) not in KERNEL_ALLOWED
     ]
 
 
@@ -268,9 +268,13 @@ def problems(root: Path, layers=LAYERS) -> list[str]:
 
 def test_the_scan_sees_the_package():
     modules, imports = collect(ROOT)
-    assert {"dspark", "dspark.model", "dspark.drafters.base", "kernels", "kernels.markov_sampler"} <= set(
-        modules
-    )
+    assert {
+        "dspark",
+        "dspark.model",
+        "dspark.drafters.base",
+        "dspark_kernels",
+        "dspark_kernels.markov_sampler",
+    } <= set(modules)
     assert any(i.importer == "dspark.model" and i.target == "dspark.kv_cache" for i in imports)
     assert any(
         i.importer == "dspark.lab.cli" and i.target == "dspark.lab.storage" for i in imports
@@ -318,9 +322,9 @@ def test_checker_reports_violations(tmp_path):
             "dspark/pkg/a.py": "from .b import x\n",
             "dspark/pkg/b.py": "from dspark.pkg import a\nx = 1\n",
             "dspark/orphan.py": "",
-            "kernels/__init__.py": "import math\n",
-            "kernels/k.py": "import torch\nfrom kernels import math_ok\nfrom dspark.low import f\n",
-            "kernels/math_ok.py": "import triton\n",
+            "dspark_kernels/__init__.py": "import math\n",
+            "dspark_kernels/k.py": "import torch\nfrom dspark_kernels import math_ok\nfrom dspark.low import f\n",
+            "dspark_kernels/math_ok.py": "import triton\n",
         },
     )
     modules, imports = collect(tmp_path)
@@ -328,7 +332,9 @@ def test_checker_reports_violations(tmp_path):
     assert {i.target for i in imports if i.importer == "dspark.high"} == {"dspark.pkg.a", "dspark.low"}
 
     kernel = kernel_violations(imports)
-    assert len(kernel) == 1 and kernel[0].startswith("kernels/k.py:3: kernels.k imports dspark.low")
+    assert len(kernel) == 1 and kernel[0].startswith(
+        "dspark_kernels/k.py:3: dspark_kernels.k imports dspark.low"
+    )
 
     assert unassigned_modules(modules, tmp_path, layers) == [
         "dspark/orphan.py: module dspark.orphan has no layer: add it to LAYERS in tests/test_architecture.py"
@@ -446,9 +452,11 @@ def test_readme_architecture_names_every_module():
     """The README's Architecture tree matches the package: every module file is named there
     (kernels by their bare names) and every `name.py` it names exists."""
     block = (ROOT / "README.md").read_text().split("## Architecture", 1)[1].split("```", 2)[1]
-    on_disk = {p.name for pkg in ("dspark", "kernels") for p in (ROOT / pkg).rglob("*.py")} - {"__init__.py"}
+    on_disk = {p.name for pkg in ("dspark", "dspark_kernels") for p in (ROOT / pkg).rglob("*.py")} - {
+        "__init__.py"
+    }
     named = set(re.findall(r"\b(\w+\.py)\b", block))
-    kernel_words = {w + ".py" for w in re.findall(r"\b(\w+)\b", block.split("kernels/", 1)[1])}
+    kernel_words = {w + ".py" for w in re.findall(r"\b(\w+)\b", block.split("dspark_kernels/", 1)[1])}
     missing = sorted(on_disk - named - kernel_words)
     stale = sorted(named - on_disk)
     assert not missing, f"the README's Architecture tree does not name {missing}"

@@ -1,4 +1,4 @@
-"""Kernel-or-reference dispatch (kernels/__init__.py), life without Triton, and `python -m dspark.bench kernels`."""
+"""Kernel-or-reference dispatch (dspark_kernels/__init__.py), life without Triton, and `python -m dspark.bench kernels`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import kernels
+import dspark_kernels as kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 ON_GPU, ON_CPU = SimpleNamespace(is_cuda=True), SimpleNamespace(is_cuda=False)  # all use_kernel reads
@@ -64,8 +64,8 @@ BLOCK_TRITON = "import sys; sys.modules['triton'] = None\n"  # `import triton` n
 
 def test_without_triton_dspark_still_verifies_and_says_so_once():
     code = BLOCK_TRITON + (
-        "import torch, kernels\n"
-        "from kernels import use_kernel\n"
+        "import torch\nimport dspark_kernels as kernels\n"
+        "from dspark_kernels import use_kernel\n"
         "from dspark.verify import verify\n"
         "assert not kernels.available() and not kernels.available()\n"
         "gpu = type('T', (), {'is_cuda': True})()\n"
@@ -143,3 +143,17 @@ def test_every_kernel_compiles_for_an_h200_without_a_gpu(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) >= 4 and all(row["result"].startswith("ok") for row in rows)
+
+
+def test_a_third_party_kernels_package_does_not_shadow_ours(tmp_path):
+    """`transformers` >= 5 installs Hugging Face's `kernels` package; dspark's own Triton package is
+    `dspark_kernels`, so a `kernels` earlier on the path changes nothing."""
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "__init__.py").write_text("raise ImportError('the other kernels package')\n")
+    code = "import dspark.model, dspark.verify, dspark_kernels; print(dspark_kernels.__file__)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()).parent == ROOT / "dspark_kernels"

@@ -478,7 +478,7 @@ def test_generate_on_the_triton_kernels_gives_the_same_text(small_checkpoint, sm
         assert record["kernels"] == mode
         texts[mode] = record["text"]
     assert texts["triton"] == texts["reference"]  # same uniforms, same tokens
-    from kernels import kernel_mode
+    from dspark_kernels import kernel_mode
 
     assert kernel_mode() == "auto"  # the CLI's choice does not leak
 

@@ -9,11 +9,11 @@ import torch
 
 pytest.importorskip("triton")
 
-import kernels.ragged_attention  # noqa: E402
+import dspark_kernels.ragged_attention  # noqa: E402
 from dspark.kv_cache import KVCache  # noqa: E402
 from dspark.model import RaggedIndex, ragged_attention_reference  # noqa: E402
-from kernels import kernels_as
-from kernels.ragged_attention import ragged_verify_attention  # noqa: E402
+from dspark_kernels import kernels_as
+from dspark_kernels.ragged_attention import ragged_verify_attention  # noqa: E402
 
 HEAD_DIM = 12  # not a power of two: BLOCK_D = 16 with 4 masked lanes
 
@@ -106,7 +106,7 @@ def test_model_forward_cached_same_with_kernel(tiny_model, monkeypatch):
         calls.append(1)
         return ragged_verify_attention(*args, **kwargs)
 
-    monkeypatch.setattr(kernels.ragged_attention, "ragged_verify_attention", counted)
+    monkeypatch.setattr(dspark_kernels.ragged_attention, "ragged_verify_attention", counted)
     results = {}
     for mode in ("reference", "triton"):
         cache = tiny_model.new_cache(4)

@@ -1,7 +1,7 @@
 """The two sampling kernels against their PyTorch references, under Triton's CPU interpreter.
 
-kernels/markov_sampler.py must equal `markov_block_reference` and
-kernels/rejection_sampler.py must equal `verify_reference`: the same tokens and
+dspark_kernels/markov_sampler.py must equal `markov_block_reference` and
+dspark_kernels/rejection_sampler.py must equal `verify_reference`: the same tokens and
 accepted counts given the same uniforms (exactly), probabilities and confidences
 to float32 round-off. Sizes are odd on purpose: vocabularies that are not powers
 of two, γ = 1, verify length 0, one request and many."""
@@ -22,9 +22,9 @@ from dspark.drafters.parallel import markov_block_reference  # noqa: E402
 from dspark.engine import speculative_generate  # noqa: E402
 from dspark.sampling import SamplingParams  # noqa: E402
 from dspark.verify import verify, verify_reference  # noqa: E402
-from kernels import kernels_as
-from kernels.markov_sampler import markov_block_sample_triton  # noqa: E402
-from kernels.rejection_sampler import rejection_sample_triton  # noqa: E402
+from dspark_kernels import kernels_as
+from dspark_kernels.markov_sampler import markov_block_sample_triton  # noqa: E402
+from dspark_kernels.rejection_sampler import rejection_sample_triton  # noqa: E402
 
 
 # ---- Markov-head block sampler --------------------------------------------------------------------

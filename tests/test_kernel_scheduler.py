@@ -1,4 +1,4 @@
-"""The device prefix scheduler (kernels/prefix_scheduler.py) against its reference,
+"""The device prefix scheduler (dspark_kernels/prefix_scheduler.py) against its reference,
 prefix_schedule(prefix_survival(...)), and the dispatch that picks between them.
 
 The kernel runs here under Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1);
@@ -22,8 +22,8 @@ from dspark.scheduler import (  # noqa: E402
     prefix_survival,
     scheduled_lengths,
 )
-from kernels import kernels_as
-from kernels.prefix_scheduler import MAX_TILE, fits, prefix_schedule_triton  # noqa: E402
+from dspark_kernels import kernels_as
+from dspark_kernels.prefix_scheduler import MAX_TILE, fits, prefix_schedule_triton  # noqa: E402
 
 # a cost per token plus a step every 4 tokens (CUDA-graph-like buckets): Θ along the path is jagged,
 # so the early stop and the retrospective argmax disagree; 128 entries, so R = 37, γ = 7 runs past them

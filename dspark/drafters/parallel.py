@@ -36,7 +36,7 @@ from dspark.model import (
 )
 from dspark.sampling import SamplingParams, draw_token, probabilities
 from dspark.tokenizer import MASK, SPECIAL_TOKENS
-from kernels import use_kernel
+from dspark_kernels import use_kernel
 
 KINDS = {"dflash": "none", "dspark": "markov", "dspark-rnn": "rnn"}  # kind -> sequential head
 
@@ -100,7 +100,7 @@ def markov_block_sample(
     """`markov_block_reference`, or its Triton kernel where `use_kernel` says so (no top-k/top-p)."""
     full_vocab = w1.shape[0] == base_logits.shape[-1]  # the kernel's layout; a draft vocabulary has K + 1
     if params.top_k == 0 and params.top_p == 1.0 and full_vocab and use_kernel(base_logits):
-        from kernels.markov_sampler import markov_block_sample_triton
+        from dspark_kernels.markov_sampler import markov_block_sample_triton
 
         return markov_block_sample_triton(
             base_logits, hidden, anchors, w1, w2, conf_weight, conf_bias, params.temperature, uniforms

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark.model import Attention, RaggedIndex, Transformer, masked_attention, ragged_attention
-from kernels import use_kernel
+from dspark_kernels import use_kernel
 
 M = TypeVar("M", bound=nn.Module)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-import kernels
+import dspark_kernels as kernels
 from dspark.device import model_device
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.lab import cli, profiles, storage

@@ -86,7 +86,7 @@ from dspark.requests import RoundStats
 from dspark.sampling import SamplingParams
 from dspark.scheduler import POLICY_NAMES
 from dspark.tokenizer import Tokenizer
-from kernels import KERNEL_MODES, kernel_mode, kernels_as
+from dspark_kernels import KERNEL_MODES, kernel_mode, kernels_as
 
 # The demo of a pretrained target: requests as a new user types them, written by hand (not by any generator of
 # the project's). The shipped tiny target knows only its corpus, so its demo takes that corpus's held-out prompts.
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.kernels == "triton":
         if device.type == "cpu":  # CPU tensors: the kernels run in Triton's interpreter (set before Triton)
             os.environ.setdefault("TRITON_INTERPRET", "1")
-        import kernels
+        import dspark_kernels as kernels
 
         if not kernels.available():
             raise UsageError(f"--kernels triton: Triton is not usable here ({kernels.unavailable_reason()})")

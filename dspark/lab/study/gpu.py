@@ -252,7 +252,7 @@ def measured_costs(
 # ---- the sections -----------------------------------------------------------------------------------
 def kernel_rows(plan: Plan, cuda: bool) -> dict:
     """Kernels vs references (`study.kernels.compare`); on the CPU only in Triton's interpreter."""
-    import kernels
+    import dspark_kernels as kernels
 
     if not kernels.available():
         return {"status": f"skipped: Triton is not usable here ({kernels.unavailable_reason()})", "rows": []}

@@ -68,10 +68,10 @@ def cases(R: int, gamma: int, small: bool, device: str):
     from dspark.sampling import SamplingParams
     from dspark.scheduler import prefix_schedule, prefix_survival
     from dspark.verify import verify_reference
-    from kernels.markov_sampler import markov_block_sample_triton
-    from kernels.prefix_scheduler import prefix_schedule_triton
-    from kernels.ragged_attention import ragged_verify_attention
-    from kernels.rejection_sampler import rejection_sample_triton
+    from dspark_kernels.markov_sampler import markov_block_sample_triton
+    from dspark_kernels.prefix_scheduler import prefix_schedule_triton
+    from dspark_kernels.ragged_attention import ragged_verify_attention
+    from dspark_kernels.rejection_sampler import rejection_sample_triton
 
     V, D, r, H, Hkv, hd, ctx = (97, 16, 4, 4, 2, 8, 12) if small else (4096, 256, 64, 8, 2, 32, 256)
     g = torch.Generator().manual_seed(R)
@@ -154,10 +154,10 @@ FLOAT_SCALARS = {"temperature", "sm_scale"}
 
 def compile_variants() -> list[tuple[str, object, dict]]:
     """(label, kernel, constexprs) at the shipped model's shapes (V 4096, dim 256, r 64, hd 32, γ 7)."""
-    from kernels.markov_sampler import markov_block_kernel
-    from kernels.prefix_scheduler import _prefix_schedule_kernel
-    from kernels.ragged_attention import _ragged_attention_kernel
-    from kernels.rejection_sampler import rejection_kernel
+    from dspark_kernels.markov_sampler import markov_block_kernel
+    from dspark_kernels.prefix_scheduler import _prefix_schedule_kernel
+    from dspark_kernels.ragged_attention import _ragged_attention_kernel
+    from dspark_kernels.rejection_sampler import rejection_kernel
 
     attention = dict(GROUP=4, HEAD_DIM=32, BLOCK_N=64, BLOCK_D=32)
     return [

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.inverse_cdf import draw_token
+from dspark_kernels.inverse_cdf import draw_token
 
 MAX_VOCAB = 16384  # largest vocabulary one program handles (a whole row lives in registers)
 

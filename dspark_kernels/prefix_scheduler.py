@@ -19,7 +19,7 @@ walks the path in a Python loop).
 
 The reference is `prefix_schedule(prefix_survival(confidences, temperatures), ...)`
 in `dspark/scheduler.py`; the tests compare the two (this file imports nothing of
-dspark: kernels/ is a leaf). The kernel's arithmetic is fp32 while the reference works in
+dspark: dspark_kernels/ is a leaf). The kernel's arithmetic is fp32 while the reference works in
 float64, so they agree exactly except at near-ties: two survivals, or two
 consecutive Θ, closer than fp32 can resolve may compare differently (for
 instance a calibrated sure draft, σ(logit(1 - 1e-12) / T), is exactly 1 in
