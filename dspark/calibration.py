@@ -72,8 +72,8 @@ def fit_sts(
         if int(m.sum()) == 0:
             break
         z, before = logit[m, k], prefix[m]  # (n,)
-        errors = torch.stack([score(before * torch.sigmoid(z / t - offsets[:, None]), events[m, k])
-                              for t in grid])  # (temperatures, offsets)  # fmt: skip
+        scaled = (before * torch.sigmoid(z / t - offsets[:, None]) for t in grid)  # (offsets, rounds) each
+        errors = torch.stack([score(a, events[m, k]) for a in scaled])  # (temperatures, offsets)
         # the score is flat and noisy: of the near-best (T, b), take the closest to (1, 0)
         near = (errors <= errors.min() + tolerance).nonzero()  # (n_near, 2) grid indices
         change = grid[near[:, 0]].log().abs() + offsets[near[:, 1]].abs()

@@ -27,14 +27,7 @@ from dspark.decoding import GenerationResult, check_max_new_tokens, check_prompt
 from dspark.device import generator_uniforms, host_syncs, model_device, to_host, upload
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
 from dspark.model import Transformer
-from dspark.requests import (
-    ActiveRequest,
-    EngineResult,
-    Request,
-    RequestRecord,
-    RoundRecord,
-    RoundStats,
-)
+from dspark.requests import ActiveRequest, EngineResult, Request, RequestRecord, RoundRecord, RoundStats
 from dspark.sampling import SamplingParams, probabilities, sample_from_probs
 from dspark.scheduler import Scheduler
 from dspark.verify import draw_uniforms, verify, verify_greedy
@@ -69,8 +62,8 @@ class RunState:
             self.progress(1)
 
     def result(self) -> EngineResult:
-        return EngineResult(self.records, self.now(), self.prefill_seconds, self.steps, self.step_syncs,
-                            self.prefill_syncs, self.draft_seconds, self.drafted_rounds)  # fmt: skip
+        times = (self.prefill_seconds, self.steps, self.step_syncs, self.prefill_syncs)
+        return EngineResult(self.records, self.now(), *times, self.draft_seconds, self.drafted_rounds)
 
 
 @dataclass
@@ -143,8 +136,9 @@ class Engine:
             arrival = request.arrival
             seconds = isinstance(arrival, numbers.Real) and not isinstance(arrival, bool)
             if not seconds or not 0 <= arrival < math.inf:
-                raise ValueError(f"request {i}: the arrival time must be a finite number of seconds >= 0, got "
-                                 f"{arrival!r}")  # fmt: skip
+                raise ValueError(
+                    f"request {i}: the arrival time must be a finite number of seconds >= 0, got {arrival!r}"
+                )
 
     def rejection(self, request: Request) -> str:
         context = self.target.config.max_seq_len
@@ -208,8 +202,9 @@ class Engine:
         flat = upload([t for a in newcomers for t in a.request.prompt], device)  # (S·T,)
         slots = upload([a.slot for a in newcomers], device)
         last = upload(list(accumulate(lens)), device) - 1  # (S,) each prompt's last position
-        res = self.target.forward_cached(flat, slots, upload(lens, device), self.cache, return_taps=True,
-                                         logits_at=last)  # fmt: skip
+        res = self.target.forward_cached(
+            flat, slots, upload(lens, device), self.cache, return_taps=True, logits_at=last
+        )
         # host sync: the first tokens (emitted, checked for EOS)
         first = to_host(self.target_tokens(res.logits, generator), "engine: first tokens")
         features = TargetFeatures(res.taps, res.last_hidden).split(lens)
@@ -372,8 +367,6 @@ def speculative_generate(
     check_prompts(prompts, target.config.max_seq_len, target.config.vocab_size)
     engine = (engine_class or Engine)(target, drafter, params, gamma, len(prompts), eos_id, scheduler)
     run = engine.run([Request(p, max_new_tokens) for p in prompts], generator)
-    recs = run.records
-    return SpeculativeResult(
-        [r.tokens for r in recs], [r.stop_reason for r in recs], run.prefill_seconds,
-        run.seconds - run.prefill_seconds, run.steps, [r.from_draft for r in recs], run.stats,
-    )  # fmt: skip
+    tokens, reasons, drafted = map(list, zip(*[(r.tokens, r.stop_reason, r.from_draft) for r in run.records]))
+    seconds = (run.prefill_seconds, run.seconds - run.prefill_seconds)  # prefill, decode
+    return SpeculativeResult(tokens, reasons, *seconds, run.steps, drafted, run.stats)

@@ -148,8 +148,13 @@ class RaggedIndex:
         offsets = torch.arange(n_tokens, device=device) - cu_seqlens[slot_index]
         query_pos = starts[:, None] + torch.arange(block_max, device=device)  # (S, Tb)
         mask = torch.arange(kv_len, device=device) <= query_pos[:, :, None]  # (S, Tb, L)
-        return cls(slots, block_lens, starts, cu_seqlens, slot_index, offsets, starts[slot_index] + offsets,
-                   slots[slot_index], mask[:, None], block_max, kv_len, n_tokens, shortest)  # fmt: skip
+        per_token = (
+            offsets,
+            starts[slot_index] + offsets,
+            slots[slot_index],
+        )  # offsets, positions, token_slot
+        per_slot = (slots, block_lens, starts, cu_seqlens, slot_index)
+        return cls(*per_slot, *per_token, mask[:, None], block_max, kv_len, n_tokens, shortest)
 
 
 def masked_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
@@ -177,10 +182,9 @@ def ragged_attention(q: Tensor, layer_keys: Tensor, layer_values: Tensor, rb: Ra
     if use_kernel(q, layer_keys, layer_values):
         from dspark_kernels.ragged_attention import ragged_verify_attention
 
-        return ragged_verify_attention(
-            q, layer_keys, layer_values, rb.slots, rb.starts, rb.cu_seqlens, rb.slot_index,
-            max_block_len=rb.block_max,  # already on the host: no sync per layer
-        )  # fmt: skip
+        index = (rb.slots, rb.starts, rb.cu_seqlens, rb.slot_index)
+        # the longest block is already on the host: no sync per layer
+        return ragged_verify_attention(q, layer_keys, layer_values, *index, max_block_len=rb.block_max)
     return ragged_attention_reference(q, layer_keys, layer_values, rb)
 
 
@@ -265,8 +269,15 @@ class Block(nn.Module):
         return x
 
 
-def run_blocks_cached(blocks: nn.ModuleList, x: Tensor, rb: RaggedIndex, cache: KVCache, rope_cos: Tensor,
-                      rope_sin: Tensor, tap_layers: tuple[int, ...] = ()) -> tuple[Tensor, list[Tensor] | None]:  # fmt: skip
+def run_blocks_cached(
+    blocks: nn.ModuleList,
+    x: Tensor,
+    rb: RaggedIndex,
+    cache: KVCache,
+    rope_cos: Tensor,
+    rope_sin: Tensor,
+    tap_layers: tuple[int, ...] = (),
+) -> tuple[Tensor, list[Tensor] | None]:
     """Run pre-norm blocks over flat x (N, dim), block i on cache layer i (the target's, or a drafter's own).
     Does not advance the cache lengths. Returns (N, dim) and the residual stream after each tap layer."""
     cos, sin = rope_cos[rb.positions, None], rope_sin[rb.positions, None]  # (N, 1, hd/2)
@@ -351,9 +362,16 @@ class Transformer(nn.Module):
                 taps.append(x)
         return self._head(x, taps)
 
-    def forward_cached(self, tokens: Tensor, slots: Tensor, block_lens: Tensor, cache: KVCache,
-                       return_taps: bool = False, last_only: bool = False,
-                       logits_at: Tensor | None = None) -> ModelOutput:  # fmt: skip
+    def forward_cached(
+        self,
+        tokens: Tensor,
+        slots: Tensor,
+        block_lens: Tensor,
+        cache: KVCache,
+        return_taps: bool = False,
+        last_only: bool = False,
+        logits_at: Tensor | None = None,
+    ) -> ModelOutput:
         """Append a ragged block per slot and return logits for the new tokens.
 
         tokens (N,) flat, slot-major; slots, block_lens (S,) int64, block_lens >= 1, slots distinct. Logits

@@ -106,8 +106,8 @@ def check_probabilities(probs: torch.Tensor) -> None:
     finite, non_negative = torch.isfinite(p).all(), (p >= 0).all()
     has_mass = (p.sum(-1) > 0).all() if p.numel() else torch.ones((), dtype=torch.bool, device=p.device)
     ok = torch.stack([finite, non_negative, has_mass]).tolist()
-    for good, why in zip(ok, ("are not all finite (NaN or inf)", "hold negative values",
-                              "have a row with no mass (all zero)")):  # fmt: skip
+    bad = ("are not all finite (NaN or inf)", "hold negative values", "have a row with no mass (all zero)")
+    for good, why in zip(ok, bad):
         if not good:
             raise ValueError(f"cannot sample: the probabilities {why}")
 

@@ -60,43 +60,6 @@ class ThroughputProfile:
             self._tables[device] = torch.tensor(self.steps_per_second, dtype=torch.float32, device=device)
         return self._tables[device]
 
-    @classmethod
-    def from_points(
-        cls, batch_tokens: list[int], seconds_per_step: list[float], max_tokens: int, name: str = ""
-    ) -> ThroughputProfile:
-        """SPS over B = 1..max_tokens from measured step times (`interpolated_times`)."""
-        return cls([1.0 / t for t in interpolated_times(batch_tokens, seconds_per_step, max_tokens)], name)
-
-
-def isotonic_fit(values: list[float]) -> list[float]:
-    """The non-decreasing sequence closest to `values` in least squares (pool adjacent violators)."""
-    blocks: list[list[float]] = []  # [mean, count] of each pooled run, means non-decreasing
-    for v in values:
-        blocks.append([v, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
-            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
-    return [m for m, n in blocks for _ in range(int(n))]
-
-
-def interpolated_times(sizes: list[int], seconds: list[float], max_size: int) -> list[float]:
-    """Times measured at some sizes -> a time for every size 1..max_size: made non-decreasing (more work is
-    never faster), then linear between points, flat before the first, proportional after the last."""
-    points = sorted(zip(sizes, seconds))
-    xs, ys = [float(b) for b, _ in points], isotonic_fit([t for _, t in points])
-    times = []
-    for B in range(1, max_size + 1):
-        if B <= xs[0]:
-            t = ys[0]
-        elif B >= xs[-1]:
-            t = ys[-1] * B / xs[-1]
-        else:
-            i = next(i for i in range(1, len(xs)) if xs[i] >= B)
-            w = (B - xs[i - 1]) / (xs[i] - xs[i - 1])
-            t = ys[i - 1] + w * (ys[i] - ys[i - 1])
-        times.append(t)
-    return times
-
 
 def temperatures_and_offsets(calibration: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(T, b), each (γ',), of a (γ',) calibration (b = 0) or a (2, γ') one."""
@@ -293,7 +256,7 @@ class AsyncPrefixPolicy(Policy):
         self.min_length, self.lag = min_length, lag
         self.history: deque[tuple[torch.Tensor, ThroughputProfile]] = deque(maxlen=lag)
 
-    def budget(self, old: torch.Tensor, requests: int, gamma: int, profile: ThroughputProfile) -> int:
+    def budget(self, old: torch.Tensor, requests: int, profile: ThroughputProfile) -> int:
         admitted = prefix_schedule(old, profile, early_stop=False).sum()
         admitted = to_host(admitted, "scheduler: async budget")  # host sync: K is a Python number
         return round(admitted * requests / max(1, old.shape[0]))
@@ -304,7 +267,7 @@ class AsyncPrefixPolicy(Policy):
             lengths = prefix_schedule(survivals, profile, early_stop=True)
         else:
             old, old_profile = self.history[0]
-            K = self.budget(old, R, gamma, old_profile)
+            K = self.budget(old, R, old_profile)
             m = min(self.min_length, gamma)
             lengths = torch.full((R,), m, dtype=torch.long, device=survivals.device)
             if m < gamma:

@@ -12,15 +12,14 @@ DFlash (rank 0) trains with cross-entropy only (`DFLASH_LOSS`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from dspark.drafters.base import TargetFeatures, Vocabulary
-from dspark.drafters.parallel import ParallelDrafter
+from dspark.drafters.parallel import ParallelDrafter, head_loop
 from dspark.model import Transformer
 
 
@@ -38,8 +37,8 @@ class FeatureBatch:
     def to(self, device: torch.device) -> FeatureBatch:
         """The batch on `device`; lengths and prompt lengths stay on the host (the anchor sampler reads them)."""
         move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
-        return FeatureBatch(move(self.tokens), self.lengths, self.prompt_lens, move(self.taps),
-                            move(self.last_hidden), move(self.lse))  # fmt: skip
+        tensors = {name: move(getattr(self, name)) for name in ("tokens", "taps", "last_hidden", "lse")}
+        return replace(self, **tensors)
 
     def flat_features(self) -> TargetFeatures:
         """Every position of every row, flattened: taps (B·T, n_taps, dim), last_hidden (B·T, dim)."""
@@ -206,26 +205,28 @@ def block_losses(
     p_row = row_of[row[:, None], safe]  # (N, γ) row of p_t in `probs` (the zero row where not supervised)
     mass = probs.sum(-1) if vocab.size else None  # (N + 1,) p_t's mass on the draft ids
 
-    state = h.new_zeros(h.shape[0], drafter.config.rank)
-    terms = {"ce": 0.0, "tv": 0.0, "conf": 0.0}
-    c_star_by_pos, w_sum = [], 0.0
-    for k, (u_k, h_k) in enumerate(zip(u_logits.unbind(1), h.unbind(1))):
-        logits, conf, state = drafter.sequential_logits(u_k, h_k, prev[:, k], state)
-        m = valid[:, k].float()
-        n = m.sum()
-        w = math.exp(-k / loss.decay)
-        w_sum += w
-        if n == 0:
-            c_star_by_pos.append(torch.tensor(float("nan"), device=device))
-            continue
-        ce, tv = position_terms(logits, probs, p_row[:, k], label[:, k], vocab, loss.soft_ce, mass, speed[1])
-        c_star = (1 - 0.5 * tv).detach().clamp(0, 1)
-        terms["ce"] = terms["ce"] + w * (ce * m).sum() / n
-        terms["tv"] = terms["tv"] + w * (tv * m).sum() / n
-        if conf is not None:
-            bce = F.binary_cross_entropy(conf.float().clamp(1e-6, 1 - 1e-6), c_star, reduction="none")
-            terms["conf"] = terms["conf"] + w * (bce * m).sum() / n
-        c_star_by_pos.append((c_star * m).sum() / n)
-    terms = {name: value / w_sum for name, value in terms.items()}
+    # the head teacher-forced: x_{k-1} is the response's token, whatever the head would have drawn
+    logits, confs = head_loop(
+        drafter.sequential_logits, u_logits, h, prev[:, 0], lambda k, _: prev[:, min(k + 1, gamma - 1)]
+    )
+    flat = torch.stack(logits, 1).flatten(0, 1)  # (N·γ, V): every position at once
+    ce, tv = position_terms(
+        flat, probs, p_row.flatten(), label.flatten(), vocab, loss.soft_ce, mass, speed[1]
+    )
+    ce, tv = ce.view_as(p_row), tv.view_as(p_row)  # (N, γ)
+    c_star = (1 - 0.5 * tv).detach().clamp(0, 1)  # (N, γ)
+    m = valid.float()  # (N, γ) the slots whose next token exists
+    n = m.sum(0)  # (γ,) supervised blocks per position
+
+    def per_position(x: torch.Tensor) -> torch.Tensor:  # (N, γ) -> (γ,) mean over the supervised blocks
+        return (x * m).sum(0) / n.clamp(min=1)
+
+    terms = {"ce": per_position(ce), "tv": per_position(tv), "conf": torch.zeros(gamma, device=device)}
+    if confs[0] is not None:
+        c = torch.stack(confs, 1).float().clamp(1e-6, 1 - 1e-6)
+        terms["conf"] = per_position(F.binary_cross_entropy(c, c_star, reduction="none"))
+    w = torch.exp(-torch.arange(gamma, device=device, dtype=torch.float32) / loss.decay)  # w_k
+    terms = {name: (w * value).sum() / w.sum() for name, value in terms.items()}
+    c_star_by_pos = list(torch.where(n > 0, per_position(c_star), float("nan")).unbind())
     total = loss.ce * terms["ce"] + loss.tv * terms["tv"] + loss.conf * terms["conf"]
     return total, c_star_by_pos, terms

@@ -399,11 +399,10 @@ def test_the_core_imports_neither_lab_nor_course():
     assert len(found) == 1 and "dspark.model is core" in found[0]  # the checker sees a violation
 
 
-# The core's size in lines and files of Python, within the goal of at most 3,500 lines in at most 25 files (issue
-# #60). Lower them as code leaves the core; raise them only for what the issue asks the core to hold (DSpark's heads
-# as classes took 41 lines; `Proposal` as a dataclass and `RoundStats` over round records 13; the log-loss that fits
-# STS's offsets, because ECE has a constant minimum with them, 11), never past the goal.
-CORE_LINE_BUDGET = 3473
+# The core's size in lines and files of Python: at most 3,500 lines in at most 25 files, a ceiling (issue #71; the
+# goal is 3,000), no longer a ratchet pinned to today's count; and no `# fmt: skip` in it, so the formatter, not the
+# budget, decides how a line reads.
+CORE_LINE_BUDGET = 3500
 CORE_FILE_BUDGET = 25
 
 
@@ -417,6 +416,13 @@ def test_the_core_stays_within_its_line_budget():
     assert len(core) <= CORE_FILE_BUDGET, (
         f"the core has {len(core)} files, over its budget of {CORE_FILE_BUDGET}"
     )
+    skipped = [
+        f"{modules[m]}:{i}"
+        for m in core
+        for i, line in enumerate(modules[m].read_text(encoding="utf-8").splitlines(), 1)
+        if "fmt: skip" in line
+    ]
+    assert not skipped, f"`# fmt: skip` in the core: {skipped}"
 
 
 MAX_FUNCTION_LINES = 50  # issue #60: no function of the core longer than this (docstring included)

@@ -14,9 +14,9 @@ from dspark.lab import calibration as lab_calibration
 from dspark.lab import profiles
 from dspark.lab.calibration import position_metrics
 from dspark.lab.profiles import RooflineConfig, default_buckets, roofline_profile
-from dspark.profiler import measure_sps
+from dspark.profiler import measure_sps, profile_from_points
 from dspark.requests import RoundStats
-from dspark.scheduler import ThroughputProfile, prefix_survival
+from dspark.scheduler import prefix_survival
 
 
 def test_ece_hand_worked():
@@ -130,7 +130,7 @@ def test_a_profile_measured_on_a_busy_machine_serves_the_run_but_is_not_cached(
     ):  # one sweep: every size `factor` times 1 ms a token
         factor = next(sweeps)
         seen.append(list(points))
-        return ThroughputProfile.from_points(points, [factor * 1e-3 * b for b in points], max(points))
+        return profile_from_points(points, [factor * 1e-3 * b for b in points], max(points))
 
     monkeypatch.setattr(profiles, "measure_sps", sweep)
     monkeypatch.setattr(profiles, "BUSY_SPREAD", 0.25)

@@ -12,7 +12,7 @@ from conftest import TINY
 
 from dspark import train
 from dspark.checkpoint import ASSETS_DIR
-from dspark.drafters import load_drafter, without_retired
+from dspark.drafters import load_drafter
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
@@ -61,7 +61,6 @@ def test_old_checkpoints_without_the_fields_load_as_before():
     for name in ("dspark", "eagle"):
         record = json.loads((ASSETS_DIR / f"drafter_{name}.json").read_text())["config"]
         assert "qk_norm" not in record and "eagle3_layer" not in record
-        record = without_retired(record, f"drafter_{name}.json")  # what load_drafter reads of it
         config = (ParallelDrafterConfig if name == "dspark" else AutoregressiveDrafterConfig)(**record)
         assert not getattr(config, "qk_norm", False) and not getattr(config, "eagle3_layer", False)
 

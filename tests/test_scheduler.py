@@ -14,6 +14,7 @@ from test_speculative import MICRO, MICRO_LENGTH, MICRO_PROMPT, micro_target_and
 from dspark.engine import speculative_generate
 from dspark.lab.cost_aware.scheduler import forecast_lengths, with_drafting
 from dspark.lab.study.counterexample import counterexample
+from dspark.profiler import interpolated_times, isotonic_fit, profile_from_points
 from dspark.sampling import SamplingParams
 from dspark.scheduler import (
     POLICY_NAMES,
@@ -23,8 +24,6 @@ from dspark.scheduler import (
     ThroughputProfile,
     expected_rate,
     greedy_path,
-    interpolated_times,
-    isotonic_fit,
     make_policy,
     prefix_schedule,
     prefix_survival,
@@ -83,7 +82,7 @@ def is_unimodal(values: list[float]) -> bool:
 
 
 def test_profile_from_points_interpolates_and_never_speeds_up():
-    profile = ThroughputProfile.from_points([1, 4, 8], [1.0, 2.5, 2.0], max_tokens=10)  # a noisy dip at 8
+    profile = profile_from_points([1, 4, 8], [1.0, 2.5, 2.0], max_tokens=10)  # a noisy dip at 8
     assert profile.sps(1) == 1.0 and profile.sps(4) == pytest.approx(1 / 2.25)  # 4 and 8 pooled: 2.25
     assert profile.sps(8) == pytest.approx(1 / 2.25)
     assert profile.sps(2) == pytest.approx(1 / (1.0 + 1.25 / 3))  # linear between the points

@@ -25,6 +25,7 @@ from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from dspark.model import Transformer, cast_keeping_rope
 
 DRAFTER_NAMES = ("none", "mtp", "eagle", "dflash", "dspark", "dspark-rnn")
+THE_LAB_READS_IT = "the lab reads it (dspark.lab.exporting.exported.load_any), as every command does"
 
 
 def default_path(name: str, target_name: str = "tiny") -> Path:
@@ -40,24 +41,10 @@ def trained_for(record: dict) -> str:
     return f" (it was trained for the target {name!r})" if name else ""
 
 
-# options a drafter no longer has, with the one value every shipped checkpoint holds
-RETIRED = {"normed_head_input": True, "final_hidden": False, "tied_rank": 0}
-
-
-def without_retired(config: dict, path: str | Path) -> dict:
-    """A drafter checkpoint's `config` without the retired options; a checkpoint that used one is refused."""
-    for key, only in RETIRED.items():
-        if config.get(key, only) != only:
-            raise CheckpointError(f"{path} was trained with {key}={config[key]!r}, an option dspark no longer has "
-                                  "(commit 4acc240 reads it)")  # fmt: skip
-    return {k: v for k, v in config.items() if k not in RETIRED}
-
-
 def whole_vocabulary(target: Transformer, size: int) -> None:
     """The core's drafters score the whole vocabulary; one of K draft ids is the lab's to build."""
     if size:
-        raise CheckpointError(f"this drafter scores a reduced vocabulary of {size} ids: the lab reads it "
-                              "(dspark.lab.exporting.exported.load_any), as every command does")  # fmt: skip
+        raise CheckpointError(f"this drafter scores a reduced vocabulary of {size} ids: {THE_LAB_READS_IT}")
 
 
 def load_drafter(
@@ -68,15 +55,15 @@ def load_drafter(
     """Rebuild a trained drafter for `target` from its checkpoint, on the target's device; `vocabulary(target, K)`
     builds what it scores (None: the whole vocabulary)."""
     if Path(path).is_dir():  # a folder in a serving engine's layout (python -m dspark.export, DeepSpec)
-        raise CheckpointError(f"{path} is a folder in a serving engine's layout: the lab reads it "
-                              "(dspark.lab.exporting.exported.load_any), as every command does")  # fmt: skip
+        raise CheckpointError(f"{path} is a folder in a serving engine's layout: {THE_LAB_READS_IT}")
     record, tensors = read_checkpoint(path)
     config, other_target = record["config"], trained_for(record)
     if isinstance(config, dict) and "kind" not in config and "vocab_size" in config:
-        raise CheckpointError(f"{path} is a target model checkpoint, not a drafter: pass it as --checkpoint, and "
-                              "as --drafter-checkpoint a drafter trained for it")  # fmt: skip
+        raise CheckpointError(
+            f"{path} is a target model checkpoint, not a drafter: pass it as --checkpoint, and "
+            "as --drafter-checkpoint a drafter trained for it"
+        )
     try:
-        config = without_retired(config, path)
         parallel = config.get("kind") in PARALLEL_KINDS
         config = (ParallelDrafterConfig if parallel else AutoregressiveDrafterConfig)(**config)
         vocab = vocabulary(target, config.draft_vocab)
@@ -144,8 +131,10 @@ def load_calibration(path: str | Path, positions: int | None = None) -> torch.Te
                 f"{twin}: sts_shifts has {len(shifts)} entries, sts_temperatures {len(temps)}"
             )
     if positions is not None and len(temps) != positions:
-        raise CheckpointError(f"{twin}: the calibration has {len(temps)} positions but the drafter drafts "
-                              f"{positions}; run `python -m dspark.train calibrate` for this drafter again")  # fmt: skip
+        raise CheckpointError(
+            f"{twin}: the calibration has {len(temps)} positions but the drafter drafts "
+            f"{positions}; run `python -m dspark.train calibrate` for this drafter again"
+        )
     return torch.tensor(temps if shifts is None else [temps, shifts], dtype=torch.float64)
 
 
@@ -164,8 +153,10 @@ def get_drafter(
     path = Path(path) if path else default_path(name, target_name)
     if not (path.is_file() or path.is_dir()):
         if target_name != "tiny" and Path(path) == default_path(name, target_name):
-            raise CheckpointError(f"no {name} drafter is shipped for the target {target_name!r}; pass --drafter none "
-                                  "(plain decoding) or a --drafter-checkpoint trained for it")  # fmt: skip
+            raise CheckpointError(
+                f"no {name} drafter is shipped for the target {target_name!r}; pass --drafter none "
+                "(plain decoding) or a --drafter-checkpoint trained for it"
+            )
         raise CheckpointError(
             f"no trained {name} drafter at {path}; train one with `python -m dspark.train drafter --kind {name}`"
         )

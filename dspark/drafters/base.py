@@ -89,8 +89,10 @@ def scored_vocabulary(target: nn.Module, size: int, vocab: nn.Module | None = No
     DraftVocabulary), else the whole vocabulary; a mismatch is a ValueError."""
     vocab = vocab if vocab is not None else Vocabulary(target)
     if vocab.size != size:
-        raise ValueError(f"the drafter's config scores {size or 'all'} ids, its vocabulary {vocab.size or 'all'}; "
-                         "a reduced one is built by the lab (dspark.lab.draft_vocab.DraftVocabulary)")  # fmt: skip
+        raise ValueError(
+            f"the drafter's config scores {size or 'all'} ids, its vocabulary {vocab.size or 'all'}; "
+            "a reduced one is built by the lab (dspark.lab.draft_vocab.DraftVocabulary)"
+        )
     return vocab
 
 

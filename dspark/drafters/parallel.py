@@ -27,13 +27,7 @@ from torch import nn
 from dspark.device import generator_uniforms, to_host
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures, scored_vocabulary
 from dspark.kv_cache import KVCache
-from dspark.model import (
-    Block,
-    RaggedIndex,
-    RMSNorm,
-    Transformer,
-    rope_table,
-)
+from dspark.model import Block, RaggedIndex, RMSNorm, Transformer, rope_table
 from dspark.sampling import SamplingParams, draw_token, probabilities
 from dspark.tokenizer import MASK, SPECIAL_TOKENS
 from dspark_kernels import use_kernel
@@ -59,6 +53,43 @@ def markov_step(
     return u_k + F.linear(e, w2), conf
 
 
+def head_loop(step, u: torch.Tensor, h: torch.Tensor, first: torch.Tensor, choose) -> tuple[list, list]:
+    """The sequential head over a block, left to right: the one loop of drafting, of the kernel's reference and
+    of teacher-forced training. `step(U_k, h_k, x_{k-1}, state)` -> (logits (R, V), c_k (R,) or None, state);
+    `choose(k, logits)` -> x_k (a draw when drafting, the label when training); x_0 = `first` (R,).
+    Returns the γ logits and the γ confidences."""
+    prev, state, logits, confs = first, None, [], []
+    for k in range(u.shape[1]):
+        logits_k, conf, state = step(u[:, k], h[:, k], prev, state)
+        logits.append(logits_k)
+        confs.append(conf)
+        prev = choose(k, logits_k)
+    return logits, confs
+
+
+def sample_block(
+    step,
+    u: torch.Tensor,
+    h: torch.Tensor,
+    first: torch.Tensor,
+    params: SamplingParams,
+    uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Drafting: `head_loop` drawing x_k from q_k with uniforms[:, k] -> tokens (R, γ), q (R, γ, V) fp32, c (R, γ)."""
+    tokens, probs = [], []
+
+    def draw(k: int, logits: torch.Tensor) -> torch.Tensor:
+        probs.append(probabilities(logits, params))  # (R, V)
+        tokens.append(draw_token(probs[-1], uniforms[:, k], params))
+        return tokens[-1]
+
+    _, confs = head_loop(step, u, h, first, draw)
+    if not tokens:
+        R, V = u.shape[0], u.shape[-1]
+        return first.new_zeros(R, 0), u.new_zeros(R, 0, V).float(), u.new_zeros(R, 0)
+    return torch.stack(tokens, 1), torch.stack(probs, 1), torch.stack(confs, 1)
+
+
 def markov_block_reference(
     base_logits: torch.Tensor,
     hidden: torch.Tensor,
@@ -70,20 +101,13 @@ def markov_block_reference(
     params: SamplingParams,
     uniforms: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The Markov stage of a block, left to right: U (R, γ, V), h (R, γ, dim), x_0 (R,), uniforms (R, γ)
-    -> tokens (R, γ), q (R, γ, V) fp32, c (R, γ)."""
-    prev, tokens, probs, confs = anchors, [], [], []
-    for k in range(base_logits.shape[1]):
-        logits, conf = markov_step(base_logits[:, k], hidden[:, k], prev, w1, w2, conf_weight, conf_bias)
-        q = probabilities(logits, params)  # (R, V)
-        prev = draw_token(q, uniforms[:, k], params)
-        tokens.append(prev)
-        probs.append(q)
-        confs.append(conf)
-    if not tokens:
-        R, V = base_logits.shape[0], base_logits.shape[-1]
-        return anchors.new_zeros(R, 0), base_logits.new_zeros(R, 0, V).float(), base_logits.new_zeros(R, 0)
-    return torch.stack(tokens, 1), torch.stack(probs, 1), torch.stack(confs, 1)
+    """The Markov stage of a block (the kernel's reference): U (R, γ, V), h (R, γ, dim), x_0 (R,), uniforms
+    (R, γ) -> tokens (R, γ), q (R, γ, V) fp32, c (R, γ)."""
+
+    def step(u_k, h_k, prev, state):
+        return (*markov_step(u_k, h_k, prev, w1, w2, conf_weight, conf_bias), state)
+
+    return sample_block(step, base_logits, hidden, anchors, params, uniforms)
 
 
 def markov_block_sample(
@@ -140,8 +164,9 @@ class RNNHead(nn.Module):
         self.confidence = nn.Linear(dim + rank, 1)
 
     def step(self, u_k, h_k, prev, state):
-        """(logits (R, V), c_k (R,), the new state (R, r))."""
+        """(logits (R, V), c_k (R,), the new state (R, r)); state None: the block's start, s_0 = 0."""
         e = self.w1(prev)  # (R, r)
+        state = e.new_zeros(e.shape) if state is None else state
         gate, cand, out = self.rnn(torch.cat([state, e, h_k], dim=-1)).chunk(3, dim=-1)
         g = torch.sigmoid(gate)
         state = g * state + (1 - g) * torch.tanh(cand)
@@ -329,15 +354,5 @@ class ParallelDrafter(Drafter):
         if self.config.head == "markov":  # the whole block in one call (a Triton kernel on CUDA)
             tokens, probs, conf = markov_block_sample(u, h, prev, *self.head.weights(), params, uniforms)
             return Proposal(vocab.to_target(tokens), probs, conf, vocab)
-        # the RNN head: left to right in PyTorch
-        state = h.new_zeros(slots.shape[0], self.config.rank)
-        tokens, probs, confs = [], [], []
-        for k in range(gamma):
-            logits, conf, state = self.sequential_logits(u[:, k], h[:, k], prev, state)
-            q = probabilities(logits, params)
-            prev = draw_token(q, uniforms[:, k], params)
-            tokens.append(prev)
-            probs.append(q)
-            confs.append(conf)
-        probs = torch.stack(probs, 1)  # (R, γ, K)
-        return Proposal(vocab.to_target(torch.stack(tokens, 1)), probs, torch.stack(confs, 1), vocab)
+        tokens, probs, conf = sample_block(self.head.step, u, h, prev, params, uniforms)  # the RNN head
+        return Proposal(vocab.to_target(tokens), probs, conf, vocab)

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from dspark.lab import storage
 from dspark.lab.machine import cpu_description
 from dspark.model import Transformer
-from dspark.profiler import DEFAULT_POINTS, measure_sps
+from dspark.profiler import DEFAULT_POINTS, measure_sps, profile_from_points
 from dspark.scheduler import ThroughputProfile
 
 
@@ -93,7 +93,7 @@ def measure_cpu_profile(
     seconds = [statistics.median(times) for times in zip(*sweeps)]
     spread = repeat_spread([list(times) for times in zip(*sweeps)])
     name = f"cpu-measured ({torch.get_num_threads()} threads)"
-    return ThroughputProfile.from_points(points, seconds, max(points), name), spread
+    return profile_from_points(points, seconds, max(points), name), spread
 
 
 def cpu_profile(

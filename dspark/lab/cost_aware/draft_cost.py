@@ -49,7 +49,8 @@ from dspark.lab.machine import cpu_description
 from dspark.lab.profiles import RooflineConfig, too_busy_to_cache
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
-from dspark.scheduler import ThroughputProfile, interpolated_times
+from dspark.profiler import interpolated_times
+from dspark.scheduler import ThroughputProfile
 
 DRAFT_POINTS = [1, 2, 4, 8, 16, 32]  # drafting requests measured on the CPU
 CATCH_UP_TOKENS = 16  # extra context tokens per request when measuring the cost of catching up
