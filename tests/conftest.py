@@ -35,10 +35,11 @@ TINY = ModelConfig(
 @pytest.fixture(autouse=True)
 def quiet_enough(monkeypatch):
     """Every measurement counts as taken on a quiet machine (a test's cache must not depend on the load of the
-    machine running the suite); the tests of the busy-machine rule set BUSY_SPREAD themselves."""
+    machine running the suite); the tests of the busy-machine rules set BUSY_SPREAD / BUSY_CORES themselves."""
     from dspark.lab import profiles
 
     monkeypatch.setattr(profiles, "BUSY_SPREAD", float("inf"))
+    monkeypatch.setattr(profiles, "BUSY_CORES", float("inf"))
 
 
 @pytest.fixture(scope="session")

@@ -222,6 +222,7 @@ CASES = [
     ("confidence-greedy", "bench", ["confidence", "--temperature", "0"], {}, "--temperature must be > 0"),
     ("confidence-fit-41", "bench", ["confidence", "--fit-prompts-per-domain", "41"], {}, "--fit-prompts-per-domain"),
     ("kernels-gamma-0", "bench", ["kernels", "--gamma", "0"], {}, "--gamma"),
+    ("policies-transformers-tiny", "bench", ["policies", "--transformers"], {}, "give --model"),
     # train
     ("target-heads-0", "train", ["target", "--heads", "0"], {}, "--heads"),
     ("target-seq-len-0", "train", ["target", "--seq-len", "0"], {}, "--seq-len"),

@@ -150,6 +150,37 @@ def test_a_profile_measured_on_a_busy_machine_serves_the_run_but_is_not_cached(
     assert seen[-1] == [1, 2, 4, 8, 12] and len(seen) == 9
 
 
+def test_a_profile_measured_beside_a_steady_load_is_not_cached(tiny_model, tmp_path, monkeypatch, capsys):
+    """Sweeps that agree can still all be slow: another job running steadily beside the measurement. Other
+    processes' CPU time while measuring (`OtherLoad`) above BUSY_CORES: used, one line, not cached."""
+    import time
+
+    from dspark.lab.machine import OtherLoad
+
+    with OtherLoad() as idle:
+        time.sleep(0.05)
+    assert 0.0 <= idle.cores  # a real reading; its size depends on this machine, so only its sign is checked
+
+    class Loaded(OtherLoad):
+        def __exit__(self, *exc):
+            self.cores = 1.2  # another process kept one core and a bit busy
+
+    monkeypatch.setattr(profiles, "OtherLoad", Loaded)
+    monkeypatch.setattr(profiles, "BUSY_CORES", 0.3)
+    monkeypatch.setattr(
+        profiles,
+        "measure_sps",
+        lambda target, points, *a: profile_from_points(points, [1e-3 * b for b in points], max(points)),
+    )
+    path = tmp_path / "cpu.json"
+    profiles.cpu_profile(tiny_model, path=path, max_tokens=4)
+    assert not path.exists() and "(other processes used 1.2 cores)" in capsys.readouterr().err
+    monkeypatch.setattr(profiles, "OtherLoad", OtherLoad)
+    monkeypatch.setattr(profiles, "BUSY_CORES", float("inf"))
+    profiles.cpu_profile(tiny_model, path=path, max_tokens=4)
+    assert path.exists() and "busy" not in capsys.readouterr().err
+
+
 def test_roofline_smooth_vs_bucketed():
     smooth = roofline_profile(RooflineConfig(max_tokens=512))
     jagged = roofline_profile(RooflineConfig(max_tokens=512, buckets=default_buckets(512)))

@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import torch
 from tqdm import tqdm
 
@@ -57,6 +59,31 @@ def cpu_description(cpuinfo: str | None = None) -> str:
     wait = os.environ.get("OMP_WAIT_POLICY", "").strip()
     policy = f"OMP_WAIT_POLICY={wait.upper()}" if wait else ""
     return ", ".join(x for x in (name, vector, f"{torch.get_num_threads()} threads", policy) if x)
+
+
+def busy_seconds() -> tuple[float, float]:
+    """(CPU seconds every process has used since boot, of them this process's): psutil's busy times (stolen
+    time counts: another guest had the core)."""
+    t = psutil.cpu_times()
+    total = sum(getattr(t, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
+    own = psutil.Process().cpu_times()
+    return total, own.user + own.system
+
+
+class OtherLoad:
+    """`with OtherLoad() as load: ...`, then `load.cores`: the CPU other processes used meanwhile, in cores
+    (their CPU seconds per second). A measurement with other work running steadily beside it has repeats
+    that agree and are all slow; their spread cannot show it, this can."""
+
+    cores = 0.0
+
+    def __enter__(self) -> OtherLoad:
+        self._start = (*busy_seconds(), time.perf_counter())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        (total0, own0, wall0), (total, own) = self._start, busy_seconds()
+        self.cores = max(0.0, (total - total0) - (own - own0)) / max(time.perf_counter() - wall0, 1e-9)
 
 
 def resolve_device(name: str | None) -> torch.device:

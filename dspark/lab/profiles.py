@@ -4,8 +4,9 @@ GPU's modelled by a roofline (paper section 5.2), by name.
   * `cpu_profile`: `measure_sps` (the core's profiler) on this machine, cached by a key of the model's
     config, this CPU and its thread count, so an engine measures it once. Only the batch sizes the caller
     needs are measured (a batch-1 `generate` needs 1..γ+1 tokens: seconds, not minutes), in SWEEPS
-    independent sweeps; where they disagree by more than BUSY_SPREAD the machine was busy, and the profile
-    serves this run but is not cached.
+    independent sweeps; where they disagree by more than BUSY_SPREAD, or other processes used more than
+    BUSY_CORES of the CPU meanwhile (a steady load slows every sweep alike), the machine was busy, and the
+    profile serves this run but is not cached.
   * `roofline_profile`: one pass streams the weights and the KV cache from HBM and does 2·P·B FLOPs; its
     time is the larger of the two plus a fixed launch overhead, optionally padded up to CUDA-graph bucket
     sizes, which makes SPS a jagged staircase.
@@ -25,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from dspark.lab import storage
-from dspark.lab.machine import cpu_description
+from dspark.lab.machine import OtherLoad, cpu_description
 from dspark.model import Transformer
 from dspark.profiler import DEFAULT_POINTS, measure_sps, profile_from_points
 from dspark.scheduler import ThroughputProfile
@@ -51,6 +52,7 @@ def read_profile(path: Path, key: dict, refresh: str = REFRESH_HINT) -> Throughp
 SWEEPS = 3  # independent sweeps of every batch size; the profile takes their medians
 SWEEP_REPEATS = 3  # passes per size in one sweep (their median is the sweep's)
 BUSY_SPREAD = 0.25  # sweeps that differ by more than this (max / min - 1, median over sizes): a busy machine
+BUSY_CORES = 0.5  # other processes using more cores than this while measuring (`OtherLoad`): a busy machine
 QUICK_REQUESTS, QUICK_CONTEXT = 4, 64  # the dummy requests a sweep spreads its batch tokens over
 
 
@@ -64,13 +66,19 @@ def repeat_spread(repeats: list[list[float]]) -> float:
     return statistics.median(max(times) / min(times) - 1 for times in repeats)
 
 
-def too_busy_to_cache(what: str, spread: float) -> bool:
-    """Whether repeats that disagree by `spread` were measured on a busy machine (more than BUSY_SPREAD); if so,
-    one line on stderr (above any progress bar) says that the measurement serves this run and is not cached."""
-    if spread <= BUSY_SPREAD:
+def too_busy_to_cache(what: str, spread: float, others: float = 0.0) -> bool:
+    """Whether a measurement was taken on a busy machine: its repeats disagree by `spread` (more than
+    BUSY_SPREAD), or other processes used `others` cores meanwhile (more than BUSY_CORES); if so, one line on
+    stderr (above any progress bar) says that the measurement serves this run and is not cached."""
+    if spread <= BUSY_SPREAD and others <= BUSY_CORES:
         return False
-    tqdm.write(f"note: the machine was busy while measuring {what} (repeats differ by {spread:.0%}): this run "
-               "uses the measurement, nothing is cached, and the next run measures again", file=sys.stderr)  # fmt: skip
+    why = (
+        f"repeats differ by {spread:.0%}"
+        if spread > BUSY_SPREAD
+        else f"other processes used {others:.1f} cores"
+    )
+    tqdm.write(f"note: the machine was busy while measuring {what} ({why}): this run uses the measurement, "
+               "nothing is cached, and the next run measures again", file=sys.stderr)  # fmt: skip
     return True
 
 
@@ -112,8 +120,9 @@ def cpu_profile(
     cached = None if refresh else read_profile(path, key)
     if cached is not None and cached.max_tokens >= (max_tokens or 1):
         return cached
-    profile, spread = measure_cpu_profile(target, max_tokens or DEFAULT_POINTS[-1], tick)
-    if too_busy_to_cache("target passes", spread):
+    with OtherLoad() as load:
+        profile, spread = measure_cpu_profile(target, max_tokens or DEFAULT_POINTS[-1], tick)
+    if too_busy_to_cache("target passes", spread, load.cores):
         return profile
     storage.write_cache(
         path, {"key": key, "name": profile.name, "steps_per_second": profile.steps_per_second}

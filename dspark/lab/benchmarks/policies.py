@@ -26,11 +26,14 @@ from dspark.decoding import generate
 from dspark.drafters.base import Proposal
 from dspark.engine import speculative_generate
 from dspark.lab.benchmarks.common import dtype_name, load_model, study_prompts
+from dspark.lab.benchmarks.transformers_peers import PEERS, load_peer, peer_generate
 from dspark.lab.calibration import get_calibration
+from dspark.lab.cli import UsageError
 from dspark.lab.cost_aware.engine import CostAwareEngine
 from dspark.lab.cost_aware.scheduler import CostAwareScheduler, with_drafting
 from dspark.lab.exporting.exported import get_drafter
 from dspark.lab.machine import cpu_description
+from dspark.lab.pretrained.fetch import resolve_model
 from dspark.lab.pretrained.prompt_sets import prompts_label
 from dspark.lab.study import gpu
 from dspark.lab.study.tables import markdown_table
@@ -77,8 +80,17 @@ def bench_policies(args: argparse.Namespace) -> dict:
     --lengths), and the
     drafter at γ under generate's default scheduler (Algorithm 1 with this machine's measured costs), each
     prompt through all in turn; tokens/s, speed-up, τ, mean verify length, share of steps that drafted, and
-    the scheduler's predicted vs realised tokens/s. --baselines adds MTP-1 / prompt lookup rows."""
+    the scheduler's predicted vs realised tokens/s. --baselines adds MTP-1 / prompt lookup rows, --transformers
+    Hugging Face's own greedy and prompt-lookup `generate` on the same weights."""
+    if args.transformers and not args.model:
+        raise UsageError("--transformers runs Hugging Face's generate on a pretrained target: give --model")
     tokenizer, target = load_model(args)
+    peer = (
+        load_peer(resolve_model(args.model, quiet=True), target.embed.weight.dtype)
+        if args.transformers
+        else None
+    )
+    peers = PEERS if peer is not None else {}
     by_domain = study_prompts(args, tokenizer, target)
     drafter = get_drafter(args.drafter, target, None, args.target_name)
     gamma = min(args.gamma or drafter.max_gamma, drafter.max_gamma)
@@ -86,17 +98,19 @@ def bench_policies(args: argparse.Namespace) -> dict:
     base = gpu.measured_scheduler("dspark", drafter, target, gamma, temperatures, requests=1)
     baselines = {name: get_drafter(name, target, None, args.target_name) for name in args.baselines}
     lengths = [ell for ell in (args.lengths or range(1, gamma + 1)) if 1 <= ell <= gamma]
-    systems = ["plain", *[f"fixed l={ell}" for ell in lengths], "default", *baselines]
+    systems = ["plain", *[f"fixed l={ell}" for ell in lengths], "default", *baselines, *peers]
     params, rows = SamplingParams(0.0), []
     bar = tqdm(total=sum(map(len, by_domain.values())), desc=f"{len(systems)} systems", unit="prompt")
     for domain, prompts in by_domain.items():
         bar.set_postfix_str(domain)
         generate(target, prompts[:1], 4, params)  # warm-up
+        for lookup in peers.values():
+            peer_generate(peer, prompts[0], 4, None, lookup)
         tokens, seconds, taus, ells = ({s: 0.0 for s in systems} for _ in range(4))
         rounds = dict.fromkeys(systems, 0)
         sched_totals = {"steps": 0, "drafting": 0, "pred_tokens": 0.0, "pred_seconds": 0.0, "decode_s": 0.0,
                         "decode_tokens": 0}  # fmt: skip
-        same = 0
+        same = dict.fromkeys(["default", *peers], 0)  # replies token for token those of plain decoding
         for i, prompt in enumerate(prompts):
             plain = generate(target, [prompt], args.max_new_tokens, params, torch.Generator().manual_seed(i),
                              tokenizer.eos_id)  # fmt: skip
@@ -114,26 +128,33 @@ def bench_policies(args: argparse.Namespace) -> dict:
                 ells[name] += sum(rec.verify_len for rec in r.stats.all_rounds())
                 rounds[name] += r.stats.rounds
                 if sched is not None:
-                    same += r.tokens == plain.tokens
+                    same["default"] += r.tokens == plain.tokens
                     sched_totals["steps"] += sched.steps
                     sched_totals["drafting"] += sched.drafting_steps
                     sched_totals["pred_tokens"] += sched.predicted_tokens
                     sched_totals["pred_seconds"] += sched.predicted_seconds
                     sched_totals["decode_s"] += r.decode_seconds
                     sched_totals["decode_tokens"] += r.new_tokens - 1  # the prefill's token is not a step's
+            for name, lookup in peers.items():
+                new, took = peer_generate(peer, prompt, args.max_new_tokens, tokenizer.eos_id, lookup)
+                tokens[name] += len(new)
+                seconds[name] += took
+                same[name] += [new] == plain.tokens
             bar.update()
         base_tps = tokens["plain"] / seconds["plain"]
         for name in systems:
             tps = tokens[name] / seconds[name]
             row = {"domain": domain, "system": name, "tokens_per_s": tps, "speedup": tps / base_tps,
-                   "tau": taus[name] / rounds[name] if rounds[name] else 1.0,
+                   "tau": None if name in peers else taus[name] / rounds[name] if rounds[name] else 1.0,
                    "mean_verify_len": ells[name] / rounds[name] if rounds[name] else 0.0}  # fmt: skip
+            if name in peers:
+                row["same_text_as_plain"] = f"{same[name]}/{len(prompts)}"
             if name == "default":
                 t = sched_totals
                 row |= {"drafted_share": t["drafting"] / max(1, t["steps"]),
                         "predicted_tokens_per_s": t["pred_tokens"] / max(t["pred_seconds"], 1e-9),
                         "realised_tokens_per_s": t["decode_tokens"] / max(t["decode_s"], 1e-9),
-                        "same_text_as_plain": f"{same}/{len(prompts)}"}  # fmt: skip
+                        "same_text_as_plain": f"{same[name]}/{len(prompts)}"}  # fmt: skip
             rows.append(row)
     bar.close()
     machine = f"{cpu_description()}, {dtype_name(target)}"
@@ -142,6 +163,8 @@ def bench_policies(args: argparse.Namespace) -> dict:
           f"{', '.join(f'{d} {len(p)}' for d, p in by_domain.items())}; {machine}\n")  # fmt: skip
     print(policies_table(rows, systems, list(by_domain)))
     print(decisions_table([r for r in rows if r["system"] == "default"]))
+    if peers:
+        print(peers_note(rows, list(peers)))
     return {"benchmark": "policies", "target": args.target_name, "drafter": args.drafter, "gamma": gamma,
             "machine": machine, "max_new_tokens": args.max_new_tokens, "prompts": prompts_label(args.prompts),
             "prompts_measured": {d: len(p) for d, p in by_domain.items()}, "results": rows,
@@ -154,9 +177,19 @@ def policies_table(rows: list[dict], systems: list[str], domains: list[str]) -> 
     for system in systems:
         mine = {r["domain"]: r for r in rows if r["system"] == system}
         mean = sum(mine[d]["speedup"] for d in domains) / len(domains)
-        cells.append([system, *(f"{mine[d]['speedup']:.2f} (τ {mine[d]['tau']:.2f})" for d in domains),
-                      f"{mean:.2f}"])  # fmt: skip
+        cells.append([system, *(speed_cell(mine[d]) for d in domains), f"{mean:.2f}"])
     return markdown_table(["system", *domains, "mean"], cells)
+
+
+def speed_cell(row: dict) -> str:
+    """ "1.53 (τ 1.82)"; a peer's τ is not observed, its cell is the speed-up alone."""
+    return f"{row['speedup']:.2f}" + ("" if row["tau"] is None else f" (τ {row['tau']:.2f})")
+
+
+def peers_note(rows: list[dict], peers: list[str]) -> str:
+    """Which peers' replies are token for token this project's plain decoding, per domain."""
+    same = [f"{r['system']} {r['domain']} {r['same_text_as_plain']}" for r in rows if r["system"] in peers]
+    return "\nsame text as this project's plain decoding: " + ", ".join(same)
 
 
 def decisions_table(rows: list[dict]) -> str:

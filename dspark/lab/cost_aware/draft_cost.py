@@ -45,11 +45,11 @@ import torch
 
 from dspark.drafters.base import Drafter, TargetFeatures
 from dspark.lab import storage
-from dspark.lab.machine import cpu_description
+from dspark.lab.machine import OtherLoad, cpu_description
 from dspark.lab.profiles import RooflineConfig, too_busy_to_cache
 from dspark.model import Transformer
-from dspark.sampling import SamplingParams
 from dspark.profiler import interpolated_times
+from dspark.sampling import SamplingParams
 from dspark.scheduler import ThroughputProfile
 
 DRAFT_POINTS = [1, 2, 4, 8, 16, 32]  # drafting requests measured on the CPU
@@ -234,15 +234,16 @@ def cached_draft_cost(
     key: dict, measure: Callable[[], DraftCost], refresh: bool = False, requests: int = 1, what: str = ""
 ) -> DraftCost:
     """The cost cached under `key` (DSPARK_HOME/profiles) if it covers `requests` drafting requests, else (or
-    on `refresh`) `measure()`, stored unless its repeats disagree by more than BUSY_SPREAD (a busy machine:
-    said on stderr, naming `what`, and used for this run only). A corrupt file is one line naming it and
+    on `refresh`) `measure()`, stored unless the machine was busy (`too_busy_to_cache`: its repeats disagree,
+    or other processes used the CPU meanwhile; said on stderr, naming `what`, and used for this run only). A corrupt file is one line naming it and
     --refresh (`storage.read_cache`)."""
     path = draft_cost_path(key)
     cached = None if refresh else storage.read_cache(path, key, draft_cost_of, REFRESH_HINT)
     if cached is not None and len(cached.seconds_by_requests) >= requests:
         return cached
-    cost = measure()
-    if too_busy_to_cache(what or "the drafting cost", cost.spread):
+    with OtherLoad() as load:
+        cost = measure()
+    if too_busy_to_cache(what or "the drafting cost", cost.spread, load.cores):
         return cost
     record = {"key": key, "name": cost.name, "seconds_by_requests": cost.seconds_by_requests,
               "seconds_per_token": cost.seconds_per_token, "one_position": cost.one_position,
