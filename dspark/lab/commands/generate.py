@@ -26,8 +26,8 @@ confidences and this machine's measured SPS profile, plus the drafting time
 narrower block is drafted where fewer drafts will be verified). On a CPU the
 profile and the drafting time are measured at first use (seconds, with a
 progress bar) and cached under DSPARK_HOME/profiles for this CPU, thread count
-and dtype; `--refresh-profile` measures them again (do it on a quiet machine:
-a measurement whose repeats disagree is used once and not cached). `fixed`
+and dtype; `--refresh-profile` measures them again (on a quiet machine: one
+taken beside other work, or whose repeats disagree, is used once, not cached). `fixed`
 verifies every draft (the paper's verify-all rows); `dspark-async`,
 `threshold`, `goodput`, `mtp1` or `none` are the others (see
 dspark/scheduler.py). Any policy is lossless.
