@@ -3,33 +3,27 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 # Triton kernels run on CPU only in the interpreter, which is chosen when a kernel module is
-# imported: set it before anything imports `dspark_kernels.*` (tests/test_kernel_*.py).
+# imported: set it before anything imports `dspark_kernels.*` (tests/kernels/test_kernel_*.py).
 os.environ.setdefault("TRITON_INTERPRET", "1")
 # `generate` without --model runs SmolLM2; the tests (and the processes they start) name the tiny target
 # this way instead, and the tests of that default unset it
 os.environ["DSPARK_MODEL"] = "tiny"
+# the test files sit in tests/core, tests/lab, tests/kernels and tests/course; their shared helpers (helpers.py,
+# stats_helpers.py, ...) sit here, in tests/: pytest puts only each test file's own folder on sys.path
+sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest  # noqa: E402
 import torch
+from helpers import TINY
 
 from dspark.checkpoint import TOKENIZER_PATH
 from dspark.lab.storage import save_checkpoint
 from dspark.model import ModelConfig, Transformer
 from dspark.tokenizer import Tokenizer
-
-TINY = ModelConfig(
-    vocab_size=97,  # not a power of two on purpose
-    dim=48,
-    n_layers=3,
-    n_heads=4,
-    n_kv_heads=2,
-    ffn_hidden=80,
-    max_seq_len=64,
-    tap_layers=(0, 1),
-)
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@
 Each notebook runs top to bottom in a fresh kernel from `walkthrough/`; the executed copy
 replaces the file only when every cell ran (a failing notebook is left as it was and named).
 Before writing: widget state and per-cell timing metadata are dropped, cell ids are
-assigned where missing, and a notebook over MAX_BYTES is refused -- tests/test_notebooks.py
+assigned where missing, and a notebook over MAX_BYTES is refused -- tests/lab/test_notebooks.py
 checks the same on the committed files.
 """
 

@@ -8,7 +8,7 @@ lists the assignments; `a1_verification.py`, `a2_round.py` (with its test double
 assignment's checks; `reference/` holds the instructor's solutions: the starters'
 signatures implemented with the project's own code; `command.py` is the command itself
 (dspark/grade.py runs it). walkthrough/assignments/INSTRUCTORS.md says how the graders are
-validated (tests/test_grading.py, planted bugs in tests/assignments/).
+validated (tests/course/test_grading.py, planted bugs in tests/course/assignments/).
 
 What each hand-made piece is for, and why no library replaces it (issue #60; measured on this
 project's 2-core CPU, the experiments' numbers in the commit that wrote this). Issue #41 asks that
@@ -40,7 +40,7 @@ crashes loses that check only, and that nothing is left running.
 * reference_guard.py (copies of the reference, its import or reading): exact token equality with
   Python's tokenize, an import hook and an audit hook, all standard library. Similarity tools
   (copydetect, MOSS) score with a threshold and would flag the renamed-variable copy that
-  tests/test_grading_limits.py pins at full marks: a changed verdict.
+  tests/course/test_grading_limits.py pins at full marks: a changed verdict.
 * expect.py: one-line messages that show the got and expected values and a hint, and refuse NaN
   and inf; torch.testing.assert_close writes several lines and counts inf equal to inf.
 """

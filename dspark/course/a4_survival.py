@@ -3,7 +3,7 @@
 Hand-worked values for the confidence label, the events/mask of recorded rounds, ECE
 (including unequal bin sizes and the bin edges) and AUROC (including ties); calibrated
 survivals (values and monotonicity); and STS on synthetic rounds built as in
-tests/test_calibration.py: the same temperatures as `dspark.calibration.fit_sts`
+tests/core/test_calibration.py: the same temperatures as `dspark.calibration.fit_sts`
 on the same data, planted temperatures recovered, unverified positions skipped.
 
 What this file does not do: run anything itself (dspark/course/framework.py does).
@@ -33,7 +33,7 @@ checks = CheckList()
 
 def synthetic_rounds(n: int, true_temps: list[float], seed: int = 0, verify_lens: torch.Tensor | None = None):
     """(confidences, events, mask) of n rounds whose true conditional acceptance at position k is
-    σ(logit(c_k)/T_k) (as tests/test_calibration.py builds them; events and mask as
+    σ(logit(c_k)/T_k) (as tests/helpers.py's `synthetic_rounds` builds them; events and mask as
     `RoundStats.calibration_arrays` defines them, computed here in one go)."""
     g = torch.Generator().manual_seed(seed)
     gamma = len(true_temps)

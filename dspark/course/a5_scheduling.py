@@ -3,7 +3,7 @@
 Survivals and the greedy path's order (hand-worked, ties), Θ along the path on
 Appendix A's numbers, edge cases (R = 0, R = 1, zero confidences), prefixes, equality
 with a brute-force optimum wherever Θ is unimodal along the path (as in
-tests/test_scheduler.py), the early stop against the retrospective argmax, and last
+tests/core/test_scheduler.py), the early stop against the retrospective argmax, and last
 Appendix A itself, run through the project's `verify` with the STUDENT's scheduler:
 the retrospective variant must show the bias (0.85, 0.15), Algorithm 1 must not.
 

@@ -7,5 +7,5 @@ simulator, Appendix A, tables and plots), `benchmarks/` (the bodies of `python -
 (a drafter as a folder the serving engines load), `train_commands/` (the bodies of `python -m dspark.train`),
 `commands/` (the `bench`, `train`, `export` and `fetch` commands themselves, run by dspark/<name>.py) and
 `cli.py` (the options the commands share, and their one-line errors).
-The lab imports the core; the core never imports the lab (tests/test_architecture.py checks it).
+The lab imports the core; the core never imports the lab (tests/lab/test_architecture.py checks it).
 """

@@ -1,12 +1,15 @@
-"""Plain generation: batched == one by one == a naive recompute-everything loop."""
+"""dspark/decoding.py: plain generation batched == one by one == a naive recompute-everything loop (EOS, context
+limit, seeds, cache slots returned), and bad prompts or budgets refused with a clear ValueError."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY
+from helpers import TINY, make_drafter
 
 from dspark.decoding import check_prompts, generate
+from dspark.decoding import generate as plain_generate
+from dspark.engine import speculative_generate
 from dspark.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -106,3 +109,31 @@ def test_decoding_records_no_autograd_graph(tiny_model, monkeypatch):
         generate(tiny_model, [[1, 2, 3]], 4, SamplingParams(0.0))
         speculative_generate(tiny_model, NoDrafter(TINY.vocab_size), [[1, 2, 3]], 4, SamplingParams(0.0), 0)
     assert len(seen) >= 4 and not any(seen)
+
+
+# ---- the inputs are validated where they enter (token ids, max_new_tokens) ---------------------------------------
+BAD_PROMPTS = [
+    ([[1.5, 2]], "token 1 is 1.5, not an integer"),
+    ([[3, True]], "token 2 is True, not an integer"),
+    ([[4, 5], [-1, 3]], "prompt 2: token id -1 is outside the vocabulary 0..96"),
+    ([[TINY.vocab_size]], f"prompt 1: token id {TINY.vocab_size} is outside the vocabulary"),
+    ([torch.tensor([1, 2])], "prompt 1 is a Tensor, not a list"),
+]
+
+
+@pytest.mark.parametrize("ps, message", BAD_PROMPTS)
+@pytest.mark.parametrize("entry", ["generate", "speculative_generate"])
+def test_bad_token_ids_are_a_clear_value_error(tiny_model, entry, ps, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        if entry == "generate":
+            plain_generate(tiny_model, ps, 4, GREEDY)
+        else:
+            speculative_generate(tiny_model, make_drafter("mtp", tiny_model, 1), ps, 4, GREEDY, 1)
+
+
+@pytest.mark.parametrize("budget", [4.5, True, 0, "4"])
+def test_max_new_tokens_must_be_an_integer(tiny_model, budget):
+    for call in (lambda: plain_generate(tiny_model, prompts([3]), budget, GREEDY),
+                 lambda: speculative_generate(tiny_model, make_drafter("mtp", tiny_model, 1), prompts([3]), budget, GREEDY, 1)):  # fmt: skip
+        with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1"):
+            call()

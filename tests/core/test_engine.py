@@ -1,96 +1,23 @@
-"""The speculative loop: token-identical to plain greedy decoding for every drafter and
-verify length, EOS and max-new-tokens inside a block, and exact sampling end to end."""
+"""dspark/engine.py: speculative decoding is token-identical to plain greedy decoding for every drafter, verify
+length, policy and concurrency (EOS and max-new-tokens inside a block, τ counting only what was output), slots are
+reused without leaks, bad requests are refused alone, and each round's proposal reaches the scheduler."""
 
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
-from conftest import TINY
-from stats_helpers import assert_matches
+from helpers import GREEDY, LENGTHS, PROFILE, RAGGED, SHORT, OracleDrafter, make, make_drafter, prompts
 
 from dspark.decoding import generate
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
-from dspark.drafters.base import Drafter, NoDrafter, Proposal
-from dspark.engine import speculative_generate
-from dspark.model import ModelConfig, Transformer
-from dspark.sampling import SamplingParams, probabilities
-from dspark.scheduler import Scheduler, ThroughputProfile, make_policy
+from dspark.drafters.base import NoDrafter, Proposal
+from dspark.engine import Engine, Request, speculative_generate
+from dspark.sampling import SamplingParams
+from dspark.scheduler import POLICY_NAMES, Scheduler, ThroughputProfile, make_policy
 
-GREEDY = SamplingParams(temperature=0.0)
-
-
-class OracleDrafter(Drafter):
-    """Test double: proposes the target's own greedy continuation, corrupting each token with
-    probability `noise` (its own RNG). Long accepted runs put EOS and max-new-tokens inside blocks."""
-
-    name = "oracle"
-
-    def __init__(self, target: Transformer, max_gamma: int, noise: float) -> None:
-        super().__init__()
-        self.target, self.max_gamma, self.noise = target, max_gamma, noise
-        self.rng = torch.Generator().manual_seed(123)
-
-    def reset(self, n_slots):
-        self.history = {s: [] for s in range(n_slots)}
-
-    def release(self, slot):
-        self.history[slot] = []
-
-    @torch.no_grad()
-    def propose(self, slots, committed_tokens, features, committed_lens, anchors, gamma, params, generator):
-        drafts = []
-        for slot, chunk, anchor in zip(
-            slots.tolist(), committed_tokens.split(committed_lens.tolist()), anchors
-        ):
-            self.history[slot] += chunk.tolist()
-            seq, block = [*self.history[slot], int(anchor)], []
-            for _ in range(gamma):
-                ctx = seq[-self.target.config.max_seq_len :]
-                token = int(self.target(torch.tensor([ctx])).logits[0, -1].argmax())
-                if float(torch.rand(1, generator=self.rng)) < self.noise:
-                    token = int(torch.randint(0, self.target.config.vocab_size, (1,), generator=self.rng))
-                block.append(token)
-                seq.append(token)
-            drafts.append(block)
-        tokens = torch.tensor(drafts, dtype=torch.long).view(len(drafts), gamma)
-        return Proposal(tokens, torch.nn.functional.one_hot(tokens, self.target.config.vocab_size).float())
-
-
-def copy_initialised(drafter: AutoregressiveDrafter) -> AutoregressiveDrafter:
-    """Make a random drafter predict 'repeat the token' (identity layers, embedding-only entry):
-    the tiny random target repeats itself a lot, so many drafts get accepted."""
-    dim = drafter.target.config.dim
-    with torch.no_grad():
-        drafter.w_in.weight.zero_()
-        drafter.w_in.weight[:, :dim] = torch.eye(dim)
-        for layer in drafter.layers:
-            layer.attn.wo.weight.zero_()
-            layer.ffn.w_down.weight.zero_()
-    return drafter
-
-
-def make_drafter(kind: str, target: Transformer, gamma: int) -> Drafter:
-    if kind == "none":
-        return NoDrafter(target.config.vocab_size)
-    if kind == "oracle":
-        return OracleDrafter(target, max(gamma, 1), noise=0.25)
-    torch.manual_seed(5)
-    if kind == "mtp":
-        return AutoregressiveDrafter(target, AutoregressiveDrafterConfig("mtp", 1, ffn_hidden=64))
-    drafter = AutoregressiveDrafter(
-        target, AutoregressiveDrafterConfig("eagle", max(gamma, 1), ffn_hidden=64)
-    )
-    return copy_initialised(drafter) if kind == "eagle-copy" else drafter
-
-
-def prompts(lengths, seed=0, vocab=TINY.vocab_size):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
-
-
-RAGGED = [3, 17, 1, 9, 45, 60]  # the last two hit the 64-token context inside a block
 CASES = [("none", 0), ("mtp", 1), ("mtp", 0)] + [
     (kind, gamma) for kind in ("eagle", "eagle-copy", "oracle") for gamma in (1, 2, 4, 5)
 ]
@@ -179,71 +106,129 @@ def test_gamma_beyond_the_drafter_is_rejected(tiny_model):
         speculative_generate(tiny_model, make_drafter("mtp", tiny_model, 1), prompts([3]), 5, GREEDY, 2)
 
 
-# ---- exact sampling, end to end ------------------------------------------------------------
-MICRO = ModelConfig(vocab_size=5, dim=16, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden=24, max_seq_len=16,
-                    tap_layers=(0, 1))  # fmt: skip
+def alone(model, prompt, max_new, eos_id=None):
+    return generate(model, [prompt], max_new, GREEDY, eos_id=eos_id).tokens[0]
 
 
-MICRO_PROMPT, MICRO_LENGTH = [1, 3, 0], 3  # the exactness checks decode 3 tokens after this prompt
+@pytest.mark.parametrize("policy_name", POLICY_NAMES)
+@pytest.mark.parametrize("concurrency", [1, 3, 16])
+def test_every_request_equals_plain_decoding_alone(tiny_model, policy_name, concurrency):
+    drafter = make(tiny_model, "dspark", gamma=4)
+    ps = prompts(LENGTHS, seed=11)
+    budgets = [5 + 3 * i for i in range(len(ps))]  # different lengths
+    scheduler = Scheduler.for_drafter(make_policy(policy_name, threshold=0.3), drafter, PROFILE)
+    engine = Engine(tiny_model, drafter, GREEDY, 4, concurrency, None, scheduler)
+    result = engine.run([Request(p, n) for p, n in zip(ps, budgets)])
+    for p, n, rec in zip(ps, budgets, result.records):
+        assert rec.tokens == alone(tiny_model, p, n)
+        assert rec.rounds and all(d.confidences is not None for d in rec.rounds)
+    assert result.output_tokens == sum(len(r.tokens) for r in result.records) and result.throughput > 0
 
 
-def micro_target_and_law() -> tuple[Transformer, torch.Tensor]:
-    """The vocab-5 target of the exactness checks (sharpened a little so drafters are
-    sometimes right) and the exact law of its 3 tokens after MICRO_PROMPT at T = 1."""
-    torch.manual_seed(0)
-    target = Transformer(MICRO).eval()
-    with torch.no_grad():
-        target.lm_head.weight.mul_(8.0)
-    return target, exact_joint(target, MICRO_PROMPT, SamplingParams(temperature=1.0), MICRO_LENGTH)
+def test_eos_inside_a_block_stops_that_request_only(tiny_model):
+    ps = prompts([4, 8, 6], seed=3)
+    reference = [alone(tiny_model, p, 30) for p in ps]
+    eos = reference[0][5]  # a token the first request emits mid-stream
+    engine = Engine(tiny_model, make(tiny_model, "dspark", gamma=4), GREEDY, 4, 2, eos_id=eos)
+    result = engine.run([Request(p, 30) for p in ps])
+    for p, rec in zip(ps, result.records):
+        assert rec.tokens == alone(tiny_model, p, 30, eos_id=eos)
+        assert rec.stop_reason == ("eos" if eos in rec.tokens else "length")
+    assert result.records[0].stop_reason == "eos" and len(result.records[0].tokens) <= 6
 
 
-def exact_joint(model: Transformer, prompt: list[int], params: SamplingParams, length: int) -> torch.Tensor:
-    """P(x1..x_length | prompt) for every sequence, by enumerating all prefixes."""
-    V = model.config.vocab_size
-    joint = torch.zeros([V] * length, dtype=torch.float64)
-    with torch.no_grad():
-        for seq in itertools.product(range(V), repeat=length):
-            p = 1.0
-            for k in range(length):
-                logits = model(torch.tensor([prompt + list(seq[:k])])).logits[0, -1]
-                p *= float(probabilities(logits, params)[seq[k]])
-            joint[seq] = p
-    return joint
+def test_hundreds_of_requests_reuse_slots_without_leaks(tiny_model):
+    drafter = make(tiny_model, "dspark", gamma=3)
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 40, (300,), generator=g).tolist()
+    budgets = torch.randint(1, 12, (300,), generator=g).tolist()
+    engine = Engine(tiny_model, drafter, SamplingParams(1.0), 3, 8)
+    result = engine.run([Request(p, n) for p, n in zip(prompts(lengths, seed=5), budgets)])
+    assert all(1 <= len(r.tokens) <= n for r, n in zip(result.records, budgets))
+    assert len(engine.cache._free) == engine.cache.n_slots and not engine.cache._in_use
+    assert int(engine.cache.lengths.sum()) == 0 and int(drafter.cache.lengths.sum()) == 0
 
 
-@pytest.mark.parametrize("kind, gamma", [("eagle", 3), ("mtp", 1), ("eagle-copy", 2)])
-def test_sampled_output_follows_the_target_exactly(kind, gamma):
-    target, joint = micro_target_and_law()
-    params, prompt, length = SamplingParams(temperature=1.0), MICRO_PROMPT, MICRO_LENGTH
-    drafter = make_drafter(kind, target, gamma)
-    g = torch.Generator().manual_seed(42)
-    counts = torch.zeros(MICRO.vocab_size**length)
-    accepted_any = 0
-    for _ in range(12):
-        result = speculative_generate(target, drafter, [prompt] * 1000, length, params, gamma, generator=g)
-        for toks in result.tokens:
-            counts[toks[0] * 25 + toks[1] * 5 + toks[2]] += 1
-        accepted_any += sum(itertools.chain(*result.from_draft))
-    assert accepted_any > 500  # drafts were really accepted, so the test exercises verification
-    assert_matches(counts, joint.flatten())
+def test_bad_requests_are_rejected_alone(tiny_model):
+    good = prompts([5, 7], seed=8)
+    requests = [
+        Request(good[0], 6),
+        Request([], 6),
+        Request([1] * 64, 6),
+        Request(good[1], 6),
+        Request(good[0], 0),
+    ]
+    result = Engine(tiny_model, make(tiny_model, "dflash", gamma=3), GREEDY, 3, 2).run(requests)
+    recs = result.records
+    assert [r.stop_reason for r in recs] == ["length", "rejected", "rejected", "length", "rejected"]
+    assert "empty" in recs[1].error and "context" in recs[2].error and "max_new_tokens" in recs[4].error
+    assert recs[0].tokens == alone(tiny_model, good[0], 6) and recs[3].tokens == alone(tiny_model, good[1], 6)
 
 
-@pytest.mark.parametrize(
-    "name, gamma", [("mtp", 1), ("eagle", 7), ("eagle", 3), ("dflash", 7), ("dspark", 7), ("dspark", 2)]
-)
-def test_shipped_drafters_are_greedy_identical(name, gamma, tokenizer):
-    from dspark.checkpoint import TARGET_CHECKPOINT, load_target
-    from dspark.drafters import default_path, get_drafter
-    from dspark.lab.data.corpus import EVAL_PROMPTS_PATH, load_eval_prompts
-
-    if not (TARGET_CHECKPOINT.is_file() and default_path(name).is_file()):
-        pytest.skip(f"no shipped {name} drafter")
-    target, _ = load_target(TARGET_CHECKPOINT)
-    records = load_eval_prompts(EVAL_PROMPTS_PATH)
-    ps = [tokenizer.chat_prompt(r["prompt"]) for r in records[::80]]  # one prompt per domain, ragged lengths
-    reference = generate(target, ps, 40, GREEDY, eos_id=tokenizer.eos_id)
-    result = speculative_generate(
-        target, get_drafter(name, target), ps, 40, GREEDY, gamma, eos_id=tokenizer.eos_id
+def test_poisson_arrivals_and_latency_metrics(tiny_model):
+    ps = prompts([4, 6, 8], seed=9)
+    arrivals = [0.0, 0.05, 0.1]
+    result = Engine(tiny_model, NoDrafter(tiny_model.config.vocab_size), GREEDY, 0, 2).run(
+        [Request(p, 8, a) for p, a in zip(ps, arrivals)]
     )
-    assert result.tokens == reference.tokens
-    assert result.stats.tau > 1.2  # a trained drafter really gets tokens accepted
+    for p, a, rec in zip(ps, arrivals, result.records):
+        assert rec.tokens == alone(tiny_model, p, 8)
+        assert (
+            rec.submitted == pytest.approx(a, abs=0.01)
+            and rec.first_token >= a
+            and rec.finished >= rec.first_token
+        )
+        assert rec.ttft >= 0 and rec.tpot is not None and rec.tpot >= 0
+    assert result.seconds >= 0.1
+
+
+def test_the_engine_hands_each_round_s_proposal_to_the_verify_function(tiny_model):
+    """The scheduler sees the very confidences the engine records for that round."""
+    drafter = make(tiny_model, "dspark", gamma=4)
+    seen = []
+
+    class VerifyTwo(Scheduler):
+        def __call__(self, proposal: Proposal) -> torch.Tensor:
+            seen.append(proposal.confidence.clone())
+            return torch.full((proposal.tokens.shape[0],), 2)
+
+    ps = prompts(RAGGED[:3], seed=4)
+    scheduler = VerifyTwo(make_policy("fixed"), PROFILE)
+    result = Engine(tiny_model, drafter, GREEDY, 4, 3, None, scheduler).run([Request(p, 9) for p in ps])
+    recorded = [d.confidences for rec in result.records for d in rec.rounds]
+    assert len(seen) == result.steps and sum(len(c) for c in seen) == len(recorded)
+    assert all(
+        d.verify_len <= 2 for rec in result.records for d in rec.rounds
+    )  # 2, or less near the context end
+    first_step = seen[0].tolist()
+    assert [rec.rounds[0].confidences for rec in result.records] == first_step  # all three active in step 1
+
+
+@pytest.mark.parametrize("request_, message", [
+    (Request([1, 2], 4, -1.0), "request 2: the arrival time must be a finite number of seconds >= 0, got -1.0"),
+    (Request([1, 2], 4, math.nan), "arrival time must be"),
+    (Request([1, 2], 4, math.inf), "arrival time must be"),
+    (Request([1, 2], 4.5), "request 2: max_new_tokens must be an integer"),
+    (Request([1, 2.0], 4), "request 2: token 2 is 2.0"),
+    (Request([1, 500], 4), "request 2: token id 500 is outside the vocabulary"),
+])  # fmt: skip
+def test_the_engine_refuses_what_it_cannot_serve(tiny_model, request_, message):
+    """A negative arrival used to be served with a TTFT of 100 s; requests are numbered from 1."""
+    engine = Engine(tiny_model, make_drafter("mtp", tiny_model, 1), GREEDY, 1, 2)
+    with pytest.raises(ValueError, match=message):
+        engine.run([Request([3, 4], 4), request_])
+
+
+def test_the_engine_still_serves_good_requests_with_arrival_times(tiny_model):
+    engine = Engine(tiny_model, make_drafter("mtp", tiny_model, 1), GREEDY, 1, 2)
+    result = engine.run([Request(p, 3, a) for p, a in zip(prompts([3, 4]), (0, 0.001))])
+    assert [len(r.tokens) for r in result.records] == [3, 3]
+
+
+def test_confidences_are_recorded_per_round(tiny_model):
+    ps = prompts(SHORT, seed=2)
+    result = speculative_generate(tiny_model, make(tiny_model, "dspark", gamma=4), ps, 12, GREEDY, 4)
+    for accs, confs in zip(result.stats.accepted, result.stats.confidences):
+        assert len(confs) == len(accs) and all(len(c) == 4 and all(0 < x < 1 for x in c) for c in confs)
+    eagle = AutoregressiveDrafter(tiny_model, AutoregressiveDrafterConfig("eagle", 3, ffn_hidden=32)).eval()
+    assert speculative_generate(tiny_model, eagle, ps, 6, GREEDY, 3).stats.confidences == [[]] * len(ps)

@@ -1,4 +1,5 @@
-"""Logits -> probabilities -> tokens: hand-worked cases, edge cases and a chi-square check."""
+"""dspark/sampling.py: logits -> probabilities -> tokens, hand-worked and edge cases, nucleus = its sorted
+definition, unusable temperatures and non-distributions refused, and a chi-square check of the sampler."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import pytest
 import torch
 
-from dspark.sampling import SamplingParams, draw_token, probabilities, sample, sample_from_probs
+from dspark.sampling import SamplingParams, draw_token, nucleus, probabilities, sample, sample_from_probs
 
 
 def test_temperature_one_is_softmax():
@@ -85,3 +86,43 @@ def test_draw_token_is_the_inverse_cdf_draw():
     for params in (SamplingParams(0.0), SamplingParams(1.0), SamplingParams(0.7, top_k=5)):
         probs = probabilities(logits, params)
         assert torch.equal(draw_token(probs, uniforms, params), sample_from_probs(probs, uniforms))
+
+
+@pytest.mark.parametrize("temperature", [math.inf, math.nan, -0.5, 1e-39, 1e-7])
+def test_temperatures_that_are_not_usable_are_refused(temperature):
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature)
+
+
+def test_usable_temperatures_pass():
+    for t in (0.0, 1e-6, 0.7, 1.0, 1e6):
+        assert SamplingParams(t).temperature == t
+
+
+@pytest.mark.parametrize("probs, message", [
+    (torch.zeros(2, 5), "no mass"),
+    (torch.tensor([[0.5, math.nan, 0.5]]), "not all finite"),
+    (torch.tensor([[0.5, -0.1, 0.6]]), "negative"),
+    (torch.tensor([[0.5, math.inf, 0.5]]), "not all finite"),
+])  # fmt: skip
+def test_sampling_needs_a_distribution(probs, message):
+    with pytest.raises(ValueError, match=message):
+        sample(probs, torch.Generator().manual_seed(0))
+
+
+def test_sampling_a_distribution_still_works():
+    probs = torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    assert sample(probs, torch.Generator().manual_seed(0)).tolist() == [2, 0]
+
+
+@pytest.mark.parametrize("top_p", [0.1, 0.5, 0.9, 0.999])
+def test_nucleus_equals_the_sorted_definition(top_p):
+    torch.manual_seed(0)
+    probs = torch.softmax(torch.randn(4, 5, 3000) * torch.rand(4, 5, 1) * 8, -1)
+    ranked, order = probs.sort(-1, descending=True)
+    drop = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, ranked.cumsum(-1) - ranked >= top_p)
+    expected = probs.masked_fill(drop, 0)
+    expected = expected / expected.sum(-1, keepdim=True)
+    for first in (2, 256, 5000):  # rows wider than `first` take the full sort
+        assert torch.equal(nucleus(probs, top_p, first) > 0, expected > 0)
+        torch.testing.assert_close(nucleus(probs, top_p, first), expected)

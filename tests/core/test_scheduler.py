@@ -1,5 +1,6 @@
-"""The prefix scheduler (Algorithm 1), its asynchronous variant, the baselines,
-Appendix A's counterexample and end-to-end losslessness with a policy in the loop."""
+"""dspark/scheduler.py: survival = cumulative product (STS keeps order), Algorithm 1 = brute force on small cases,
+prefixes of the greedy path, the async variant and the baselines, policies that need confidences refuse drafters
+without them, and end-to-end losslessness (chi-square) with a policy in the loop."""
 
 from __future__ import annotations
 
@@ -7,14 +8,13 @@ import itertools
 
 import pytest
 import torch
+from helpers import MICRO, MICRO_LENGTH, MICRO_PROMPT, PROFILE, linear_profile, make, micro_target_and_law
 from stats_helpers import assert_matches
-from test_parallel_drafter import make
-from test_speculative import MICRO, MICRO_LENGTH, MICRO_PROMPT, micro_target_and_law
 
+from dspark.drafters import get_drafter
+from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
+from dspark.drafters.base import Proposal
 from dspark.engine import speculative_generate
-from dspark.lab.cost_aware.scheduler import forecast_lengths, with_drafting
-from dspark.lab.study.counterexample import counterexample
-from dspark.profiler import interpolated_times, isotonic_fit, profile_from_points
 from dspark.sampling import SamplingParams
 from dspark.scheduler import (
     POLICY_NAMES,
@@ -28,10 +28,6 @@ from dspark.scheduler import (
     prefix_schedule,
     prefix_survival,
 )
-
-
-def linear_profile(fixed: float, per_token: float, max_tokens: int = 64) -> ThroughputProfile:
-    return ThroughputProfile([1 / (fixed + per_token * B) for B in range(1, max_tokens + 1)])
 
 
 class Recording(Scheduler):
@@ -62,36 +58,11 @@ def path_rates(survivals: torch.Tensor, profile: ThroughputProfile) -> list[floa
     return [(R + sum(gains[:n])) * profile.sps(R + n) for n in range(len(gains) + 1)]
 
 
-def test_isotonic_fit_pools_a_noisy_point_with_its_neighbours():
-    assert isotonic_fit([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]  # already non-decreasing: unchanged
-    # one slow measurement at the second point: pooled with the two lower points after it, not carried to them
-    fitted = isotonic_fit([123.0, 177.0, 150.0, 150.0, 183.0])
-    assert fitted == pytest.approx([123.0, 159.0, 159.0, 159.0, 183.0])
-    assert isotonic_fit([3.0, 2.0, 1.0]) == pytest.approx([2.0, 2.0, 2.0])
-    times = interpolated_times([1, 2, 4, 8, 12], [123.0, 177.0, 150.0, 150.0, 183.0], 12)
-    # (the max-clamp carried 177 up to B = 8)
-    assert times[1] == pytest.approx(159.0) and max(times[:8]) == pytest.approx(159.0)
-    assert all(a <= b for a, b in zip(times, times[1:]))
-
-
 def is_unimodal(values: list[float]) -> bool:
     peak = max(range(len(values)), key=values.__getitem__)
     return all(a < b for a, b in zip(values[:peak], values[1 : peak + 1])) and all(
         a >= b for a, b in zip(values[peak:], values[peak + 1 :])
     )
-
-
-def test_profile_from_points_interpolates_and_never_speeds_up():
-    profile = profile_from_points([1, 4, 8], [1.0, 2.5, 2.0], max_tokens=10)  # a noisy dip at 8
-    assert profile.sps(1) == 1.0 and profile.sps(4) == pytest.approx(1 / 2.25)  # 4 and 8 pooled: 2.25
-    assert profile.sps(8) == pytest.approx(1 / 2.25)
-    assert profile.sps(2) == pytest.approx(1 / (1.0 + 1.25 / 3))  # linear between the points
-    assert all(a >= b for a, b in zip(profile.steps_per_second, profile.steps_per_second[1:]))
-    assert profile.sps(20) == pytest.approx(profile.sps(10) / 2)  # beyond the table: proportional
-    with pytest.raises(ValueError):
-        ThroughputProfile([1.0, 0.0])
-    with pytest.raises(ValueError):
-        profile.sps(0)
 
 
 def test_survival_is_the_cumulative_product_and_sts_keeps_order():
@@ -144,50 +115,6 @@ def test_lengths_are_prefixes_of_the_greedy_path():
             n = int(lengths.sum())
             admitted = {(r, j) for r in range(5) for j in range(int(lengths[r]))}
             assert admitted == {tuple(x) for x in greedy_path(survivals)[:n].tolist()}
-
-
-def test_a_step_that_drafts_is_algorithm_1_on_the_profile_with_drafting():
-    """The cost-aware scheduler prices drafting by handing the core's walk `with_drafting(profile, d)`:
-    it admits exactly the greedy path's prefix that a walk on Θ = τ / (1/SPS(B) + d) computed here admits
-    (ties in survival broken by position then request, early stop or global argmax, smooth and jagged
-    profiles); d = 0 is the profile itself, the paper's Θ to the bit. The lab's host-side `forecast_lengths`
-    (lists, for the speculate-or-not forecast) admits exactly what `prefix_schedule` does, ties included."""
-    g = torch.Generator().manual_seed(3)
-    profiles = [
-        linear_profile(0.3, 0.05),
-        linear_profile(1.0, 0.002),
-        ThroughputProfile([1.0] + [0.6] * 7 + [0.3] * 56),
-    ]
-    drafting_changed = checked = 0
-    for trial in range(300):
-        R, gamma = int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(1, 8, (1,), generator=g))
-        conf = torch.rand(R, gamma, generator=g)
-        if trial % 3 == 0:  # many exact ties
-            conf = (conf * 4).round() / 4
-        if trial % 5 == 0:
-            conf[0] = conf[-1]  # two identical requests
-        survivals = prefix_survival(conf)
-        gains = [float(survivals[r, j]) for r, j in greedy_path(survivals).tolist()]
-        for profile, early_stop, d in itertools.product(profiles, (True, False), (0.0, 0.02)):
-            rates = [(R + sum(gains[:n])) / (1 / profile.sps(R + n) + d) for n in range(len(gains) + 1)]
-            best, n_admit, near_tie = rates[0], 0, False
-            for n in range(1, len(rates)):
-                near_tie |= abs(rates[n] - best) <= 1e-9 * best  # rounding may decide: no claim
-                if rates[n] > best:
-                    best, n_admit = rates[n], n
-                elif early_stop:
-                    break
-            got = prefix_schedule(survivals, with_drafting(profile, d), early_stop)
-            # the lab's host-side forecast sorts the same path on lists and walks it with the same function
-            assert forecast_lengths(survivals.tolist(), with_drafting(profile, d), early_stop) == got.tolist()
-            if not near_tie:
-                assert int(got.sum()) == n_admit, (conf, profile.steps_per_second[:3], early_stop, d)
-                checked += 1
-            free = prefix_schedule(survivals, profile, early_stop)
-            drafting_changed += d > 0 and not torch.equal(got, free)
-            if d == 0:
-                assert with_drafting(profile, d) is profile
-    assert drafting_changed > 0 and checked > 3000  # the drafting time changes some decisions; few near-ties
 
 
 def test_edge_cases_no_requests_one_request_zero_confidence():
@@ -246,16 +173,6 @@ def test_baseline_policies():
         make_policy("fastest")
 
 
-def test_appendix_a_counterexample():
-    result = counterexample(20_000, seed=0)
-    n = result["draws"]
-    for name, law in (("retrospective", [0.85, 0.15]), ("early_stop", [0.7, 0.3]), ("async", [0.7, 0.3])):
-        assert_matches(torch.tensor(result[name]) * n, torch.tensor(law))
-    with pytest.raises(AssertionError):  # and the retrospective scheduler is measurably NOT the target
-        assert_matches(torch.tensor(result["retrospective"]) * n, torch.tensor([0.7, 0.3]))
-    assert result["early_stop_mean_verify_len"] == 0
-
-
 @pytest.mark.parametrize("policy_name", ["dspark", "dspark-async", "threshold"])
 def test_policy_driven_sampling_is_lossless(policy_name):
     """The Markov confidence head drives the verify lengths; the output must still
@@ -278,3 +195,37 @@ def test_policy_driven_sampling_is_lossless(policy_name):
             counts[toks[0] * 25 + toks[1] * 5 + toks[2]] += 1
     assert len(lengths_seen) >= 2  # the policy really varied the verify lengths
     assert_matches(counts, joint.flatten())
+
+
+CONFIDENCE_POLICIES = [n for n in POLICY_NAMES if make_policy(n).needs_confidence]
+
+
+@pytest.mark.parametrize("policy_name", CONFIDENCE_POLICIES)
+@pytest.mark.parametrize("kind", ["dflash", "eagle", "none"])
+def test_confidence_policies_refuse_drafters_without_a_head(tiny_model, policy_name, kind):
+    drafter = (
+        make(tiny_model, "dflash")
+        if kind == "dflash"
+        else get_drafter("none", tiny_model)
+        if kind == "none"
+        else AutoregressiveDrafter(tiny_model, AutoregressiveDrafterConfig("eagle", 4, ffn_hidden=32))
+    )
+    with pytest.raises(ValueError, match="no trained confidence head"):
+        Scheduler.for_drafter(make_policy(policy_name), drafter, PROFILE)
+
+
+def test_policies_that_ignore_confidences_accept_any_drafter(tiny_model):
+    for name in sorted(set(POLICY_NAMES) - set(CONFIDENCE_POLICIES)):
+        scheduler = Scheduler.for_drafter(make_policy(name), make(tiny_model, "dflash"), PROFILE)
+        lengths = scheduler(Proposal(torch.zeros(3, 4, dtype=torch.long), torch.zeros(3, 4, 5)))
+        assert lengths.shape == (3,) and bool(((lengths >= 0) & (lengths <= 4)).all())
+
+
+def test_the_scheduler_uses_the_temperatures_it_is_given():
+    """Same proposal, different STS temperatures passed in -> the lengths follow Algorithm 1 on
+    the survivals calibrated with exactly those temperatures."""
+    conf = torch.tensor([[0.9, 0.8, 0.7, 0.6], [0.6, 0.5, 0.9, 0.9]])
+    proposal = Proposal(torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, 5), conf)
+    for temps in (None, torch.tensor([0.5, 0.5, 0.5, 0.5]), torch.tensor([3.0, 2.0, 1.0, 1.0])):
+        got = Scheduler(make_policy("dspark"), PROFILE, temps)(proposal)
+        assert torch.equal(got, prefix_schedule(prefix_survival(conf, temps), PROFILE))

@@ -1,4 +1,5 @@
-"""Speculative verification: hand-worked cases, block boundaries, statistical losslessness."""
+"""dspark/verify.py: verify = the reference rejection sampler: hand-worked cases, block boundaries (verify lengths
+0, 1, γ-1, γ), greedy = argmax agreement, and statistical losslessness (chi-square) over ragged rounds."""
 
 from __future__ import annotations
 

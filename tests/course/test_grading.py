@@ -2,8 +2,8 @@
 
 * The untouched starters score 0, every check saying "not implemented", no traceback.
 * The instructor's reference solutions (the project's own code) and independent
-  from-scratch solutions (tests/assignments/aN_solution.py) score full marks.
-* Every planted bug (tests/assignments/aN_*.py, one realistic bug each) fails the check
+  from-scratch solutions (tests/course/assignments/aN_solution.py) score full marks.
+* Every planted bug (tests/course/assignments/aN_*.py, one realistic bug each) fails the check
   named for it, with a reason, not a crash.
 * A crashing and a hanging solution are reported per check; the grader still exits 0
   with `score: X/Y` as its last line, and leaves no process behind.
@@ -38,10 +38,10 @@ from dspark.course.framework import grade
 from dspark.lab.cli import run_main
 
 SOLUTIONS = Path(__file__).resolve().parent / "assignments"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NUMBERS = sorted(ASSIGNMENTS)
 
-# (file in tests/assignments, assignment, the checks that must catch its bug)
+# (file in tests/course/assignments, assignment, the checks that must catch its bug)
 PLANTED_BUGS = [
     ("a1_residual_not_normalised.py", 1, ["residual_is_normalised"]),
     ("a1_bonus_from_last_row.py", 1, ["verify_lengths_0_1_gamma_minus_1_gamma"]),

@@ -14,7 +14,7 @@ import torch
 
 import dspark_kernels as kernels
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ON_GPU, ON_CPU = SimpleNamespace(is_cuda=True), SimpleNamespace(is_cuda=False)  # all use_kernel reads
 
 

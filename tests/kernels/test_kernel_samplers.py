@@ -13,10 +13,13 @@ import torch
 
 pytest.importorskip("triton")
 
-from conftest import TINY  # noqa: E402
+from helpers import (  # noqa: E402
+    GREEDY,
+    TINY,  # noqa: E402
+    make,  # noqa: E402
+    prompts,
+)
 from stats_helpers import assert_matches  # noqa: E402
-from test_parallel_drafter import make  # noqa: E402
-from test_speculative import GREEDY, prompts  # noqa: E402
 
 from dspark.drafters.parallel import markov_block_reference  # noqa: E402
 from dspark.engine import speculative_generate  # noqa: E402

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Lowest first. "pkg.*" is the subpackage: its __init__.py and every module in it, except a module that a layer
 # names exactly (or a longer "pkg.*" holds): dspark.course.command is a command, not part of "dspark.course.*".
@@ -159,7 +159,7 @@ def kernel_violations(imports: list[Import]) -> list[str]:
 
 def unassigned_modules(modules: dict[str, Path], root: Path, layers=LAYERS) -> list[str]:
     return [
-        f"{path.relative_to(root)}: module {m} has no layer: add it to LAYERS in tests/test_architecture.py"
+        f"{path.relative_to(root)}: module {m} has no layer: add it to LAYERS in tests/lab/test_architecture.py"
         for m, path in modules.items()
         if _top(m) == "dspark" and layer_of(m, layers) is None
     ]
@@ -337,7 +337,7 @@ def test_checker_reports_violations(tmp_path):
     )
 
     assert unassigned_modules(modules, tmp_path, layers) == [
-        "dspark/orphan.py: module dspark.orphan has no layer: add it to LAYERS in tests/test_architecture.py"
+        "dspark/orphan.py: module dspark.orphan has no layer: add it to LAYERS in tests/lab/test_architecture.py"
     ]
 
     upward = layer_violations(imports, modules, layers)

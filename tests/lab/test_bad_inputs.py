@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_integrity import broken_calibrations, broken_hf_configs
-from test_outputs import corrupt_cache_homes
+from helpers import broken_calibrations, broken_hf_configs, corrupt_cache_homes
 
 from dspark import bench, export, generate, grade, train
 from dspark.lab import storage
@@ -29,7 +28,7 @@ from dspark.lab.storage import save_checkpoint
 from dspark.model import Transformer
 from dspark.tokenizer import Tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = {"generate": generate, "bench": bench, "train": train, "grade": grade, "export": export}
 
 

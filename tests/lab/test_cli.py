@@ -23,7 +23,7 @@ from dspark.lab.cost_aware.draft_cost import draft_cost_of, measured_profile_fil
 from dspark.lab.data.corpus import EVAL_PER_DOMAIN
 from dspark.lab.machine import cpu_description
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(

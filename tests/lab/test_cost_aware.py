@@ -4,13 +4,12 @@ draft nothing; the decision only ever reads earlier rounds."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 import torch
-from test_engine import LENGTHS, PROFILE
-from test_parallel_drafter import make
-from test_speculative import GREEDY, prompts
+from helpers import GREEDY, LENGTHS, PROFILE, linear_profile, make, prompts
 
 from dspark.decoding import generate
 from dspark.drafters.base import Proposal
@@ -29,6 +28,7 @@ from dspark.lab.cost_aware.scheduler import (
     draft_plan,
     drafting_can_pay,
     faded_forecast,
+    forecast_lengths,
     forecast_parts,
     forecast_survivals,
     step_rate,
@@ -41,6 +41,7 @@ from dspark.scheduler import (
     Scheduler,
     ThroughputProfile,
     expected_rate,
+    greedy_path,
     make_policy,
     prefix_schedule,
     prefix_survival,
@@ -595,9 +596,8 @@ def test_the_decision_never_sees_the_current_round(tiny_model):
 def test_mixed_drafting_follows_the_target_law():
     """Chi-square against the exact law of a vocab-5 target, with speculate-or-not mixing drafting and
     plain rows in the same passes."""
+    from helpers import MICRO_LENGTH, MICRO_PROMPT, linear_profile, micro_target_and_law
     from stats_helpers import assert_matches
-    from test_scheduler import linear_profile
-    from test_speculative import MICRO_LENGTH, MICRO_PROMPT, micro_target_and_law
 
     from dspark.engine import speculative_generate
 
@@ -630,7 +630,7 @@ def test_mixed_drafting_follows_the_target_law():
 
 
 def test_cost_aware_engine_is_device_aware(tiny_model):
-    from test_device import on_meta
+    from helpers import on_meta
 
     drafter = make(tiny_model, "dspark", gamma=4)
     with torch.no_grad():
@@ -662,3 +662,47 @@ def test_realism_scales_the_forecasts_and_never_collapses_on_one_round():
     assert 0 < scheduler.realism < 1
     scheduler.observe(lengths, lengths)  # a round nobody drafted (no verify lengths asked): ignored
     assert scheduler.realism == pytest.approx(REALISM_PRIOR / (predicted + REALISM_PRIOR))
+
+
+def test_a_step_that_drafts_is_algorithm_1_on_the_profile_with_drafting():
+    """The cost-aware scheduler prices drafting by handing the core's walk `with_drafting(profile, d)`:
+    it admits exactly the greedy path's prefix that a walk on Θ = τ / (1/SPS(B) + d) computed here admits
+    (ties in survival broken by position then request, early stop or global argmax, smooth and jagged
+    profiles); d = 0 is the profile itself, the paper's Θ to the bit. The lab's host-side `forecast_lengths`
+    (lists, for the speculate-or-not forecast) admits exactly what `prefix_schedule` does, ties included."""
+    g = torch.Generator().manual_seed(3)
+    profiles = [
+        linear_profile(0.3, 0.05),
+        linear_profile(1.0, 0.002),
+        ThroughputProfile([1.0] + [0.6] * 7 + [0.3] * 56),
+    ]
+    drafting_changed = checked = 0
+    for trial in range(300):
+        R, gamma = int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(1, 8, (1,), generator=g))
+        conf = torch.rand(R, gamma, generator=g)
+        if trial % 3 == 0:  # many exact ties
+            conf = (conf * 4).round() / 4
+        if trial % 5 == 0:
+            conf[0] = conf[-1]  # two identical requests
+        survivals = prefix_survival(conf)
+        gains = [float(survivals[r, j]) for r, j in greedy_path(survivals).tolist()]
+        for profile, early_stop, d in itertools.product(profiles, (True, False), (0.0, 0.02)):
+            rates = [(R + sum(gains[:n])) / (1 / profile.sps(R + n) + d) for n in range(len(gains) + 1)]
+            best, n_admit, near_tie = rates[0], 0, False
+            for n in range(1, len(rates)):
+                near_tie |= abs(rates[n] - best) <= 1e-9 * best  # rounding may decide: no claim
+                if rates[n] > best:
+                    best, n_admit = rates[n], n
+                elif early_stop:
+                    break
+            got = prefix_schedule(survivals, with_drafting(profile, d), early_stop)
+            # the lab's host-side forecast sorts the same path on lists and walks it with the same function
+            assert forecast_lengths(survivals.tolist(), with_drafting(profile, d), early_stop) == got.tolist()
+            if not near_tie:
+                assert int(got.sum()) == n_admit, (conf, profile.steps_per_second[:3], early_stop, d)
+                checked += 1
+            free = prefix_schedule(survivals, profile, early_stop)
+            drafting_changed += d > 0 and not torch.equal(got, free)
+            if d == 0:
+                assert with_drafting(profile, d) is profile
+    assert drafting_changed > 0 and checked > 3000  # the drafting time changes some decisions; few near-ties

@@ -15,7 +15,7 @@ import pytest
 
 from dspark import generate
 
-PINNED = json.loads((Path(__file__).parent / "data" / "demo_greedy.json").read_text(encoding="utf-8"))
+PINNED = json.loads((Path(__file__).parents[1] / "data" / "demo_greedy.json").read_text(encoding="utf-8"))
 
 
 @pytest.mark.parametrize(

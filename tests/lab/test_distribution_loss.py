@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import TINY, live, make
 
+from dspark.lab.training import fast_loss
 from dspark.lab.training import fast_loss as distribution_loss
+from dspark.lab.training.anchors import every_anchor
 from dspark.lab.training.fast_loss import soft_target_loss
+from dspark.training import block_losses
 from dspark.training import soft_target_loss as plain
 
 
@@ -60,3 +64,28 @@ def test_shapes_are_checked():
         soft_target_loss(logits[:, :-1], table, rows)
     with pytest.raises(ValueError, match="rows must be"):
         soft_target_loss(logits, table, rows[:-1])
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_the_labs_packed_pass_and_distance_equal_the_cores_dense_mask(tiny_model, kind):
+    """Every response position an anchor, fp32: the lab's training speed paths (the packed pass that scores
+    only what `block_visibility` shows; the distance with its gradient by hand) give the loss and every
+    gradient of the core's plain ones (the dense packed mask over all blocks; autograd)."""
+    drafter = make(tiny_model, kind).train()
+    tokens = torch.randint(0, TINY.vocab_size, (2, 16), generator=torch.Generator().manual_seed(8))
+    batch = live(tiny_model, tokens, [16, 11], [4, 3])
+    anchors, valid = every_anchor(batch.lengths, batch.prompt_lens)
+    assert int(valid.sum()) == (16 - 1 - 4) + (11 - 1 - 3)
+
+    def loss_and_grads(**speed):
+        drafter.zero_grad(set_to_none=True)
+        loss, _, _ = block_losses(drafter, tiny_model, batch, anchors, valid, **speed)
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in drafter.named_parameters() if p.grad is not None}
+
+    dense_loss, dense_grads = loss_and_grads()
+    loss, grads = loss_and_grads(speed=(fast_loss.packed_backbone, fast_loss.soft_target_loss))
+    torch.testing.assert_close(loss, dense_loss, atol=1e-6, rtol=1e-5)
+    assert grads.keys() == dense_grads.keys() and any(n.startswith("layers.") for n in grads)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, dense_grads[name], atol=1e-6, rtol=1e-4, msg=name)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 RESULTS = ROOT / "walkthrough" / "RESULTS.md"
 DOCS = [README, RESULTS, *sorted((ROOT / "walkthrough" / "results").rglob("README.md"))]
@@ -71,7 +71,7 @@ def test_readme_is_short():
 
 
 def test_readme_keeps_its_first_commands():
-    """tests/test_cli.py and CI run what the first code block says."""
+    """tests/lab/test_cli.py and CI run what the first code block says."""
     block = README.read_text(encoding="utf-8").split("```", 2)[1]
     assert "pip install -r requirements.txt && python -m dspark.generate" in block
     assert "python -m pytest -q" in block

@@ -8,9 +8,8 @@ import itertools
 
 import pytest
 import torch
-from conftest import TINY
+from helpers import GREEDY, MICRO, MICRO_LENGTH, MICRO_PROMPT, RAGGED, TINY, micro_target_and_law, prompts
 from stats_helpers import assert_matches
-from test_speculative import GREEDY, MICRO, MICRO_LENGTH, MICRO_PROMPT, RAGGED, micro_target_and_law, prompts
 
 from dspark.decoding import generate
 from dspark.drafters import load_drafter
@@ -177,21 +176,3 @@ def test_a_draft_vocabulary_of_every_id_trains_like_the_full_vocabulary(tiny_mod
             -1
         )  # mass on the draft ids
     assert torch.isfinite(loss.detach()) and float(acc[0]) <= float(p.max()) + 1e-6
-
-
-def test_target_probs_at_draft_ids_from_the_cached_normaliser(tiny_model):
-    """p_t at K ids from K head rows and the stored log-sum-exp == the full softmax read at those ids."""
-    from dspark.lab.training.feature_cache import features_of_tokens
-    from dspark.training import supervised_target_probs
-
-    tokens = torch.randint(0, TINY.vocab_size, (2, 24), generator=torch.Generator().manual_seed(4))
-    batch = features_of_tokens(tiny_model, tokens, torch.tensor([24, 15]), torch.tensor([4, 3]))
-    ids = torch.randperm(TINY.vocab_size, generator=torch.Generator().manual_seed(1))[:30]
-    fast, rows = supervised_target_probs(tiny_model, batch, ids)
-    batch.lse = None
-    slow, rows_again = supervised_target_probs(tiny_model, batch, ids)
-    full, _ = supervised_target_probs(tiny_model, batch)
-    assert torch.equal(rows, rows_again) and fast.shape == (full.shape[0], 30)
-    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(fast, full[:, ids], rtol=1e-5, atol=1e-7)
-    assert float(fast[:-1].sum(-1).max()) < 1  # a part of the distribution: the mass off the ids is missing

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from export_reference import dspark_logits, eagle3_logits
+from helpers import ANCHOR, CONFIG, GAMMA, K, eagle, parallel
 
 from dspark import export
 from dspark.checkpoint import CheckpointError
@@ -18,7 +19,6 @@ from dspark.drafters.autoregressive import AutoregressiveDrafter, Autoregressive
 from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from dspark.lab.cli import run_main
-from dspark.lab.draft_vocab import vocabulary
 from dspark.lab.exporting import folder as writer
 from dspark.lab.exporting.exported import get_drafter
 from dspark.lab.exporting.fields import ExportInfo
@@ -26,9 +26,6 @@ from dspark.lab.storage import save_checkpoint
 from dspark.model import ModelConfig, Transformer
 from dspark.sampling import SamplingParams
 
-CONFIG = ModelConfig(vocab_size=97, dim=48, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=80, max_seq_len=64,
-                     tap_layers=(0, 1, 2))  # fmt: skip
-GAMMA, K, ANCHOR = 4, 30, 12
 PARALLEL = [("dflash", 0), ("dspark", 0), ("dspark", K), ("dflash", K)]  # kind, draft vocabulary
 
 
@@ -36,31 +33,6 @@ PARALLEL = [("dflash", 0), ("dspark", 0), ("dspark", K), ("dflash", K)]  # kind,
 def target() -> Transformer:
     torch.manual_seed(0)
     return Transformer(CONFIG).eval()
-
-
-def randomise(drafter, vocab: int):
-    """Norm weights off 1 and a non-zero sequential head (so a swapped name shows), ids in a shuffled order."""
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for name, p in drafter.named_parameters():
-            if "norm" in name or name.startswith("head.w2"):
-                p.normal_(1.0 if "norm" in name else 0.0, 0.4)
-    if vocab:
-        shuffled = torch.randperm(CONFIG.vocab_size, generator=torch.Generator().manual_seed(3))
-        drafter.vocab.set_ids(shuffled[:vocab])
-    return drafter.eval()
-
-
-def parallel(target, kind: str, vocab: int = 0, **options) -> ParallelDrafter:
-    options = {"qk_norm": True} | options
-    config = ParallelDrafterConfig(kind, GAMMA, 2, 64, rank=8, mask_id=5, draft_vocab=vocab, **options)
-    return randomise(ParallelDrafter(target, config, vocabulary(target, vocab)), vocab)
-
-
-def eagle(target, vocab: int = 0, **options) -> AutoregressiveDrafter:
-    options = {"eagle3_layer": True} | options
-    config = AutoregressiveDrafterConfig("eagle", GAMMA, 1, 64, draft_vocab=vocab, **options)
-    return randomise(AutoregressiveDrafter(target, config, vocabulary(target, vocab)), vocab)
 
 
 def propose(drafter, target, temperature: float = 1.0, seed: int = 0):
@@ -210,7 +182,7 @@ def test_speculators_and_eagle3_names_and_layer_ids(target, tmp_path):
 
 
 def test_d2t_maps_every_draft_index_to_its_target_id(target, tmp_path):
-    """The speculators layout (deepspec refuses a reduced vocabulary: tests/test_export_guards.py)."""
+    """The speculators layout (deepspec refuses a reduced vocabulary: tests/lab/test_export_guards.py)."""
     from safetensors.torch import load_file
 
     drafter = parallel(target, "dspark", K)

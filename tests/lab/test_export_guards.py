@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_export import CONFIG, K, eagle, parallel
+from helpers import CONFIG, K, eagle, parallel
 
 from dspark import export
 from dspark.checkpoint import ASSETS_DIR
@@ -25,7 +25,7 @@ from dspark.lab.pretrained.fetch import model_path
 from dspark.lab.storage import save_checkpoint
 from dspark.model import Transformer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MARKER = {"written_by": "python -m dspark.export"}
 
 

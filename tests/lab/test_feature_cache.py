@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import TINY
+from helpers import TINY
 
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig

@@ -89,7 +89,7 @@ def test_without_model_generate_runs_smollm2_and_tiny_is_one_flag_away(monkeypat
 
 def test_the_default_policy_is_the_papers_scheduler_where_the_drafter_has_confidences(capsys):
     """No --policy: Algorithm 1 (dspark) for a drafter with a confidence head, verify-all for one without; the
-    demo's text is the same either way at T = 0 (tests/test_demo_output.py pins it)."""
+    demo's text is the same either way at T = 0 (tests/lab/test_demo_output.py pins it)."""
     assert run_main(generate.main, [*ARGS, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["policy"] == "dspark"
     assert run_main(generate.main, [*ARGS, "--json", "--drafter", "mtp"]) == 0

@@ -1,5 +1,5 @@
 """Self-written instructions (Magpie) and prompts files: the filter on hand-written examples, near-duplicates,
-the stable split, both `--prompts` formats, the nucleus's fast path, and a resumed sampling run."""
+the stable split, both `--prompts` formats, and a resumed sampling run."""
 
 from __future__ import annotations
 
@@ -7,14 +7,12 @@ import gzip
 import json
 
 import pytest
-import torch
 
 from dspark.checkpoint import load_target
 from dspark.lab.data.instructions import NearDuplicates, drop_reason, split_of
 from dspark.lab.data.prompt_files import held_out, prompt_ids_by_domain, read_prompts
 from dspark.lab.training import instructions
 from dspark.lab.training.responses import pick_from_file
-from dspark.sampling import nucleus
 
 KEPT = [
     ("chat", "Tell me a fun fact about octopuses."),
@@ -125,19 +123,6 @@ def test_responses_pick_train_and_val_interleaved(tmp_path, tokenizer):
     assert [(d, s) for d, s, _ in texts] == [("chat", "train"), ("chat", "val"), ("code", "train"), ("code", "val"),
                                              ("chat", "train"), ("code", "train")]  # fmt: skip
     assert not any("3" in t or "4" in t for _, _, t in texts)  # eval never answered, train capped at 2
-
-
-@pytest.mark.parametrize("top_p", [0.1, 0.5, 0.9, 0.999])
-def test_nucleus_equals_the_sorted_definition(top_p):
-    torch.manual_seed(0)
-    probs = torch.softmax(torch.randn(4, 5, 3000) * torch.rand(4, 5, 1) * 8, -1)
-    ranked, order = probs.sort(-1, descending=True)
-    drop = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, ranked.cumsum(-1) - ranked >= top_p)
-    expected = probs.masked_fill(drop, 0)
-    expected = expected / expected.sum(-1, keepdim=True)
-    for first in (2, 256, 5000):  # rows wider than `first` take the full sort
-        assert torch.equal(nucleus(probs, top_p, first) > 0, expected > 0)
-        torch.testing.assert_close(nucleus(probs, top_p, first), expected)
 
 
 def test_a_resumed_sampling_run_writes_what_an_uninterrupted_one_does(small_checkpoint, tokenizer, tmp_path,

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from helpers import committed_drafts
 
 from dspark import train
 from dspark.checkpoint import TARGET_CHECKPOINT, TOKENIZER_PATH, load_target
@@ -14,23 +15,8 @@ from dspark.engine import speculative_generate
 from dspark.lab import profiles, storage
 from dspark.lab.cli import run_main
 from dspark.lab.commands import generate as generate_cmd
-from dspark.requests import RoundStats
 from dspark.sampling import SamplingParams
 from dspark.tokenizer import Tokenizer
-
-
-def committed_drafts(stats: RoundStats) -> int:
-    """Drafts that reached the output: min(a, e) per round (e <= a: the stop came inside the accepted drafts)."""
-    return sum(min(a, e) for accs, emits in zip(stats.accepted, stats.emitted) for a, e in zip(accs, emits))
-
-
-def test_a_round_cut_by_the_token_limit_counts_only_what_it_output():
-    stats = RoundStats.from_lists(
-        verify_lens=[[7, 7]], accepted=[[7, 5]], emitted=[[8, 2]]
-    )  # the last round: 2 of 6 output
-    hits, tries = stats.acceptance_counts(7)
-    assert sum(hits) == committed_drafts(stats) == 9
-    assert tries == [2, 2, 1, 1, 1, 1, 1] and stats.tau == 5.0
 
 
 def test_generate_acceptance_by_position_agrees_with_tau_at_a_token_cut():

@@ -49,7 +49,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-WALKTHROUGH = Path(__file__).resolve().parents[1] / "walkthrough"
+WALKTHROUGH = Path(__file__).resolve().parents[2] / "walkthrough"
 RESULTS = WALKTHROUGH / "results"
 NOTEBOOKS = sorted(WALKTHROUGH.glob("*.ipynb"))
 TEXT_SUFFIXES = {".json", ".md", ".txt", ".csv"}

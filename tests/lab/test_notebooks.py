@@ -11,7 +11,7 @@ from nbclient import NotebookClient
 
 from dspark.lab.pretrained.fetch import models_dir
 
-WALKTHROUGH = Path(__file__).resolve().parents[1] / "walkthrough"
+WALKTHROUGH = Path(__file__).resolve().parents[2] / "walkthrough"
 NOTEBOOKS = sorted(WALKTHROUGH.glob("*.ipynb"))
 sys.path.insert(0, str(WALKTHROUGH))  # run_notebooks.py: the command that executes them in place
 

@@ -8,9 +8,8 @@ import itertools
 
 import pytest
 import torch
+from helpers import MICRO, MICRO_LENGTH, MICRO_PROMPT, RAGGED, make, micro_target_and_law, prompts
 from stats_helpers import assert_matches
-from test_parallel_drafter import make
-from test_speculative import MICRO, MICRO_LENGTH, MICRO_PROMPT, RAGGED, micro_target_and_law, prompts
 
 import dspark.lab.calibration as lab_calibration
 from dspark.engine import speculative_generate

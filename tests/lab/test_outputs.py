@@ -3,8 +3,8 @@ DSPARK_HOME to the default; a model in DSPARK_HOME counts only when its SHA-256 
 fetch's temporary folder is cleaned up; a corrupt profile cache is rebuilt by --refresh, inner caches too.
 
 The one-line errors of the same issue (empty --json / --out, corrupt caches) are rows of the table in
-tests/test_bad_inputs.py, which builds its broken caches with `corrupt_cache_homes` below. Nothing here
-downloads: pip is faked, as in tests/test_pretrained.py.
+tests/lab/test_bad_inputs.py, which builds its broken caches with `corrupt_cache_homes` below. Nothing here
+downloads: pip is faked, as in tests/lab/test_pretrained.py.
 """
 
 from __future__ import annotations
@@ -20,14 +20,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import cache_names
 
 from dspark import bench
-from dspark.checkpoint import load_target, read_checkpoint
-from dspark.drafters import load_drafter
-from dspark.lab import profiles, step_cost, storage
+from dspark.checkpoint import read_checkpoint
+from dspark.lab import step_cost, storage
 from dspark.lab.cli import run_main
 from dspark.lab.cost_aware import draft_cost
-from dspark.lab.cpu_speed import fast_on_cpu
 from dspark.lab.pretrained import fetch
 from dspark.lab.pretrained.fetch import KnownModel
 from dspark.lab.storage import save_checkpoint
@@ -169,38 +168,6 @@ def test_a_fetch_waits_for_a_running_one_and_leaves_its_folder(toy_registry):
     waiting.join(timeout=30)
     assert done and done[0].read_bytes() == payload and len(calls) == 1
     assert not live.exists()  # the lock's holder was gone by then: its folder was stale
-
-
-# ---- profile caches: corrupt files are named, --refresh rebuilds them and the caches inside them ----------
-def cache_names(checkpoint: Path, drafter_checkpoint: Path) -> dict[str, str]:
-    """The files under DSPARK_HOME/profiles that `bench profile --checkpoint C --drafters d=D` reads: the SPS
-    profile, the engine's drafting cost and the `propose` table that cost draws on. Target and drafter as the
-    commands load them: with the CPU speed path, which their keys name."""
-    target = fast_on_cpu(load_target(checkpoint)[0])
-    drafter = fast_on_cpu(load_drafter(drafter_checkpoint, target))
-    gamma = drafter.max_gamma
-    paths = {
-        "sps": profiles.profile_path(profiles.cpu_profile_key(target)),
-        "engine": draft_cost.draft_cost_path(step_cost.engine_draft_cost_key(target, drafter, gamma)),
-        "propose": draft_cost.draft_cost_path(draft_cost.draft_cost_key(target, drafter, gamma)),
-    }
-    return {which: path.name for which, path in paths.items()}
-
-
-def corrupt_cache_homes(root: Path, checkpoint: Path, drafter_checkpoint: Path) -> dict[str, str]:
-    """DSPARK_HOMEs (for tests/test_bad_inputs.py's table) whose SPS profile is empty (`empty_sps_home`; the
-    file: `empty_sps`) or not JSON (`garbage_sps...`), or whose engine drafting cost is empty
-    (`empty_draft...`)."""
-    names = cache_names(checkpoint, drafter_checkpoint)
-    out = {}
-    for name, which, text in (("empty_sps", "sps", ""), ("garbage_sps", "sps", '{"key": '),
-                              ("empty_draft", "engine", "")):  # fmt: skip
-        home = root / f"{name}_home"
-        path = home / "profiles" / names[which]
-        path.parent.mkdir(parents=True)
-        path.write_text(text)
-        out |= {f"{name}_home": str(home), name: str(path)}
-    return out
 
 
 def test_refresh_rebuilds_empty_caches_inner_ones_too(small_checkpoint, small_drafters, tmp_path, monkeypatch,

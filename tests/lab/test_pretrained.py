@@ -12,6 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from pretrained_helpers import (
+    SYSTEM,
+    chatml_tokenizer,
+    dequantized_twin,
+    tiny_llama,
+    write_gguf,
+    write_hf_dir,
+)
 
 from dspark.checkpoint import CheckpointError
 from dspark.lab.cli import run_main
@@ -21,14 +29,6 @@ from dspark.lab.pretrained.fetch import FetchError, KnownModel
 from dspark.lab.pretrained.gguf_file import load_gguf
 from dspark.lab.pretrained.hf_dir import load_hf_dir
 from dspark.tokenizer import Tokenizer
-from tests.pretrained_helpers import (
-    SYSTEM,
-    chatml_tokenizer,
-    dequantized_twin,
-    tiny_llama,
-    write_gguf,
-    write_hf_dir,
-)
 
 SAMPLES = ["def reverse(s):\n    return s[::-1]  # 2024", "naïve café — 東京 🚀 Ελληνικά", "  spaces\t\ttabs\n\n",
            "<|im_end|> typed by a user", "x = 1234567890"]  # fmt: skip
@@ -310,7 +310,7 @@ def test_unknown_model_names_and_paths(tmp_path, spec, message, monkeypatch):
 def test_chat_format_refuses_unknown_templates():
     with pytest.raises(CheckpointError, match="unsupported chat template"):
         llama.chat_format("{{ '[INST]' + message + '[/INST]' }}", set(), "<s>", "</s>")
-    tok = Tokenizer.load(Path(__file__).resolve().parents[1] / "dspark/assets/tokenizer.json")
+    tok = Tokenizer.load(Path(__file__).resolve().parents[2] / "dspark/assets/tokenizer.json")
     assert tok.chat.name == "dspark"  # the shipped tokenizer keeps its own format
 
 

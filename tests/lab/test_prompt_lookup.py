@@ -7,8 +7,8 @@ import itertools
 
 import pytest
 import torch
+from helpers import GREEDY, MICRO, MICRO_LENGTH, MICRO_PROMPT, RAGGED, micro_target_and_law, prompts
 from stats_helpers import assert_matches
-from test_speculative import GREEDY, MICRO, MICRO_LENGTH, MICRO_PROMPT, RAGGED, micro_target_and_law, prompts
 
 from dspark.decoding import generate
 from dspark.engine import speculative_generate

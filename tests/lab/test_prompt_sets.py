@@ -19,7 +19,7 @@ from dspark.lab.data.prompt_files import held_out, read_prompts
 from dspark.lab.pretrained import fetch, prompt_sets
 from dspark.lab.pretrained.fetch import FetchError, KnownModel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROBLEMS = [
     {"task_id": "HumanEval/0", "prompt": 'def add(a: int, b: int) -> int:\n    """Add two numbers."""\n',
      "canonical_solution": "    return a + b\n", "test": "", "entry_point": "add"},

@@ -76,7 +76,7 @@ def test_recorded_traces_are_replayed_only_for_the_weights_they_came_from(tiny_m
     """The trace cache is keyed by the target's and the drafter's weights (and γ, prompts, length): the same
     drafter replays its cached rounds, a retrained one (other weights) is recorded afresh."""
     import torch
-    from test_parallel_drafter import make
+    from helpers import make
 
     from dspark.lab.study import pareto
     from dspark.requests import RoundStats

@@ -27,7 +27,7 @@ PROMPTS = [
     "What is 17 + 25?",
     "Write a Python function that returns the square of x.",
 ]
-INSTRUCTIONS = Path(__file__).resolve().parents[1] / "walkthrough/data/smollm2-135m/instructions.jsonl.gz"
+INSTRUCTIONS = Path(__file__).resolve().parents[2] / "walkthrough/data/smollm2-135m/instructions.jsonl.gz"
 
 
 def held_out_prompts() -> list[str]:

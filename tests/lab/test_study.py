@@ -1,22 +1,22 @@
-"""The offline-study helpers: threshold replay (hand-worked), fixed verify lengths,
-recorded confidences and the round-latency probe."""
+"""The offline-study helpers: threshold replay (hand-worked), fixed verify lengths, the round-latency probe,
+tables, intervals, serve sweeps, figures, and Appendix A's counterexample."""
 
 from __future__ import annotations
 
 import pytest
-from test_parallel_drafter import make
-from test_speculative import GREEDY, prompts
+import torch
+from helpers import GREEDY, SHORT, make, prompts
+from stats_helpers import assert_matches
 
 from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
-from dspark.engine import speculative_generate
 from dspark.lab.study import plots
+from dspark.lab.study.counterexample import counterexample
 from dspark.lab.study.offline import measure_tau, round_latency, threshold_sweep
 from dspark.lab.study.tables import markdown_table
 from dspark.requests import RoundStats
 from dspark.sampling import SamplingParams
 
 # two fully verified rounds, γ = 3: survivals (0.9, 0.45, 0.405) accepting 2, and (0.4, 0.36, 0.324) accepting 0
-SHORT = [3, 17, 1, 9]  # far from the 64-token context: nothing caps the verify lengths
 HAND = RoundStats.from_lists(
     verify_lens=[[3], [3]], accepted=[[2], [0]], confidences=[[[0.9, 0.5, 0.9]], [[0.4, 0.9, 0.9]]]
 )
@@ -37,15 +37,6 @@ def test_threshold_sweep_needs_full_rounds_with_confidences():
         threshold_sweep(RoundStats.from_lists([[2]], [[1]], [[[0.5, 0.5, 0.5]]]), [0.1])
     with pytest.raises(ValueError, match="confidence head"):
         threshold_sweep(RoundStats.from_lists([[3]], [[1]], [[]]), [0.1])
-
-
-def test_confidences_are_recorded_per_round(tiny_model):
-    ps = prompts(SHORT, seed=2)
-    result = speculative_generate(tiny_model, make(tiny_model, "dspark", gamma=4), ps, 12, GREEDY, 4)
-    for accs, confs in zip(result.stats.accepted, result.stats.confidences):
-        assert len(confs) == len(accs) and all(len(c) == 4 and all(0 < x < 1 for x in c) for c in confs)
-    eagle = AutoregressiveDrafter(tiny_model, AutoregressiveDrafterConfig("eagle", 3, ffn_hidden=32)).eval()
-    assert speculative_generate(tiny_model, eagle, ps, 6, GREEDY, 3).stats.confidences == [[]] * len(ps)
 
 
 @pytest.mark.parametrize("verify_len", [0, 1, 3, 4])
@@ -95,15 +86,6 @@ def test_wilson_interval_hand_worked():
     assert narrow[1] - narrow[0] < (wide[1] - wide[0]) / 5
 
 
-def test_acceptance_counts_are_behind_the_rates():
-    from dspark.requests import RoundStats
-
-    stats = RoundStats.from_lists([[3, 3, 2]], [[3, 1, 0]], [[[], [], []]])
-    hits, tries = stats.acceptance_counts(3)
-    assert (hits, tries) == ([2, 1, 1], [3, 2, 1])
-    assert stats.acceptance_by_position(3) == [2 / 3, 1 / 2, 1.0]
-
-
 def test_repeated_serve_sweeps_are_paired_within_a_repeat():
     """`combine_repeats`: medians per (policy, C), and ratios to plain decoding / MTP-1 taken within the same
     repeat, so a machine twice as fast in one repeat moves nothing; the 95% interval holds the mean."""
@@ -142,3 +124,13 @@ def test_study_figures_draw_a_single_domain(tmp_path):
     plots.plot_budget(budget, tmp_path / "budget.png")
     plots.plot_position_acceptance(acceptance, tmp_path / "acceptance.png", "one domain")
     assert all((tmp_path / f"{n}.png").stat().st_size > 0 for n in ("depth", "budget", "acceptance"))
+
+
+def test_appendix_a_counterexample():
+    result = counterexample(20_000, seed=0)
+    n = result["draws"]
+    for name, law in (("retrospective", [0.85, 0.15]), ("early_stop", [0.7, 0.3]), ("async", [0.7, 0.3])):
+        assert_matches(torch.tensor(result[name]) * n, torch.tensor(law))
+    with pytest.raises(AssertionError):  # and the retrospective scheduler is measurably NOT the target
+        assert_matches(torch.tensor(result["retrospective"]) * n, torch.tensor([0.7, 0.3]))
+    assert result["early_stop_mean_verify_len"] == 0

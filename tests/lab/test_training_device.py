@@ -10,8 +10,7 @@ import math
 
 import pytest
 import torch
-from test_parallel_drafter import make
-from test_speculative import make_drafter
+from helpers import make, make_drafter
 
 from dspark.lab.training.drafters import DrafterTrainConfig, batch_loss, learning_rate
 from dspark.training import FeatureBatch

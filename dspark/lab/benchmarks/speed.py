@@ -244,7 +244,7 @@ def bench_kernels(args: argparse.Namespace) -> dict:
         raise UsageError(
             "no CUDA GPU here (torch.cuda.is_available() is False). The kernels' speed can only be measured "
             "on a GPU; on a CPU they run in Triton's interpreter, which checks correctness (python -m pytest "
-            "tests/test_kernel_*.py) but not speed. Add --interpret to run this benchmark's agreement checks "
+            "tests/kernels/test_kernel_*.py) but not speed. Add --interpret to run this benchmark's agreement checks "
             "on the CPU anyway.",
             status=1,
         )

@@ -1,5 +1,5 @@
 """The drafter loss's CPU speed paths, which the lab's trainer passes to the core's `block_losses`
-(dspark/training.py); tests/test_parallel_drafter.py and tests/test_distribution_loss.py hold them equal to the
+(dspark/training.py); tests/lab/test_distribution_loss.py holds them equal to the
 core's plain ones, values and gradients.
 
   * `packed_backbone`: the packed pass with the attention split the way `block_visibility` draws it: each
