@@ -67,9 +67,11 @@ class RecordingScheduler(CostAwareScheduler):
         lengths = super().__call__(proposal)
         R, gamma = proposal.tokens.shape
         n_drafting = sum(1 for w in self.widths if w) if self.widths else R
-        survivals = prefix_survival(self.confidences(proposal), self.temperatures)  # (R, γ)
-        keep = torch.arange(gamma)[None, :] < lengths[:, None]
-        self.predicted_tokens += R + float((survivals * keep).sum())
+        predicted = self._predicted  # (R,) verified drafts' survivals, summed by the parent for realism
+        if predicted is None:  # a free drafting cost: the parent took the paper's step without them
+            keep = torch.arange(gamma)[None, :] < lengths[:, None]
+            predicted = prefix_survival(self.confidences(proposal), self.temperatures) * keep  # (R, γ)
+        self.predicted_tokens += R + float(predicted.sum())
         paid = with_drafting(self.profile, self.draft_cost.seconds(n_drafting, gamma))
         self.predicted_seconds += 1.0 / paid.sps(R + int(lengths.sum()))
         return lengths

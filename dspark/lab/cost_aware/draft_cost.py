@@ -235,8 +235,8 @@ def cached_draft_cost(
 ) -> DraftCost:
     """The cost cached under `key` (DSPARK_HOME/profiles) if it covers `requests` drafting requests, else (or
     on `refresh`) `measure()`, stored unless the machine was busy (`too_busy_to_cache`: its repeats disagree,
-    or other processes used the CPU meanwhile; said on stderr, naming `what`, and used for this run only). A corrupt file is one line naming it and
-    --refresh (`storage.read_cache`)."""
+    or other processes used the CPU meanwhile; said on stderr, naming `what`, and used for this run only). A
+    corrupt file is one line naming it and --refresh (`storage.read_cache`)."""
     path = draft_cost_path(key)
     cached = None if refresh else storage.read_cache(path, key, draft_cost_of, REFRESH_HINT)
     if cached is not None and len(cached.seconds_by_requests) >= requests:
