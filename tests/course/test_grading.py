@@ -3,8 +3,8 @@
 * The untouched starters score 0, every check saying "not implemented", no traceback.
 * The instructor's reference solutions (the project's own code) and independent
   from-scratch solutions (tests/course/assignments/aN_solution.py) score full marks.
-* Every planted bug (tests/course/assignments/aN_*.py, one realistic bug each) fails the check
-  named for it, with a reason, not a crash.
+* Every planted bug (tests/course/assignments/aN_bugs.txt: one realistic bug each, a patch over
+  aN_solution.py applied here) fails the checks named for it, with a reason, not a crash.
 * A crashing and a hanging solution are reported per check; the grader still exits 0
   with `score: X/Y` as its last line, and leaves no process behind.
 * The command line: --list, --reference, --check, a bad number, a missing file, a file
@@ -28,6 +28,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -41,41 +42,57 @@ SOLUTIONS = Path(__file__).resolve().parent / "assignments"
 ROOT = Path(__file__).resolve().parents[2]
 NUMBERS = sorted(ASSIGNMENTS)
 
-# (file in tests/course/assignments, assignment, the checks that must catch its bug)
-PLANTED_BUGS = [
-    ("a1_residual_not_normalised.py", 1, ["residual_is_normalised"]),
-    ("a1_bonus_from_last_row.py", 1, ["verify_lengths_0_1_gamma_minus_1_gamma"]),
-    (
-        "a1_reused_uniforms.py",
-        1,
-        ["same_as_reference_for_the_same_uniforms", "first_token_follows_the_target"],
-    ),  # fmt: skip
-    ("a1_ignores_verify_lens.py", 1, ["verify_lengths_0_1_gamma_minus_1_gamma"]),
-    ("a1_target_row_off_by_one.py", 1, ["hand_worked_accept_then_reject"]),
-    ("a2_rollback_drops_anchor.py", 2, ["cache_holds_exactly_the_committed_tokens"]),
-    ("a2_eos_only_at_block_end.py", 2, ["emit_stops_at_eos_and_the_limit", "eos_inside_a_block"]),
-    (
-        "a2_limit_checked_per_block.py",
-        2,
-        ["emit_stops_at_eos_and_the_limit", "max_new_tokens_inside_a_block"],
-    ),  # fmt: skip
-    ("a2_drafter_sees_rejected_drafts.py", 2, ["drafter_gets_exactly_the_committed_tokens"]),
-    ("a2_pass_per_request.py", 2, ["one_target_pass_per_round"]),
-    ("a3_confidence_reads_new_token.py", 3, ["confidence_matches_reference"]),
-    ("a3_markov_reads_current_token.py", 3, ["block_tokens_and_q_match_reference"]),
-    ("a3_temperature_after_softmax.py", 3, ["draft_probs_at_a_temperature"]),
-    ("a3_block_sees_its_anchor.py", 3, ["visibility_hand_worked"]),
-    ("a3_greedy_by_tiny_temperature.py", 3, ["greedy_ties_go_to_the_lowest_id"]),
-    ("a4_ece_unweighted.py", 4, ["ece_weights_bins_by_size"]),
-    ("a4_sts_independent.py", 4, ["sts_matches_the_reference_search"]),
-    ("a4_temperature_on_probability.py", 4, ["calibrated_survival_values_and_order"]),
-    ("a4_auroc_ties_lost.py", 4, ["auroc_ties_count_half"]),
-    ("a4_events_from_verify_len.py", 4, ["events_and_mask_hand_worked"]),
-    ("a5_no_early_stop.py", 5, ["early_stop_halts_at_the_first_drop", "appendix_a_algorithm_1_is_lossless"]),
-    ("a5_ties_by_request.py", 5, ["greedy_path_ties_go_to_the_earlier_position"]),
-    ("a5_admits_equal_theta.py", 5, ["strict_improvement_only"]),
-    ("a5_tau_without_bonus.py", 5, ["theta_along_the_path_appendix_a"]),
-]
+
+@dataclass
+class PlantedBug:
+    """One bug of tests/course/assignments/aN_bugs.txt: patches over aN_solution.py (README.md there)."""
+
+    name: str
+    number: int  # the assignment
+    caught_by: list[str]  # the checks that must catch it
+    hunks: list[tuple[list[str], list[str]]] = field(default_factory=list)  # (solution lines, buggy lines)
+
+    def source(self) -> str:
+        """The solution's text with the bug planted; each hunk's solution lines must be there exactly once."""
+        lines = (SOLUTIONS / f"a{self.number}_solution.py").read_text().splitlines()
+        for old, new in self.hunks:
+            at = [i for i in range(len(lines)) if lines[i : i + len(old)] == old]
+            assert len(at) == 1, (
+                f"{self.name}: {old[0]!r}... is {len(at)} times in a{self.number}_solution.py"
+            )
+            lines[at[0] : at[0] + len(old)] = new
+        return "\n".join(lines) + "\n"
+
+    def file(self, folder: Path) -> Path:
+        """The buggy solution written as a student's file."""
+        path = folder / f"{self.name}.py"
+        path.write_text(self.source())
+        return path
+
+
+def planted_bugs() -> list[PlantedBug]:
+    """Every bug of the aN_bugs.txt files, in file order."""
+    bugs: list[PlantedBug] = []
+    for path in sorted(SOLUTIONS.glob("a*_bugs.txt")):
+        number = int(path.name.split("_")[0][1:])
+        for line in path.read_text().splitlines():
+            kind, text = line[:1], line[1:]
+            if line.startswith("== "):
+                name, checks = line[3:].split(": ")
+                bugs.append(PlantedBug(f"a{number}_{name}", number, checks.split(", ")))
+            elif kind == "-":  # a new hunk, unless it continues the current one's solution lines
+                if not bugs[-1].hunks or bugs[-1].hunks[-1][1]:
+                    bugs[-1].hunks.append(([], []))
+                bugs[-1].hunks[-1][0].append(text)
+            elif kind == "+":
+                assert bugs[-1].hunks, f"{path.name}: {line!r} replaces no solution line"
+                bugs[-1].hunks[-1][1].append(text)
+            else:
+                assert kind in ("", "#"), f"{path.name}: {line!r} is none of ==, #, -, +"
+    return bugs
+
+
+PLANTED_BUGS = planted_bugs()
 
 
 def cli(capsys, *argv: str) -> tuple[int, list[str], str]:
@@ -112,19 +129,26 @@ def test_independent_solution_scores_full_marks(number):
     assert report.score == report.total, [r.line() for r in report.results if not r.passed]
 
 
-@pytest.mark.parametrize("file, number, caught_by", PLANTED_BUGS, ids=[b[0] for b in PLANTED_BUGS])
-def test_planted_bug_fails_its_named_check(file, number, caught_by):
-    report = grade(ASSIGNMENTS[number], SOLUTIONS / file, only=caught_by)
-    assert [r.name for r in report.results] == caught_by
+@pytest.mark.parametrize("bug", PLANTED_BUGS, ids=[b.name for b in PLANTED_BUGS])
+def test_planted_bug_fails_its_named_check(bug, tmp_path):
+    report = grade(ASSIGNMENTS[bug.number], bug.file(tmp_path), only=bug.caught_by)
+    assert [r.name for r in report.results] == bug.caught_by
     for result in report.results:
-        assert not result.passed, f"{file}: {result.name} did not catch the bug"
+        assert not result.passed, f"{bug.name}: {result.name} did not catch the bug"
         assert result.detail and not result.detail.startswith(("crashed", "timed out", "not implemented"))
 
 
-def test_every_planted_bug_is_tested():
-    files = {p.name for p in SOLUTIONS.glob("a*_*.py") if not p.name.endswith("_solution.py")}
-    assert files == {b[0] for b in PLANTED_BUGS}
-    assert all(sum(b[1] == n for b in PLANTED_BUGS) >= 3 for n in NUMBERS)  # at least three per assignment
+def test_every_planted_bug_applies_once_and_names_real_checks():
+    assert {p.name for p in SOLUTIONS.glob("a*.py")} == {f"a{n}_solution.py" for n in NUMBERS}  # no copies
+    assert len({b.name for b in PLANTED_BUGS}) == len(PLANTED_BUGS)
+    for bug in PLANTED_BUGS:
+        source = bug.source()  # every hunk found exactly once
+        compile(source, bug.name, "exec")
+        assert bug.hunks and source != (SOLUTIONS / f"a{bug.number}_solution.py").read_text(), bug.name
+        checks = {check.name for check in ASSIGNMENTS[bug.number].checks}
+        assert bug.caught_by and set(bug.caught_by) <= checks, bug.name
+    # at least three per assignment
+    assert all(sum(b.number == n for b in PLANTED_BUGS) >= 3 for n in NUMBERS)
 
 
 def test_a_crashing_solution_is_reported_per_check(capsys):
