@@ -5,15 +5,15 @@
     verify_round       ℓ_r from the scheduler; ONE ragged pass over anchor + ℓ_r drafts; `verify`; roll back
     commit             emit accepted drafts + the next token; stop at EOS or a limit, free the slot
 
-Tensors live on the target's device; the bookkeeping (slots, anchors, lengths) stays on the host and is
-uploaded without waiting, and each step reads the device at a few counted points (`# host sync`).
-`speculative_generate` (at the end) runs a batch of prompts through it: at T = 0 token-identical to
-`decoding.generate` for every drafter and policy, at T > 0 exactly the target's distribution.
+Tensors live on the target's device; the bookkeeping (slots, anchors, lengths) stays on the host, one
+`RequestRecord` per request, and is uploaded without waiting; each step reads the device at a few points
+(`# host sync`). `speculative_generate` (at the end) runs a batch of prompts through it: at T = 0
+token-identical to plain decoding (`decoding.generate`: this engine without a drafter) for every drafter and
+policy, at T > 0 exactly the target's distribution.
 """
 
 from __future__ import annotations
 
-import math
 import numbers
 import time
 from collections import deque
@@ -23,47 +23,63 @@ from itertools import accumulate
 
 import torch
 
-from dspark.decoding import GenerationResult, check_max_new_tokens, check_prompts, check_token_ids, is_integer
-from dspark.device import generator_uniforms, host_syncs, model_device, to_host, upload
+from dspark.device import generator_uniforms, model_device, upload
 from dspark.drafters.base import Drafter, Proposal, TargetFeatures
-from dspark.model import Transformer
-from dspark.requests import ActiveRequest, EngineResult, Request, RequestRecord, RoundRecord, RoundStats
+from dspark.model import ModelConfig, Transformer
+from dspark.requests import Request, RequestRecord, RoundRecord, RoundStats
 from dspark.sampling import SamplingParams, probabilities, sample_from_probs
 from dspark.scheduler import Scheduler
 from dspark.verify import draw_uniforms, verify, verify_greedy
 
 
 @dataclass
-class RunState:
-    """One `Engine.run`: the queue, the active requests, the clock and the counters."""
+class Run:
+    """One `Engine.run`: while it runs, the queue and the requests holding slots; after, every request's
+    record and where the time went."""
 
-    requests: list[Request]
-    progress: Callable[[int], None] | None
-    records: list[RequestRecord] = field(init=False)
-    queue: deque[int] = field(init=False)  # indices into `requests`, by arrival time
-    active: list[ActiveRequest] = field(default_factory=list)
+    records: list[RequestRecord]  # one per request, in submission order
+    queue: deque[int] = field(default_factory=deque)  # waiting: indices into `records`, by arrival
+    active: list[RequestRecord] = field(default_factory=list)  # holding a slot
+    progress: Callable[[int], None] | None = None  # called with 1 as each request finishes
     start: float = field(default_factory=time.perf_counter)
-    prefill_seconds: float = 0.0
-    prefill_syncs: int = 0
-    draft_seconds: float = 0.0
-    drafted_rounds: int = 0
-    steps: int = 0
-    step_syncs: list[int] = field(default_factory=list)  # per step: host reads
-
-    def __post_init__(self) -> None:
-        self.records = [RequestRecord() for _ in self.requests]
-        self.queue = deque(sorted(range(len(self.requests)), key=lambda i: self.requests[i].arrival))
+    seconds: float = 0.0  # wall time of the whole run
+    prefill_seconds: float = 0.0  # spent in prefill passes
+    steps: int = 0  # target passes after prefill (one per step)
+    draft_seconds: float = 0.0  # spent in the drafter's propose calls
+    drafted_rounds: int = 0  # request-rounds in which the request drafted
 
     def now(self) -> float:
         return time.perf_counter() - self.start
 
-    def done(self) -> None:
-        if self.progress:
-            self.progress(1)
+    @property
+    def tokens(self) -> list[list[int]]:
+        return [r.tokens for r in self.records]
 
-    def result(self) -> EngineResult:
-        times = (self.prefill_seconds, self.steps, self.step_syncs, self.prefill_syncs)
-        return EngineResult(self.records, self.now(), *times, self.draft_seconds, self.drafted_rounds)
+    @property
+    def stop_reasons(self) -> list[str]:
+        return [r.stop_reason for r in self.records]
+
+    @property
+    def from_draft(self) -> list[list[bool]]:
+        return [r.from_draft for r in self.records]
+
+    @property
+    def stats(self) -> RoundStats:
+        """Every request's rounds (ℓ, accepted, confidences), in submission order."""
+        return RoundStats([r.rounds for r in self.records])
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.seconds - self.prefill_seconds
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(r.tokens) for r in self.records)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Output tokens per second over all requests."""
+        return self.new_tokens / self.seconds if self.seconds > 0 else float("nan")
 
 
 @dataclass
@@ -73,7 +89,7 @@ class Round:
     ells: list[int]  # per request: ℓ, the drafts it verified (0 in a plain decode step)
     block_lens: list[int]  # per request: ℓ + 1, its anchor and the verified drafts
     blocks: torch.Tensor  # (N,) the verified tokens, request-major
-    features: TargetFeatures  # of the N positions
+    features: TargetFeatures | None  # of the N positions (None where nobody ever drafts)
     accepted: list[int]  # per request: a, the drafts it accepted
     next_token: list[int]  # per request: the correction or bonus token
     drafts: list[list[int]]  # per request: the g drafted tokens
@@ -92,7 +108,7 @@ def read_outcome(
         drafts,
         *([confidence] if confidence is not None else []),
     ]
-    rows = to_host(torch.cat([t.double() for t in parts], dim=1), "engine: the round's outcome")  # host sync
+    rows = torch.cat([t.double() for t in parts], dim=1).tolist()  # host sync: the round's outcome
     ints = [[int(x) for x in row[: 2 + g]] for row in rows]
     return [r[0] for r in ints], [r[1] for r in ints], [r[2:] for r in ints], [row[2 + g :] for row in rows]
 
@@ -107,41 +123,22 @@ class Engine:
         concurrency: int,
         eos_id: int | None = None,
         scheduler: Scheduler | None = None,
+        context: int | None = None,
     ) -> None:
         """`scheduler` (None: verify all γ) decides each round's ℓ_r; it must depend only on the proposal and
-        earlier rounds, or losslessness is lost. Every active request drafts γ (0: plain decode steps)."""
+        earlier rounds, or losslessness is lost. Every active request drafts γ (0: plain decode steps).
+        `context`: tokens per request in the KV cache (default the model's context; less saves memory)."""
         if not 0 <= gamma <= drafter.max_gamma:
             raise ValueError(f"gamma must be in 0..{drafter.max_gamma} for drafter {drafter.name!r}")
-        if concurrency < 1:
-            raise ValueError("concurrency must be >= 1")
         self.target, self.drafter, self.params, self.gamma = target, drafter, params, gamma
         self.concurrency, self.eos_id = concurrency, eos_id
         self.scheduler = scheduler
-        self.cache = target.new_cache(concurrency)
+        self.cache = target.new_cache(concurrency, max_seq_len=context)
+        self.context = self.cache.max_seq_len
         self.drafter.reset(self.cache.n_slots)
 
-    def check_requests(self, requests: list[Request]) -> None:
-        """ValueError for malformed requests (ids, budget, arrival); servable-but-bad ones are `rejection`s."""
-        vocab = self.target.config.vocab_size
-        for i, request in enumerate(requests, start=1):
-            if not isinstance(request.prompt, (list, tuple)):
-                raise ValueError(
-                    f"request {i}: the prompt is a {type(request.prompt).__name__}, not a list of ids"
-                )
-            check_token_ids(request.prompt, vocab, f"request {i}")
-            if not is_integer(request.max_new_tokens):
-                raise ValueError(
-                    f"request {i}: max_new_tokens must be an integer, got {request.max_new_tokens!r}"
-                )
-            arrival = request.arrival
-            seconds = isinstance(arrival, numbers.Real) and not isinstance(arrival, bool)
-            if not seconds or not 0 <= arrival < math.inf:
-                raise ValueError(
-                    f"request {i}: the arrival time must be a finite number of seconds >= 0, got {arrival!r}"
-                )
-
     def rejection(self, request: Request) -> str:
-        context = self.target.config.max_seq_len
+        context = self.context
         if len(request.prompt) == 0:
             return "empty prompt"
         if len(request.prompt) >= context:
@@ -156,11 +153,11 @@ class Engine:
         requests: list[Request],
         generator: torch.Generator | None = None,
         progress: Callable[[int], None] | None = None,
-    ) -> EngineResult:
+    ) -> Run:
         """Serve `requests` to completion; `progress(n)` is called as n more requests finish."""
-        self.check_requests(requests)
         generator = generator or torch.Generator().manual_seed(0)
-        run = RunState(requests, progress)
+        order = sorted(range(len(requests)), key=lambda i: requests[i].arrival)
+        run = Run([RequestRecord(r) for r in requests], deque(order), progress=progress)
         while run.queue or run.active:
             newcomers = self.admit(run)
             if newcomers:
@@ -169,57 +166,59 @@ class Engine:
                 if run.queue:  # Poisson mode: idle until the next arrival
                     time.sleep(max(0.0, requests[run.queue[0]].arrival - run.now()))
                 continue
-            syncs_before = host_syncs()
             self.commit(run, self.step(run, generator))
             run.steps += 1
-            run.step_syncs.append(host_syncs() - syncs_before)
-        return run.result()
+        run.seconds = run.now()
+        return run
 
-    def admit(self, run: RunState) -> list[ActiveRequest]:
+    def admit(self, run: Run) -> list[RequestRecord]:
         """Arrived requests, in order, while slots are free; a bad one is rejected on its own."""
-        newcomers: list[ActiveRequest] = []
-        context = self.target.config.max_seq_len
+        newcomers: list[RequestRecord] = []
+        context = self.context
         while run.queue and len(run.active) + len(newcomers) < self.concurrency:
-            request = run.requests[run.queue[0]]
-            if request.arrival > run.now():
+            a = run.records[run.queue[0]]
+            if a.request.arrival > run.now():
                 break
-            record = run.records[run.queue.popleft()]
-            record.submitted = request.arrival if request.arrival else run.now()
-            reason = self.rejection(request)
-            if reason:
-                record.stop_reason, record.error = "rejected", reason
-                run.done()
+            run.queue.popleft()
+            a.submitted = a.request.arrival if a.request.arrival else run.now()
+            a.error = self.rejection(a.request)
+            if a.error:
+                a.stop_reason = "rejected"
+                if run.progress:
+                    run.progress(1)
                 continue
-            limit = min(request.max_new_tokens, context - len(request.prompt) + 1)
-            newcomers.append(ActiveRequest(request, record, self.cache.allocate(), limit))
+            a.slot, a.limit = (
+                self.cache.allocate(),
+                min(a.request.max_new_tokens, context - len(a.request.prompt) + 1),
+            )
+            newcomers.append(a)
         return newcomers
 
-    def prefill(self, run: RunState, newcomers: list[ActiveRequest], generator: torch.Generator) -> None:
+    def prefill(self, run: Run, newcomers: list[RequestRecord], generator: torch.Generator) -> None:
         """ONE ragged pass over the newcomers' prompts: the last logits give each its anchor; the features
-        wait for the drafter's first call."""
-        t0, syncs_before, device = time.perf_counter(), host_syncs(), model_device(self.target)
+        wait for the drafter's first call (none are taken where nobody ever drafts, γ = 0)."""
+        t0, device = time.perf_counter(), model_device(self.target)
         lens = [len(a.request.prompt) for a in newcomers]
         flat = upload([t for a in newcomers for t in a.request.prompt], device)  # (S·T,)
         slots = upload([a.slot for a in newcomers], device)
         last = upload(list(accumulate(lens)), device) - 1  # (S,) each prompt's last position
+        taps = self.gamma > 0
         res = self.target.forward_cached(
-            flat, slots, upload(lens, device), self.cache, return_taps=True, logits_at=last
+            flat, slots, upload(lens, device), self.cache, return_taps=taps, logits_at=last
         )
-        # host sync: the first tokens (emitted, checked for EOS)
-        first = to_host(self.target_tokens(res.logits, generator), "engine: first tokens")
-        features = TargetFeatures(res.taps, res.last_hidden).split(lens)
+        first = self.target_tokens(res.logits, generator).tolist()  # host sync: emitted, checked for EOS
+        features = TargetFeatures(res.taps, res.last_hidden).split(lens) if taps else [None] * len(lens)
         for a, tokens, feats, token, n in zip(newcomers, flat.split(lens), features, first, lens):
-            a.record.first_token = run.now()
+            a.first_token = run.now()
             a.anchor, a.length = token, n
             if a.emit([token], [False], self.eos_id, run.now()):
                 self.finish(run, a)
             else:
-                a.pending = (tokens, feats)
+                a.unseen_tokens, a.unseen_features = tokens, feats
                 run.active.append(a)
         run.prefill_seconds += time.perf_counter() - t0
-        run.prefill_syncs += host_syncs() - syncs_before
 
-    def step(self, run: RunState, generator: torch.Generator) -> Round:
+    def step(self, run: Run, generator: torch.Generator) -> Round:
         """Every active request drafts γ tokens and verifies them (γ = 0: the step plain decoding takes)."""
         device = model_device(self.target)
         slots = upload([a.slot for a in run.active], device)  # (R,)
@@ -232,43 +231,50 @@ class Engine:
         run.drafted_rounds += len(run.active)
         return self.verify_round(proposal, [a.length for a in run.active], slots, anchors, generator)
 
-    def commit(self, run: RunState, step: Round) -> None:
+    def commit(self, run: Run, outcome: Round) -> None:
         """Per request: record the round, emit accepted drafts + the next token, finish or keep the committed
-        features for the drafter's next call."""
-        still, features = [], step.features.split(step.block_lens)
-        for r, (a, tokens, feats) in enumerate(zip(run.active, step.blocks.split(step.block_lens), features)):
-            accepted, next_token = step.accepted[r], step.next_token[r]
-            conf = step.confidences[r] if self.drafter.has_confidence else None
+        tokens and features for the drafter's next call."""
+        still = []
+        features = (
+            outcome.features.split(outcome.block_lens) if outcome.features else [None] * len(run.active)
+        )
+        for r, (a, tokens, feats) in enumerate(
+            zip(run.active, outcome.blocks.split(outcome.block_lens), features)
+        ):
+            accepted, next_token = outcome.accepted[r], outcome.next_token[r]
+            conf = outcome.confidences[r] if self.drafter.has_confidence else None
             a.length += accepted + 1
             a.anchor = next_token
-            n_before = len(a.record.tokens)
-            committed = [*step.drafts[r][:accepted], next_token]
+            n_before = len(a.tokens)
+            committed = [*outcome.drafts[r][:accepted], next_token]
             finished = a.emit(committed, [True] * accepted + [False], self.eos_id, run.now())
-            a.record.rounds.append(RoundRecord(step.ells[r], accepted, len(a.record.tokens) - n_before, conf))
+            a.rounds.append(RoundRecord(outcome.ells[r], accepted, len(a.tokens) - n_before, conf))
             if finished:
                 self.finish(run, a)
-            else:
-                a.pending = (tokens[: accepted + 1], feats.take(accepted + 1))  # for the drafter's next call
+            else:  # for the drafter's next call
+                a.unseen_tokens = tokens[: accepted + 1]
+                a.unseen_features = feats.take(accepted + 1) if feats else None
                 still.append(a)
         run.active = still
 
-    def finish(self, run: RunState, a: ActiveRequest) -> None:
+    def finish(self, run: Run, a: RequestRecord) -> None:
         """Free a finished request's slot in the target cache and the drafter."""
         self.cache.free(a.slot)
         self.drafter.release(a.slot)
-        a.pending = None
-        run.done()
+        a.unseen_tokens = a.unseen_features = None
+        if run.progress:
+            run.progress(1)
 
     def decode_round(self, slots: torch.Tensor, anchors: torch.Tensor, generator: torch.Generator) -> Round:
         """A plain decode step for all (nobody drafts): the same draws, so tokens, as verifying zero drafts."""
-        R = len(slots)
-        res = self.target.forward_cached(anchors, slots, torch.ones_like(slots), self.cache, return_taps=True)
+        R, taps = len(slots), self.gamma > 0
+        res = self.target.forward_cached(anchors, slots, torch.ones_like(slots), self.cache, return_taps=taps)
         next_token = self.target_tokens(res.logits, generator)  # (R,)
         nothing = torch.zeros(R, dtype=torch.long, device=slots.device)
         if self.scheduler is not None:
             self.scheduler.observe(nothing, nothing)
         outcome = read_outcome(nothing, next_token, nothing.new_zeros(R, 0), None)  # no drafts: (R, 0)
-        features = TargetFeatures(res.taps, res.last_hidden)
+        features = TargetFeatures(res.taps, res.last_hidden) if taps else None
         return Round([0] * R, [1] * R, anchors, features, *outcome)
 
     def verify_lengths(self, proposal: Proposal, lengths: list[int]) -> list[int]:
@@ -276,10 +282,9 @@ class Engine:
         R, g = proposal.tokens.shape
         wanted = [g] * R
         if self.scheduler is not None:  # host sync: the lengths decide the shape of the target pass
-            wanted = to_host(self.scheduler(proposal).long(), "engine: verify lengths")
-        if any(not 0 <= w <= g for w in wanted):
-            raise ValueError(f"verify lengths must be in 0..{g}")
-        return [min(w, self.target.config.max_seq_len - n - 1) for w, n in zip(wanted, lengths)]
+            wanted = self.scheduler(proposal).long().tolist()
+        assert all(0 <= w <= g for w in wanted), f"verify lengths must be in 0..{g}"
+        return [min(w, self.context - n - 1) for w, n in zip(wanted, lengths)]
 
     def verify_round(
         self,
@@ -326,26 +331,42 @@ class Engine:
 
     def draft(
         self,
-        active: list[ActiveRequest],
+        active: list[RequestRecord],
         slots: torch.Tensor,
         anchors: torch.Tensor,
         generator: torch.Generator,
         gamma: int,
     ) -> Proposal:
         """The drafter's proposal after each anchor, fed what each request committed since its last call."""
-        tokens = torch.cat([a.pending[0] for a in active])  # (n,) request-major
-        taps = torch.cat([a.pending[1].taps for a in active])
-        last_hidden = torch.cat([a.pending[1].last_hidden for a in active])
-        lens = upload([len(a.pending[0]) for a in active], model_device(self.target))  # (R,)
+        tokens = torch.cat([a.unseen_tokens for a in active])  # (n,) request-major
+        taps = torch.cat([a.unseen_features.taps for a in active])
+        last_hidden = torch.cat([a.unseen_features.last_hidden for a in active])
+        lens = upload([len(a.unseen_tokens) for a in active], model_device(self.target))  # (R,)
         features = TargetFeatures(taps, last_hidden)
         return self.drafter.propose(slots, tokens, features, lens, anchors, gamma, self.params, generator)
 
 
 # ---- a batch of prompts through the engine (every prompt admitted at once) ----
-@dataclass
-class SpeculativeResult(GenerationResult):
-    from_draft: list[list[bool]] = field(default_factory=list)  # per emitted token: was it an accepted draft?
-    stats: RoundStats = field(default_factory=RoundStats)  # per request, per round: ℓ_r, a_r, confidences
+def check_inputs(prompts: list[list[int]], max_new_tokens: int, config: ModelConfig) -> None:
+    """The batch entry points' one check: ValueError unless there are prompts, the budget is an integer >= 1
+    and every prompt a non-empty list of token ids in the vocabulary, shorter than the context (torch would
+    truncate a float id, or fail with a bare IndexError)."""
+
+    def integer(x: object) -> bool:  # a Python or NumPy integer, not a bool
+        return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+    if not integer(max_new_tokens) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if not prompts:
+        raise ValueError("no prompts given")
+    V, context = config.vocab_size, config.max_seq_len
+    for i, p in enumerate(prompts, start=1):
+        if not (isinstance(p, (list, tuple)) and 0 < len(p) < context and all(integer(t) for t in p)):
+            raise ValueError(
+                f"prompt {i} must be a non-empty list of token ids, shorter than the {context}-token context"
+            )
+        if not 0 <= min(p) <= max(p) < V:
+            raise ValueError(f"prompt {i}: a token id is outside the vocabulary 0..{V - 1}")
 
 
 def speculative_generate(
@@ -359,14 +380,10 @@ def speculative_generate(
     eos_id: int | None = None,
     scheduler: Scheduler | None = None,
     engine_class: type[Engine] | None = None,
-) -> SpeculativeResult:
+) -> Run:
     """Generate for every prompt, `drafter` proposing `gamma` tokens per round; `scheduler` (default: verify
     all γ) must depend only on the proposal and earlier rounds, or losslessness is lost. `engine_class`:
     `Engine`, or a subclass (the lab's cost-aware engine also decides who drafts)."""
-    check_max_new_tokens(max_new_tokens)
-    check_prompts(prompts, target.config.max_seq_len, target.config.vocab_size)
+    check_inputs(prompts, max_new_tokens, target.config)
     engine = (engine_class or Engine)(target, drafter, params, gamma, len(prompts), eos_id, scheduler)
-    run = engine.run([Request(p, max_new_tokens) for p in prompts], generator)
-    tokens, reasons, drafted = map(list, zip(*[(r.tokens, r.stop_reason, r.from_draft) for r in run.records]))
-    seconds = (run.prefill_seconds, run.seconds - run.prefill_seconds)  # prefill, decode
-    return SpeculativeResult(tokens, reasons, *seconds, run.steps, drafted, run.stats)
+    return engine.run([Request(p, max_new_tokens) for p in prompts], generator)

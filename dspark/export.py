@@ -2,6 +2,7 @@
 
 import sys
 
+import dspark.lab.interrupt  # noqa: F401 (first: Ctrl-C during the imports below is one line)
 from dspark.lab.cli import run_main
 from dspark.lab.commands.export import main
 

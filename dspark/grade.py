@@ -2,6 +2,7 @@
 
 import sys
 
+import dspark.lab.interrupt  # noqa: F401 (first: Ctrl-C during the imports below is one line)
 from dspark.course.command import main
 from dspark.lab.cli import run_main
 

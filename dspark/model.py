@@ -9,13 +9,12 @@ one (N,) vector. Both can return the "tap" layers drafters read (walkthrough/DES
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dspark.device import to_host
 from dspark.kv_cache import KVCache
 from dspark_kernels import use_kernel
 
@@ -128,7 +127,6 @@ class RaggedIndex:
     kv_len: int  # L: the longest key range
     n_tokens: int  # N
     shortest_block: int
-    memo: dict = field(default_factory=dict, repr=False)  # what a swapped-in attention derives once a pass
 
     @classmethod
     def build(cls, slots: Tensor, block_lens: Tensor, starts: Tensor, context: int) -> RaggedIndex:
@@ -136,7 +134,7 @@ class RaggedIndex:
         positions. One host read (shapes and checks); refuses a negative length or a cache overflow."""
         ends = starts + block_lens  # (S,) each slot's length after the pass
         facts = torch.stack([block_lens.max(), ends.max(), block_lens.sum(), block_lens.min()])
-        block_max, kv_len, n_tokens, shortest = to_host(facts, "ragged index: shapes and checks")
+        block_max, kv_len, n_tokens, shortest = facts.tolist()  # host sync: shapes and checks
         if shortest < 0:
             raise ValueError("block lengths must be >= 0")
         if kv_len > context:  # before anything is written
@@ -192,10 +190,6 @@ class Attention(nn.Module):
     """Grouped-query attention. `qk_norm`: per-head RMSNorm on q and k before RoPE (Qwen3; drafter layers
     only); `in_dim`: the width q/k/v read (2·dim in the EAGLE-3 layer)."""
 
-    # ragged blocks against the cache, padded blocks under a mask; the lab may swap both
-    attend = staticmethod(ragged_attention)
-    attend_masked = staticmethod(masked_attention)
-
     def __init__(self, config: ModelConfig, qk_norm: bool = False, in_dim: int | None = None) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
@@ -235,8 +229,18 @@ class Attention(nn.Module):
         q, k, v = self._qkv(x, cos, sin)  # (N, H, hd), (N, Hkv, hd), (N, Hkv, hd)
         cache.keys[layer][rb.token_slot, :, rb.positions] = k.to(cache.keys.dtype)
         cache.values[layer][rb.token_slot, :, rb.positions] = v.to(cache.values.dtype)
-        out = self.attend(q, cache.keys[layer], cache.values[layer], rb)  # (N, H, hd)
+        out = ragged_attention(q, cache.keys[layer], cache.values[layer], rb)  # (N, H, hd)
         return self.wo(out.reshape(x.shape[0], -1))
+
+    def forward_masked(
+        self, x: Tensor, cos: Tensor, sin: Tensor, ctx_k: Tensor, ctx_v: Tensor, mask: Tensor
+    ) -> Tensor:
+        """A drafter's blocks x (R, S, in_dim) attending to context keys/values (R, Hkv, L, hd) and to their
+        own under `mask` (R, 1, S, L + S), True = visible -> (R, S, dim); cos/sin (R, S, 1, hd/2)."""
+        q, k, v = self._qkv(x, cos, sin)  # (R, S, H|Hkv, hd)
+        keys = torch.cat([ctx_k, k.transpose(1, 2)], dim=2)  # (R, Hkv, L + S, hd)
+        values = torch.cat([ctx_v, v.transpose(1, 2)], dim=2)
+        return self.wo(masked_attention(q, keys, values, mask).flatten(2))
 
 
 class FeedForward(nn.Module):
@@ -299,10 +303,6 @@ def cast_keeping_rope(module: nn.Module, dtype: torch.dtype) -> nn.Module:
 
 
 class Transformer(nn.Module):
-    # x Wᵀ of LM heads, and the name of how projections compute; the lab may swap both on a CPU
-    project_to_vocab = staticmethod(F.linear)
-    speed_paths = "F.linear"
-
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
@@ -345,7 +345,7 @@ class Transformer(nn.Module):
         hidden = self.norm(x)
         stacked = torch.stack(taps, dim=-2) if taps is not None else None
         scored = hidden if logits_at is None else hidden[logits_at]
-        return ModelOutput(self.project_to_vocab(scored, self.lm_head.weight), hidden, stacked)
+        return ModelOutput(self.lm_head(scored), hidden, stacked)
 
     def forward(self, tokens: Tensor, return_taps: bool = False) -> ModelOutput:
         """tokens: (B, T) -> logits (B, T, V). No cache: training and reference."""

@@ -1,5 +1,5 @@
-"""What the engine serves and returns: a `Request`, its `RequestRecord`, its state while served
-(`ActiveRequest`), a whole run (`EngineResult`) and the statistics of its rounds (`RoundStats`).
+"""What the engine serves and records: a `Request`, its `RequestRecord` (its output, and its state while
+served), one `RoundRecord` per step it took part in, and the statistics of many rounds (`RoundStats`).
 """
 
 from __future__ import annotations
@@ -126,6 +126,10 @@ class Request:
 
 @dataclass
 class RequestRecord:
+    """One request in the engine, from admission to its last token (one object per request): what it emitted
+    and when, and while it holds a KV-cache slot the host-side state of its decoding."""
+
+    request: Request | None = None
     tokens: list[int] = field(default_factory=list)  # emitted tokens (EOS included when it ended it)
     from_draft: list[bool] = field(default_factory=list)  # per token: an accepted draft?
     rounds: list[RoundRecord] = field(default_factory=list)  # one per step it took part in
@@ -134,6 +138,13 @@ class RequestRecord:
     submitted: float = 0.0  # seconds after the start: admitted to the queue's head (closed loop) or arrived
     first_token: float = 0.0  # when the first token was emitted
     finished: float = 0.0  # when the last token was emitted
+    # while served
+    slot: int = -1  # its KV-cache slot (and the drafter's)
+    limit: int = 0  # tokens it may emit: its budget, or fewer if the context ends first
+    anchor: int = 0  # the last committed token: emitted, not yet in the target cache
+    length: int = 0  # its target-cache length
+    unseen_tokens: torch.Tensor | None = None  # (n,) committed tokens the drafter has not seen yet
+    unseen_features: TargetFeatures | None = None  # the target's features of those n positions
 
     @property
     def ttft(self) -> float:
@@ -145,63 +156,17 @@ class RequestRecord:
         n = len(self.tokens)
         return (self.finished - self.first_token) / (n - 1) if n > 1 else None
 
-
-@dataclass
-class ActiveRequest:
-    """A request that holds a KV-cache slot: host-side bookkeeping only."""
-
-    request: Request
-    record: RequestRecord
-    slot: int  # its KV-cache slot (and the drafter's)
-    limit: int  # tokens it may emit: its budget, or fewer if the context ends first
-    anchor: int = 0  # the last committed token: emitted, not yet in the target cache
-    length: int = 0  # its target-cache length
-    pending: tuple[torch.Tensor, TargetFeatures] | None = (
-        None  # (n,) tokens + features the drafter has not seen
-    )
-
     def emit(self, tokens: list[int], drafted: list[bool], eos_id: int | None, now: float) -> bool:
         """Append tokens until a stop rule fires (EOS, the budget, the context); True if it finished."""
-        rec = self.record
         for token, is_draft in zip(tokens, drafted):
-            rec.tokens.append(token)
-            rec.from_draft.append(is_draft)
+            self.tokens.append(token)
+            self.from_draft.append(is_draft)
             if eos_id is not None and token == eos_id:
-                rec.stop_reason = "eos"
-            elif len(rec.tokens) >= self.limit:
-                rec.stop_reason = "length" if len(rec.tokens) >= self.request.max_new_tokens else "context"
-            if rec.stop_reason:
-                rec.finished = now
+                self.stop_reason = "eos"
+            elif len(self.tokens) >= self.limit:
+                full = len(self.tokens) >= self.request.max_new_tokens
+                self.stop_reason = "length" if full else "context"
+            if self.stop_reason:
+                self.finished = now
                 return True
         return False
-
-
-@dataclass
-class EngineResult:
-    records: list[RequestRecord]  # one per request, in submission order
-    seconds: float  # wall time of the whole run
-    prefill_seconds: float  # spent in prefill passes
-    steps: int  # speculative steps (one target verification pass each)
-    host_syncs: list[int] = field(default_factory=list)  # per step: device-to-host reads (dspark/device.py)
-    prefill_host_syncs: int = 0  # the same, in all prefill passes together
-    draft_seconds: float = 0.0  # wall time in the drafter's propose calls
-    drafted_rounds: int = 0  # request-rounds in which the request drafted
-
-    @property
-    def host_syncs_per_step(self) -> float:
-        """Mean device-to-host reads per step (each waits for the device)."""
-        return sum(self.host_syncs) / len(self.host_syncs) if self.host_syncs else 0.0
-
-    @property
-    def output_tokens(self) -> int:
-        return sum(len(r.tokens) for r in self.records)
-
-    @property
-    def stats(self) -> RoundStats:
-        """Every request's rounds (ℓ, accepted, confidences), in submission order."""
-        return RoundStats([r.rounds for r in self.records])
-
-    @property
-    def throughput(self) -> float:
-        """Output tokens per second over all requests."""
-        return self.output_tokens / self.seconds if self.seconds > 0 else float("nan")

@@ -11,7 +11,8 @@ With prefix survivals a_{r,j} = Π_{i<=j} c_{r,i} (calibrated, non-increasing in
   depends on x_{r,j} itself: NOT lossless (paper Appendix A).
 * `AsyncPrefixPolicy`: budget K from the argmax over survivals two rounds old, then the current top K.
 
-`Scheduler` binds a policy to its SPS profile and STS temperatures for the engine.
+`Scheduler` binds a policy to its SPS profile and STS pair for the engine; for `dspark` each round is
+`Engine.verify_lengths` -> `Scheduler.__call__` -> `prefix_schedule` (the policy's lengths) -> `admitted_count`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dspark.device import to_host
 from dspark.drafters.base import Drafter, Proposal
 from dspark_kernels import use_kernel
 
@@ -61,19 +61,19 @@ class ThroughputProfile:
         return self._tables[device]
 
 
-def temperatures_and_offsets(calibration: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(T, b), each (γ',), of a (γ',) calibration (b = 0) or a (2, γ') one."""
-    if calibration.dim() == 2:
-        return calibration[0], calibration[1]
-    return calibration, torch.zeros_like(calibration)
+def temperatures_and_offsets(sts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(T, b), each (γ',), of an STS pair: (γ',) temperatures (b = 0) or (2, γ') temperatures and offsets."""
+    if sts.dim() == 2:
+        return sts[0], sts[1]
+    return sts, torch.zeros_like(sts)
 
 
-def prefix_survival(confidences: torch.Tensor, temperatures: torch.Tensor | None = None) -> torch.Tensor:
+def prefix_survival(confidences: torch.Tensor, sts: torch.Tensor | None = None) -> torch.Tensor:
     """(R, γ) confidences -> (R, γ) survivals a_{r,j} = Π_{i<=j} c̃_{r,i}, c̃ = σ(logit(c) / T_j − b_j)
-    (no temperatures: c̃ = c); increasing in c, so the order inside a position never changes."""
+    (no STS pair: c̃ = c); increasing in c, so the order inside a position never changes."""
     c = confidences.double()
-    if temperatures is not None:
-        t, b = (x[: c.shape[1]] for x in temperatures_and_offsets(temperatures.to(c.device, torch.float64)))
+    if sts is not None:
+        t, b = (x[: c.shape[1]] for x in temperatures_and_offsets(sts.to(c.device, torch.float64)))
         c = torch.sigmoid(torch.logit(c.clamp(1e-12, 1 - 1e-12)) / t - b)
     return c.cumprod(dim=1)
 
@@ -123,32 +123,11 @@ def prefix_schedule(
         n_admit = max(0, min(int(budget), len(path)))
     else:
         # host sync: the walk runs in Python (the Triton kernel walks on the device)
-        gains = to_host(survivals[path[:, 0], path[:, 1]], "scheduler: Algorithm 1's walk")
+        gains = survivals[path[:, 0], path[:, 1]].tolist()
         n_admit = admitted_count(gains, R, profile, early_stop)
     admitted = path[:n_admit]
     lengths.index_add_(0, admitted[:, 0], torch.ones(n_admit, dtype=torch.long, device=lengths.device))
     return lengths
-
-
-def scheduled_lengths(
-    confidences: torch.Tensor,
-    temperatures: torch.Tensor | None,
-    profile: ThroughputProfile,
-    early_stop: bool = True,
-    budget: int | None = None,
-) -> torch.Tensor:
-    """(R, γ) confidences -> (R,) verify lengths: the Triton kernel where it may run and fits one tile,
-    else `prefix_schedule(prefix_survival(...))`."""
-    if use_kernel(confidences):
-        from dspark_kernels import prefix_scheduler  # imports Triton: only when a kernel may run
-
-        if prefix_scheduler.fits(*confidences.shape):
-            conf = confidences.float().contiguous()  # (R, γ)
-            temps = None if temperatures is None else temperatures.to(conf.device, torch.float32).contiguous()
-            table = profile.table(conf.device)  # (M,)
-            return prefix_scheduler.prefix_schedule_triton(conf, temps, table, early_stop, budget)
-    survivals = prefix_survival(confidences, temperatures)
-    return prefix_schedule(survivals, profile, early_stop, budget)
 
 
 def expected_rate(survivals: torch.Tensor, lengths: torch.Tensor, profile: ThroughputProfile) -> float:
@@ -161,24 +140,14 @@ def expected_rate(survivals: torch.Tensor, lengths: torch.Tensor, profile: Throu
 
 # ---- policies -------------------------------------------------------------------------------------
 class Policy:
-    """Verify lengths from this round's survivals and the past; `observe` hears each outcome."""
+    """Verify lengths from this round's (R, γ) survivals and the past; `observe` hears each outcome."""
 
     name = "policy"
     needs_confidence = False
 
-    def lengths(self, survivals: torch.Tensor, gamma: int, profile: ThroughputProfile) -> torch.Tensor:
+    def lengths(self, survivals: torch.Tensor, profile: ThroughputProfile) -> torch.Tensor:
         """(R,) verify lengths."""
         raise NotImplementedError
-
-    def lengths_from_confidence(
-        self,
-        confidences: torch.Tensor,
-        temperatures: torch.Tensor | None,
-        gamma: int,
-        profile: ThroughputProfile,
-    ) -> torch.Tensor:
-        """`lengths` from raw (R, γ) confidences and STS temperatures (None: uncalibrated)."""
-        return self.lengths(prefix_survival(confidences, temperatures), gamma, profile)
 
     def observe(self, verify_lens: torch.Tensor, accepted: torch.Tensor) -> None:
         """Called after verification (default: nothing to learn)."""
@@ -190,9 +159,10 @@ class FixedPolicy(Policy):
     def __init__(self, name: str, length: int | None) -> None:
         self.name, self.length = name, length
 
-    def lengths(self, survivals, gamma, profile):
+    def lengths(self, survivals, profile):
+        R, gamma = survivals.shape
         n = gamma if self.length is None else min(self.length, gamma)
-        return torch.full((survivals.shape[0],), n, dtype=torch.long, device=survivals.device)
+        return torch.full((R,), n, dtype=torch.long, device=survivals.device)
 
 
 class ThresholdPolicy(Policy):
@@ -203,7 +173,7 @@ class ThresholdPolicy(Policy):
     def __init__(self, threshold: float = 0.5) -> None:
         self.threshold = threshold
 
-    def lengths(self, survivals, gamma, profile):
+    def lengths(self, survivals, profile):
         return (survivals >= self.threshold).long().cumprod(dim=1).sum(dim=1)
 
 
@@ -215,35 +185,29 @@ class GoodputPolicy(Policy):
     def __init__(self, alpha: float = 0.5, decay: float = 0.9) -> None:
         self.alpha, self.decay = alpha, decay
 
-    def lengths(self, survivals, gamma, profile):
-        R = survivals.shape[0]
-        if R == 0:
-            return torch.zeros(0, dtype=torch.long, device=survivals.device)
+    def lengths(self, survivals, profile):
+        R, gamma = survivals.shape
         a = min(self.alpha, 1 - 1e-9)
 
-        def rate(k: int) -> float:
-            return R * (1 - a ** (k + 1)) / (1 - a) * profile.sps(R * (k + 1))
+        def rate(k: int) -> float:  # tokens per second if every request verifies k (no requests: 0)
+            return R * (1 - a ** (k + 1)) / (1 - a) * profile.sps(max(1, R * (k + 1)))
 
         k = max(range(gamma + 1), key=rate)
         return torch.full((R,), k, dtype=torch.long, device=survivals.device)
 
     def observe(self, verify_lens, accepted):
         # host sync: α is a Python number that picks k on the host
-        verified, hits = to_host(torch.stack([verify_lens.sum(), accepted.sum()]), "scheduler: goodput's EMA")
+        verified, hits = torch.stack([verify_lens.sum(), accepted.sum()]).tolist()
         if verified:
             self.alpha = self.decay * self.alpha + (1 - self.decay) * hits / verified
 
 
 class PrefixPolicy(Policy):
-    """DSpark's Algorithm 1 with the early stop (lossless)."""
+    """DSpark's Algorithm 1 with the early stop (lossless); `Scheduler` runs it on the device kernel where
+    one fits."""
 
     name, needs_confidence = "dspark", True
-
-    def lengths(self, survivals, gamma, profile):
-        return prefix_schedule(survivals, profile, early_stop=True)
-
-    def lengths_from_confidence(self, confidences, temperatures, gamma, profile):
-        return scheduled_lengths(confidences, temperatures, profile, early_stop=True)
+    lengths = staticmethod(prefix_schedule)  # (survivals, profile) -> (R,): Algorithm 1 itself
 
 
 class AsyncPrefixPolicy(Policy):
@@ -256,18 +220,15 @@ class AsyncPrefixPolicy(Policy):
         self.min_length, self.lag = min_length, lag
         self.history: deque[tuple[torch.Tensor, ThroughputProfile]] = deque(maxlen=lag)
 
-    def budget(self, old: torch.Tensor, requests: int, profile: ThroughputProfile) -> int:
-        admitted = prefix_schedule(old, profile, early_stop=False).sum()
-        admitted = to_host(admitted, "scheduler: async budget")  # host sync: K is a Python number
-        return round(admitted * requests / max(1, old.shape[0]))
-
-    def lengths(self, survivals, gamma, profile):
-        R = survivals.shape[0]
+    def lengths(self, survivals, profile):
+        R, gamma = survivals.shape
         if len(self.history) < self.lag:
-            lengths = prefix_schedule(survivals, profile, early_stop=True)
+            lengths = prefix_schedule(survivals, profile)
         else:
             old, old_profile = self.history[0]
-            K = self.budget(old, R, old_profile)
+            # host sync: K is a Python number
+            admitted = prefix_schedule(old, old_profile, early_stop=False).sum().tolist()
+            K = round(admitted * R / max(1, old.shape[0]))
             m = min(self.min_length, gamma)
             lengths = torch.full((R,), m, dtype=torch.long, device=survivals.device)
             if m < gamma:
@@ -293,12 +254,10 @@ def make_policy(name: str, threshold: float = 0.5, min_length: int = 0) -> Polic
 # ---- the engine's scheduler -----------------------------------------------------------------------
 class Scheduler:
     """What the engine asks each round: how many drafts each request verifies (`__call__`); `observe` hears
-    the outcome."""
+    the outcome. `sts`: the drafter's STS pair, (γ',) temperatures or (2, γ') temperatures and offsets."""
 
-    def __init__(
-        self, policy: Policy, profile: ThroughputProfile, temperatures: torch.Tensor | None = None
-    ) -> None:
-        self.policy, self.profile, self.temperatures = policy, profile, temperatures
+    def __init__(self, policy: Policy, profile: ThroughputProfile, sts: torch.Tensor | None = None) -> None:
+        self.policy, self.profile, self.sts = policy, profile, sts
 
     @classmethod
     def for_drafter(
@@ -314,21 +273,22 @@ class Scheduler:
         return cls(policy, profile, *args, **kwargs)
 
     def confidences(self, proposal: Proposal) -> torch.Tensor:
-        """(R, γ) confidences; ones without a head (blind policies only)."""
-        R, gamma = proposal.tokens.shape
+        """(R, γ) confidences; ones without a head (blind policies only: `for_drafter` refuses the rest)."""
         conf = proposal.confidence
-        if conf is None:
-            if self.policy.needs_confidence:
-                raise ValueError(f"policy {self.policy.name!r} needs confidences; this proposal has none")
-            conf = torch.ones(R, gamma, device=proposal.tokens.device)
-        return conf
+        return torch.ones(proposal.tokens.shape, device=proposal.tokens.device) if conf is None else conf
 
     def __call__(self, proposal: Proposal) -> torch.Tensor:
-        """(R,) verify lengths for this round's proposal."""
-        gamma = proposal.tokens.shape[1]
-        return self.policy.lengths_from_confidence(
-            self.confidences(proposal), self.temperatures, gamma, self.profile
-        )
+        """(R,) verify lengths for this round's proposal: the policy's on the calibrated survivals, or for
+        Algorithm 1 the Triton kernel where it may run and fits one tile (it calibrates on the device)."""
+        conf = self.confidences(proposal)  # (R, γ)
+        if isinstance(self.policy, PrefixPolicy) and use_kernel(conf):
+            from dspark_kernels import prefix_scheduler  # imports Triton: only when a kernel may run
+
+            if prefix_scheduler.fits(*conf.shape):
+                sts = None if self.sts is None else self.sts.to(conf.device, torch.float32).contiguous()
+                table = self.profile.table(conf.device)  # (M,)
+                return prefix_scheduler.prefix_schedule_triton(conf.float().contiguous(), sts, table)
+        return self.policy.lengths(prefix_survival(conf, self.sts), self.profile)
 
     def observe(self, verify_lens: torch.Tensor, accepted: torch.Tensor) -> None:
         """This round's verify lengths and accepted counts (policies that learn from history)."""

@@ -12,13 +12,12 @@ DFlash (rank 0) trains with cross-entropy only (`DFLASH_LOSS`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
-from dspark.drafters.base import TargetFeatures, Vocabulary
+from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter, head_loop
 from dspark.model import Transformer
 
@@ -45,37 +44,37 @@ class FeatureBatch:
         return TargetFeatures(self.taps.flatten(0, 1), self.last_hidden.flatten(0, 1))
 
 
-def supervised_target_probs(
-    target: Transformer, batch: FeatureBatch, ids: torch.Tensor | None = None, chunk: int = 256
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """p_t at the supervised positions j in [P, L-2]: (probs (N + 1, V) fp32, row_of (B, T)), row_of[b, j]
-    its row or N, an all-zero row. With `ids` (K,) only those columns, still normalised over V. Built
-    `chunk` rows at a time so no (N, V) tensor is held."""
-    B, T = batch.tokens.shape
-    device = batch.tokens.device
-    j = torch.arange(T, device=device)[None, :]
-    prompt_lens, lengths = batch.prompt_lens.to(device), batch.lengths.to(device)
-    need = (j >= prompt_lens[:, None]) & (j + 1 < lengths[:, None])  # (B, T)
-    hidden = batch.last_hidden[need]  # (N, dim)
-    pieces = []
-    with torch.no_grad():
-        if ids is not None and batch.lse is not None:  # K head rows and the known normaliser: no softmax
-            rows, lse = target.lm_head.weight[ids], batch.lse[need]  # (K, dim), (N,)
-            for start in range(0, hidden.shape[0], chunk):
-                logits = F.linear(hidden[start : start + chunk].to(rows.dtype), rows).float()  # (n, K)
-                pieces.append((logits - lse[start : start + chunk, None]).exp())
-        else:
-            for start in range(0, hidden.shape[0], chunk):
-                logits = target.lm_head(
-                    hidden[start : start + chunk].to(target.lm_head.weight.dtype)
-                )  # (n, V)
-                log_p = torch.log_softmax(logits.float(), dim=-1)
-                pieces.append((log_p if ids is None else log_p[:, ids]).exp())
-    width = target.config.vocab_size if ids is None else ids.shape[0]
-    probs = torch.cat([*pieces, hidden.new_zeros(1, width, dtype=torch.float32)])  # (N + 1, V or K)
-    row_of = torch.full((B, T), probs.shape[0] - 1, dtype=torch.long, device=device)
-    row_of[need] = torch.arange(probs.shape[0] - 1, device=device)
+def supervised_positions(batch: FeatureBatch) -> torch.Tensor:
+    """(B, T) bool: the positions j in [P, L-2], whose next token is a response token (p_t is needed there)."""
+    j = torch.arange(batch.tokens.shape[1], device=batch.tokens.device)[None, :]
+    prompt_lens, lengths = batch.prompt_lens.to(j.device), batch.lengths.to(j.device)
+    return (j >= prompt_lens[:, None]) & (j + 1 < lengths[:, None])
+
+
+def probability_table(pieces: list[torch.Tensor], need: torch.Tensor, width: int) -> tuple[torch.Tensor, ...]:
+    """(probs (N + 1, width) fp32: the N rows of `pieces` and an all-zero row, row_of (B, T)): row_of[b, j]
+    is the row of position j where `need`, else N."""
+    probs = torch.cat([*pieces, torch.zeros(1, width, device=need.device)])
+    row_of = torch.full(need.shape, probs.shape[0] - 1, dtype=torch.long, device=need.device)
+    row_of[need] = torch.arange(probs.shape[0] - 1, device=need.device)
     return probs, row_of
+
+
+def supervised_target_probs(
+    target: Transformer, batch: FeatureBatch, chunk: int = 256
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """p_t at the supervised positions (`supervised_positions`): (probs (N + 1, V) fp32, row_of (B, T)) as
+    `probability_table` lays them out. Built `chunk` rows at a time so no (N, V) logits are held."""
+    need = supervised_positions(batch)
+    hidden = batch.last_hidden[need].to(target.lm_head.weight.dtype)  # (N, dim)
+    with torch.no_grad():
+        pieces = [
+            torch.log_softmax(
+                F.linear(hidden[start : start + chunk], target.lm_head.weight).float(), -1
+            ).exp()
+            for start in range(0, hidden.shape[0], chunk)
+        ]
+    return probability_table(pieces, need, target.config.vocab_size)
 
 
 @dataclass(frozen=True)
@@ -126,6 +125,11 @@ def soft_target_loss(
     return -(p * log_q).sum(-1), (log_q.exp() - p).abs().sum(-1), lse
 
 
+def label_cross_entropy(logits: torch.Tensor, lse: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    """(R,) −log q(label) from logits (R, V), their log Σ exp (R,) and the labels (R,)."""
+    return lse - logits.gather(-1, label[:, None]).squeeze(-1).float()
+
+
 def packed_blocks(
     drafter: ParallelDrafter,
     target_taps: torch.Tensor,
@@ -133,89 +137,48 @@ def packed_blocks(
     anchors: torch.Tensor,
     keep: torch.Tensor | None = None,
     last_hidden: torch.Tensor | None = None,
-    backbone: Callable = packed_backbone,
 ):
     """(h (B, A, γ, dim), U (B, A, γ, V)) of every block, or with `keep` (B, A) the kept ones' (N, γ, ·).
     target_taps (B, T, n_taps, dim); anchors (B, A)."""
     h_ctx = drafter.context_features(TargetFeatures(target_taps, last_hidden))  # (B, T, dim), as at inference
-    h = backbone(drafter, h_ctx, tokens, anchors)
+    h = packed_backbone(drafter, h_ctx, tokens, anchors)
     return drafter.block_outputs(h if keep is None else h[keep])
 
 
 def block_slots(
-    batch: FeatureBatch, anchors: torch.Tensor, valid_anchor: torch.Tensor, gamma: int, vocab: Vocabulary
+    batch: FeatureBatch, anchors: torch.Tensor, valid_anchor: torch.Tensor, gamma: int
 ) -> tuple[torch.Tensor, ...]:
     """For the N kept blocks: row (N,); per slot (N, γ) the previous token's position (clamped), whether the
-    predicted token exists, the previous token (teacher forcing) and the label, both in draft indices."""
+    predicted token exists, the previous token (teacher forcing) and the label."""
     (B, T), device = batch.tokens.shape, batch.tokens.device
     row = torch.arange(B, device=device)[:, None].expand_as(anchors)[valid_anchor]  # (N,)
     pos = anchors[valid_anchor][:, None] + torch.arange(gamma, device=device)  # (N, γ)
     valid = (pos + 1) < batch.lengths.to(device)[row][:, None]
     safe = pos.clamp(max=T - 1)
-    prev = vocab.to_draft(batch.tokens[row[:, None], safe])
-    label = vocab.to_draft(batch.tokens[row[:, None], (safe + 1).clamp(max=T - 1)])
+    prev = batch.tokens[row[:, None], safe]
+    label = batch.tokens[row[:, None], (safe + 1).clamp(max=T - 1)]
     return row, safe, valid, prev, label
 
 
-def position_terms(
-    logits: torch.Tensor,
-    probs: torch.Tensor,
-    p_row: torch.Tensor,
-    label: torch.Tensor,
-    vocab: Vocabulary,
-    soft_ce: bool = True,
-    mass: torch.Tensor | None = None,
-    distance: Callable = soft_target_loss,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N,) cross-entropy and ‖q − p_t‖₁ at one block position (q from `logits`, p_t = probs[p_row]).
-    With a draft vocabulary p_t's mass off its ids counts in full in the distance."""
-    ce, tv, lse = distance(logits, probs, p_row)  # −Σ p_t log q, ‖q − p_t‖₁, log Σ exp
-    if not soft_ce:
-        in_vocab = label < vocab.n_out
-        z_label = logits.gather(-1, label[:, None].clamp(max=vocab.n_out - 1)).squeeze(-1).float()
-        ce = (lse - z_label) * in_vocab
-    if vocab.size:
-        mass = probs.sum(-1) if mass is None else mass
-        tv = tv + (1 - mass[p_row]).clamp(min=0) * (p_row < probs.shape[0] - 1)
-    return ce, tv
+def teacher_forced(
+    drafter: ParallelDrafter, h: torch.Tensor, u_logits: torch.Tensor, prev: torch.Tensor
+) -> tuple[torch.Tensor, list]:
+    """The sequential head over N blocks (h, U (N, γ, ·)) fed x_{k-1} = prev[:, k] (N, γ), the response's
+    token whatever the head would have drawn: (logits (N·γ, V), every position at once; the γ confidences)."""
+    last = prev.shape[1] - 1
+    choose = lambda k, _: prev[:, min(k + 1, last)]  # noqa: E731
+    logits, confs = head_loop(drafter.sequential_logits, u_logits, h, prev[:, 0], choose)
+    return torch.stack(logits, 1).flatten(0, 1), confs
 
 
-def block_losses(
-    drafter: ParallelDrafter,
-    target: Transformer,
-    batch: FeatureBatch,
-    anchors: torch.Tensor,
-    valid_anchor: torch.Tensor,
-    loss: BlockLoss | None = None,
-    target_probs: tuple[torch.Tensor, torch.Tensor] | None = None,
-    speed: tuple[Callable, Callable] = (packed_backbone, soft_target_loss),
+def weighted_terms(
+    ce: torch.Tensor, tv: torch.Tensor, confs: list, valid: torch.Tensor, loss: BlockLoss
 ) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]:
-    """(total loss, mean c* per block position, the three terms) of the blocks at `anchors` (B, A) where
-    `valid_anchor`; `speed`: the packed pass and the distance (a trainer may pass faster equals)."""
-    gamma, tokens, device = drafter.config.gamma, batch.tokens, batch.tokens.device
-    loss = loss or (BlockLoss() if drafter.has_confidence else DFLASH_LOSS)
-    vocab = drafter.vocab  # with a draft vocabulary: q and p_t over its K ids
-    if target_probs is None:
-        target_probs = supervised_target_probs(target, batch, vocab.ids if vocab.size else None)
-    probs, row_of = target_probs  # (N + 1, K or V)
-    h, u_logits = packed_blocks(
-        drafter, batch.taps, tokens, anchors, valid_anchor, batch.last_hidden, speed[0]
-    )
-    row, safe, valid, prev, label = block_slots(batch, anchors, valid_anchor, gamma, vocab)
-    p_row = row_of[row[:, None], safe]  # (N, γ) row of p_t in `probs` (the zero row where not supervised)
-    mass = probs.sum(-1) if vocab.size else None  # (N + 1,) p_t's mass on the draft ids
-
-    # the head teacher-forced: x_{k-1} is the response's token, whatever the head would have drawn
-    logits, confs = head_loop(
-        drafter.sequential_logits, u_logits, h, prev[:, 0], lambda k, _: prev[:, min(k + 1, gamma - 1)]
-    )
-    flat = torch.stack(logits, 1).flatten(0, 1)  # (N·γ, V): every position at once
-    ce, tv = position_terms(
-        flat, probs, p_row.flatten(), label.flatten(), vocab, loss.soft_ce, mass, speed[1]
-    )
-    ce, tv = ce.view_as(p_row), tv.view_as(p_row)  # (N, γ)
+    """(total loss, mean c* per block position, the three terms) from ce, tv (N, γ), the γ confidences and the
+    slots whose next token exists `valid` (N, γ): means over the supervised blocks, weighted by w_k."""
+    gamma, device = ce.shape[1], ce.device
     c_star = (1 - 0.5 * tv).detach().clamp(0, 1)  # (N, γ)
-    m = valid.float()  # (N, γ) the slots whose next token exists
+    m = valid.float()
     n = m.sum(0)  # (γ,) supervised blocks per position
 
     def per_position(x: torch.Tensor) -> torch.Tensor:  # (N, γ) -> (γ,) mean over the supervised blocks
@@ -230,3 +193,26 @@ def block_losses(
     c_star_by_pos = list(torch.where(n > 0, per_position(c_star), float("nan")).unbind())
     total = loss.ce * terms["ce"] + loss.tv * terms["tv"] + loss.conf * terms["conf"]
     return total, c_star_by_pos, terms
+
+
+def block_losses(
+    drafter: ParallelDrafter,
+    target: Transformer,
+    batch: FeatureBatch,
+    anchors: torch.Tensor,
+    valid_anchor: torch.Tensor,
+    loss: BlockLoss | None = None,
+    target_probs: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]:
+    """(total loss, mean c* per block position, the three terms) of the blocks at `anchors` (B, A) where
+    `valid_anchor`; `target_probs`: p_t as `supervised_target_probs` gives it, if already built."""
+    loss = loss or (BlockLoss() if drafter.has_confidence else DFLASH_LOSS)
+    probs, row_of = target_probs or supervised_target_probs(target, batch)  # (N + 1, V), (B, T)
+    h, u = packed_blocks(drafter, batch.taps, batch.tokens, anchors, valid_anchor, batch.last_hidden)
+    row, safe, valid, prev, label = block_slots(batch, anchors, valid_anchor, drafter.config.gamma)
+    p_row = row_of[row[:, None], safe].flatten()  # (N·γ,) row of p_t (the zero row where not supervised)
+    logits, confs = teacher_forced(drafter, h, u, prev)
+    ce, tv, lse = soft_target_loss(logits, probs, p_row)  # −Σ p_t log q, ‖q − p_t‖₁, log Σ exp
+    if not loss.soft_ce:
+        ce = label_cross_entropy(logits, lse, label.flatten())
+    return weighted_terms(ce.view_as(prev), tv.view_as(prev), confs, valid, loss)

@@ -27,7 +27,7 @@ fp32 for T <= ~1.6, and a 1e-12 gain does not change an fp32 τ).
 
 What it does not do: the asynchronous variant's two-rounds-old budget search
 (`AsyncPrefixPolicy` computes K; this kernel then only applies it), and tiles
-larger than MAX_TILE elements (`dspark.scheduler.scheduled_lengths` falls back
+larger than MAX_TILE elements (`dspark.scheduler.Scheduler.__call__` falls back
 to the reference there).
 """
 

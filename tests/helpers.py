@@ -20,7 +20,7 @@ from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
 from dspark.lab import profiles, step_cost
 from dspark.lab.cost_aware import draft_cost
 from dspark.lab.cpu_speed import fast_on_cpu
-from dspark.lab.draft_vocab import vocabulary
+from dspark.lab.draft_vocab import build_drafter
 from dspark.model import ModelConfig, Transformer
 from dspark.requests import RoundStats
 from dspark.sampling import SamplingParams, probabilities
@@ -337,13 +337,13 @@ def randomise(drafter, vocab: int):
 def parallel(target, kind: str, vocab: int = 0, **options) -> ParallelDrafter:
     options = {"qk_norm": True} | options
     config = ParallelDrafterConfig(kind, GAMMA, 2, 64, rank=8, mask_id=5, draft_vocab=vocab, **options)
-    return randomise(ParallelDrafter(target, config, vocabulary(target, vocab)), vocab)
+    return randomise(build_drafter(target, config), vocab)
 
 
 def eagle(target, vocab: int = 0, **options) -> AutoregressiveDrafter:
     options = {"eagle3_layer": True} | options
     config = AutoregressiveDrafterConfig("eagle", GAMMA, 1, 64, draft_vocab=vocab, **options)
-    return randomise(AutoregressiveDrafter(target, config, vocabulary(target, vocab)), vocab)
+    return randomise(build_drafter(target, config), vocab)
 
 
 def on_meta(run):

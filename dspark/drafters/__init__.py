@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from dspark.checkpoint import ASSETS_DIR, CheckpointError, config_path, mismatch, read_checkpoint
 from dspark.device import model_device
@@ -41,23 +39,9 @@ def trained_for(record: dict) -> str:
     return f" (it was trained for the target {name!r})" if name else ""
 
 
-def whole_vocabulary(target: Transformer, size: int) -> None:
-    """The core's drafters score the whole vocabulary; one of K draft ids is the lab's to build."""
-    if size:
-        raise CheckpointError(f"this drafter scores a reduced vocabulary of {size} ids: {THE_LAB_READS_IT}")
-
-
-def load_drafter(
-    path: str | Path,
-    target: Transformer,
-    vocabulary: Callable[[Transformer, int], nn.Module | None] = whole_vocabulary,
-) -> Drafter:
-    """Rebuild a trained drafter for `target` from its checkpoint, on the target's device; `vocabulary(target, K)`
-    builds what it scores (None: the whole vocabulary)."""
-    if Path(path).is_dir():  # a folder in a serving engine's layout (python -m dspark.export, DeepSpec)
-        raise CheckpointError(f"{path} is a folder in a serving engine's layout: {THE_LAB_READS_IT}")
-    record, tensors = read_checkpoint(path)
-    config, other_target = record["config"], trained_for(record)
+def drafter_config(path: str | Path, record: dict) -> ParallelDrafterConfig | AutoregressiveDrafterConfig:
+    """The drafter config a checkpoint's record holds, or a one-line `CheckpointError`."""
+    config = record["config"]
     if isinstance(config, dict) and "kind" not in config and "vocab_size" in config:
         raise CheckpointError(
             f"{path} is a target model checkpoint, not a drafter: pass it as --checkpoint, and "
@@ -65,12 +49,16 @@ def load_drafter(
         )
     try:
         parallel = config.get("kind") in PARALLEL_KINDS
-        config = (ParallelDrafterConfig if parallel else AutoregressiveDrafterConfig)(**config)
-        vocab = vocabulary(target, config.draft_vocab)
-        drafter = (ParallelDrafter if parallel else AutoregressiveDrafter)(target, config, vocab)
+        return (ParallelDrafterConfig if parallel else AutoregressiveDrafterConfig)(**config)
     except (AttributeError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"drafter config of {path} is invalid ({exc}){other_target}") from None
-    taps = record.get("meta", {}).get("tap_layers")  # the target layers it was trained on
+        raise CheckpointError(f"drafter config of {path} is invalid ({exc}){trained_for(record)}") from None
+
+
+def with_weights(
+    drafter: Drafter, target: Transformer, path: str | Path, record: dict, tensors: dict
+) -> Drafter:
+    """`drafter` holding the checkpoint's weights, on the target's device and in its dtype."""
+    taps, other_target = record.get("meta", {}).get("tap_layers"), trained_for(record)  # the layers it read
     if taps is not None and tuple(taps) != tuple(target.config.tap_layers):
         raise CheckpointError(
             f"drafter {path} was trained on target layers {list(taps)}{other_target}, but this target taps "
@@ -86,6 +74,24 @@ def load_drafter(
         ) from None
     drafter = drafter.to(model_device(target))  # a drafter lives where its target does, in its dtype
     return cast_keeping_rope(drafter, target.embed.weight.dtype).eval()  # a bf16 target: a bf16 drafter
+
+
+def load_drafter(path: str | Path, target: Transformer) -> Drafter:
+    """Rebuild a trained drafter for `target` from its checkpoint, on the target's device."""
+    if Path(path).is_dir():  # a folder in a serving engine's layout (python -m dspark.export, DeepSpec)
+        raise CheckpointError(f"{path} is a folder in a serving engine's layout: {THE_LAB_READS_IT}")
+    record, tensors = read_checkpoint(path)
+    config = drafter_config(path, record)
+    if config.draft_vocab:  # the core's drafters score the whole vocabulary
+        raise CheckpointError(
+            f"this drafter scores a reduced vocabulary of {config.draft_vocab} ids: {THE_LAB_READS_IT}"
+        )
+    try:
+        parallel = isinstance(config, ParallelDrafterConfig)
+        drafter = (ParallelDrafter if parallel else AutoregressiveDrafter)(target, config)
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"drafter config of {path} is invalid ({exc}){trained_for(record)}") from None
+    return with_weights(drafter, target, path, record, tensors)
 
 
 def stored_calibration(path: str | Path) -> dict | None:
@@ -138,18 +144,8 @@ def load_calibration(path: str | Path, positions: int | None = None) -> torch.Te
     return torch.tensor(temps if shifts is None else [temps, shifts], dtype=torch.float64)
 
 
-def get_drafter(
-    name: str,
-    target: Transformer,
-    path: str | Path | None = None,
-    target_name: str = "tiny",
-    load: Callable[[Path, Transformer], Drafter] = load_drafter,
-) -> Drafter:
-    """`none`, or a trained drafter from `path` (default: the one shipped for `target_name`), read by `load`."""
-    if name not in DRAFTER_NAMES:
-        raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
-    if name == "none":
-        return NoDrafter(target.config.vocab_size)
+def drafter_path(name: str, path: str | Path | None = None, target_name: str = "tiny") -> Path:
+    """`path`, or the drafter `name` shipped for `target_name`; a one-line `CheckpointError` if there is none."""
     path = Path(path) if path else default_path(name, target_name)
     if not (path.is_file() or path.is_dir()):
         if target_name != "tiny" and Path(path) == default_path(name, target_name):
@@ -160,12 +156,28 @@ def get_drafter(
         raise CheckpointError(
             f"no trained {name} drafter at {path}; train one with `python -m dspark.train drafter --kind {name}`"
         )
-    drafter = load(path, target)
+    return path
+
+
+def check_kind(drafter: Drafter, name: str, path: Path) -> Drafter:
+    """`drafter` if it is the kind `name`, else a one-line `CheckpointError`."""
     if drafter.name != name:
         raise CheckpointError(
             f"{path} holds a {drafter.name} drafter, not {name}; pass --drafter {drafter.name}"
         )
     return drafter
+
+
+def get_drafter(
+    name: str, target: Transformer, path: str | Path | None = None, target_name: str = "tiny"
+) -> Drafter:
+    """`none`, or a trained drafter from `path` (default: the one shipped for `target_name`)."""
+    if name not in DRAFTER_NAMES:
+        raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
+    if name == "none":
+        return NoDrafter(target.config.vocab_size)
+    path = drafter_path(name, path, target_name)
+    return check_kind(load_drafter(path, target), name, path)
 
 
 def get_calibration(

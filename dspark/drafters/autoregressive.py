@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from dspark.drafters.base import Drafter, Proposal, TargetFeatures, scored_vocabulary
+from dspark.drafters.base import Drafter, Proposal, TargetFeatures
 from dspark.kv_cache import KVCache
 from dspark.model import (
     Attention,
@@ -36,7 +36,7 @@ from dspark.model import (
     rope_table,
     run_blocks_cached,
 )
-from dspark.sampling import probabilities, sample
+from dspark.sampling import SamplingParams, probabilities, sample
 
 
 class Eagle3Layer(nn.Module):
@@ -75,7 +75,7 @@ class AutoregressiveDrafterConfig:
     max_gamma: int = 7  # longest block it may draft (MTP: 1)
     n_layers: int = 1  # decoder layers of the drafter
     ffn_hidden: int = 688  # SwiGLU width of its decoder layer
-    draft_vocab: int = 0  # K: score only the K most frequent target ids (the lab's draft_vocab.py); 0 = all
+    draft_vocab: int = 0  # K > 0: the lab's reduced vocabulary of K ids (dspark/lab/draft_vocab.py); 0 = all
     eagle3_layer: bool = False  # eagle: EAGLE-3's own layer (`Eagle3Layer`: no W_in, 2·dim attention input)
 
     def __post_init__(self) -> None:
@@ -94,9 +94,7 @@ class AutoregressiveDrafterConfig:
 
 
 class AutoregressiveDrafter(Drafter):
-    def __init__(
-        self, target: Transformer, config: AutoregressiveDrafterConfig, vocab: nn.Module | None = None
-    ) -> None:
+    def __init__(self, target: Transformer, config: AutoregressiveDrafterConfig) -> None:
         super().__init__()
         tc = target.config
         self.config, self.name, self.max_gamma = config, config.kind, config.max_gamma
@@ -111,7 +109,6 @@ class AutoregressiveDrafter(Drafter):
             self.w_in = nn.Linear(2 * tc.dim, tc.dim, bias=False)
             self.layers = nn.ModuleList(Block(self.layer_config) for _ in range(config.n_layers))
         self.out_norm = RMSNorm(tc.dim, tc.norm_eps)
-        self.vocab = scored_vocabulary(target, config.draft_vocab, vocab)  # what it scores: V or K ids
         cos, sin = rope_table(self.layer_config)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -142,8 +139,15 @@ class AutoregressiveDrafter(Drafter):
         return self.w_in(torch.cat([self.token_norm(emb), self.feature_norm(feature)], dim=-1))
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
-        """(..., dim) -> (..., V), or (..., K) over the draft vocabulary."""
-        return self.vocab.logits(self.out_norm(g))
+        """(..., dim) -> (..., V): the target's frozen LM head."""
+        return self.target.lm_head(self.out_norm(g))
+
+    def next_token(
+        self, g: torch.Tensor, params: SamplingParams, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x ~ q = softmax(LMHead(RMSNorm(g)) / T): (x (R,), q (R, V) fp32)."""
+        q = probabilities(self.logits(g), params)
+        return sample(q, generator, check=False), q
 
     # ---- per-slot state -----------------------------------------------------------
     def reset(self, n_slots: int) -> None:
@@ -177,14 +181,12 @@ class AutoregressiveDrafter(Drafter):
         g_last = g[ends - 1]  # (R, dim): predicts the token after the anchor
         tokens, probs = [], []
         for k in range(gamma):
-            q = probabilities(self.logits(g_last), params)  # (R, V) fp32 (or (R, K): draft indices)
-            x = self.vocab.to_target(sample(q, generator, check=False))
+            x, q = self.next_token(g_last, params, generator)
             tokens.append(x)
-            probs.append(q)  # over the draft ids (`Proposal.probs` puts it on the full vocabulary)
+            probs.append(q)
             if k + 1 < gamma:  # feed back: own output as the feature of the drafted position
                 g_last = self._run(self.entries(x, g_last), slots, torch.ones_like(slots))
         if not tokens:
             V = self.target.config.vocab_size
             return Proposal(slots.new_zeros(R, 0), torch.zeros(R, 0, V, device=slots.device))
-        probs = torch.stack(probs, 1)  # (R, γ, K)
-        return Proposal(torch.stack(tokens, 1), probs, vocab=self.vocab)
+        return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1))

@@ -23,21 +23,17 @@ from dspark.sampling import SamplingParams
 
 @dataclass
 class Proposal:
-    """One round's drafts for R requests, the distributions they were drawn from, and their confidences.
-
-    A drafter scores K ids: the target's whole vocabulary (K = V) in the core, the K most frequent with the
-    lab's draft vocabulary. `q` stays over those K; `probs` puts it on the target's V ids when read (sampled
-    verification reads it, greedy verification never does)."""
+    """One round's drafts for R requests, the distributions they were drawn from, and their confidences."""
 
     tokens: torch.Tensor  # (R, γ) int64: x_1..x_γ after each anchor, target ids
-    q: torch.Tensor  # (R, γ, K) fp32: q_k over the drafter's K scored ids
+    q: torch.Tensor  # (R, γ, V) fp32: q_k, the distribution x_k was drawn from
     confidence: torch.Tensor | None = None  # (R, γ): c_k in (0, 1) from a confidence head, else None
-    vocab: nn.Module | None = None  # the drafter's vocabulary (maps q onto the target's); None: K = V
 
     @property
     def probs(self) -> torch.Tensor:
-        """(R, γ, V) fp32 q_k over the target's vocabulary (zero off the scored ids; built on each read)."""
-        return self.q if self.vocab is None else self.vocab.expand(self.q)
+        """(R, γ, V) fp32 q_k over the target's vocabulary, what verification compares with p (the lab's
+        reduced-vocabulary proposals draw over K ids and expand here)."""
+        return self.q
 
 
 @dataclass
@@ -55,45 +51,6 @@ class TargetFeatures:
     def flat(self) -> torch.Tensor:
         """(..., n_taps * dim): the taps side by side."""
         return self.taps.flatten(-2)
-
-
-class Vocabulary(nn.Module):
-    """What a drafter scores: here the target's whole vocabulary, so draft indices are target ids (the lab's
-    `DraftVocabulary` scores K of them: dspark/lab/draft_vocab.py, for large real vocabularies)."""
-
-    size = 0  # K: 0, no reduced vocabulary (the lab's has `ids`, the K target ids)
-
-    def __init__(self, target: nn.Module) -> None:
-        super().__init__()
-        self._target = (target,)  # frozen and shared: its head rows are read, never trained
-        self.target_vocab = self.n_out = self.n_prev = target.config.vocab_size
-
-    def logits(self, normed: torch.Tensor) -> torch.Tensor:
-        """(..., dim) -> (..., V): the target's frozen LM head."""
-        target = self._target[0]
-        return target.project_to_vocab(normed, target.lm_head.weight)
-
-    def output_rows(self) -> torch.Tensor:
-        """(V, dim): the target's LM-head rows."""
-        return self._target[0].lm_head.weight.detach()
-
-    def to_draft(self, ids: torch.Tensor) -> torch.Tensor:
-        """Target ids <-> draft indices, and probabilities over one <-> over the other: all the identity here."""
-        return ids
-
-    to_target = expand = restrict = to_draft
-
-
-def scored_vocabulary(target: nn.Module, size: int, vocab: nn.Module | None = None) -> nn.Module:
-    """What a drafter built for `size` draft ids (its config's `draft_vocab`) scores: `vocab` if given (the lab's
-    DraftVocabulary), else the whole vocabulary; a mismatch is a ValueError."""
-    vocab = vocab if vocab is not None else Vocabulary(target)
-    if vocab.size != size:
-        raise ValueError(
-            f"the drafter's config scores {size or 'all'} ids, its vocabulary {vocab.size or 'all'}; "
-            "a reduced one is built by the lab (dspark.lab.draft_vocab.DraftVocabulary)"
-        )
-    return vocab
 
 
 class Drafter(nn.Module):

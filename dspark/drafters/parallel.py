@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dspark.device import generator_uniforms, to_host
-from dspark.drafters.base import Drafter, Proposal, TargetFeatures, scored_vocabulary
+from dspark.device import generator_uniforms
+from dspark.drafters.base import Drafter, Proposal, TargetFeatures
 from dspark.kv_cache import KVCache
 from dspark.model import Block, RaggedIndex, RMSNorm, Transformer, rope_table
 from dspark.sampling import SamplingParams, draw_token, probabilities
@@ -122,7 +122,7 @@ def markov_block_sample(
     uniforms: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`markov_block_reference`, or its Triton kernel where `use_kernel` says so (no top-k/top-p)."""
-    full_vocab = w1.shape[0] == base_logits.shape[-1]  # the kernel's layout; a draft vocabulary has K + 1
+    full_vocab = w1.shape[0] == base_logits.shape[-1]  # the kernel's layout: a row of W1 per logit
     if params.top_k == 0 and params.top_p == 1.0 and full_vocab and use_kernel(base_logits):
         from dspark_kernels.markov_sampler import markov_block_sample_triton
 
@@ -198,7 +198,7 @@ class ParallelDrafterConfig:
     ffn_hidden: int = 688  # SwiGLU width of each backbone layer
     rank: int = 64  # r of W1 (V x r) and W2 (r x V); 0 for dflash
     mask_id: int = SPECIAL_TOKENS.index(MASK)  # token that fills the γ-1 future slots (<|mask|>)
-    draft_vocab: int = 0  # K: score only the K most frequent target ids (the lab's draft_vocab.py); 0 = all
+    draft_vocab: int = 0  # K > 0: the lab's reduced vocabulary of K ids (dspark/lab/draft_vocab.py); 0 = all
     qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3's q_norm/k_norm)
 
     def __post_init__(self) -> None:
@@ -221,9 +221,7 @@ class ParallelDrafterConfig:
 
 
 class ParallelDrafter(Drafter):
-    def __init__(
-        self, target: Transformer, config: ParallelDrafterConfig, vocab: nn.Module | None = None
-    ) -> None:
+    def __init__(self, target: Transformer, config: ParallelDrafterConfig) -> None:
         super().__init__()
         tc = target.config
         self.config, self.name, self.max_gamma = config, config.kind, config.gamma
@@ -232,11 +230,10 @@ class ParallelDrafter(Drafter):
         self.ctx_norm = RMSNorm(tc.dim, tc.norm_eps)
         self.layers = nn.ModuleList(Block(self.layer_config, config.qk_norm) for _ in range(config.n_layers))
         self.out_norm = RMSNorm(tc.dim, tc.norm_eps)
-        self.vocab = scored_vocabulary(target, config.draft_vocab, vocab)  # what it scores: V or K ids
-        # the sequential head + confidence head (none in DFlash), indexed by draft indices (+ "other" with K ids)
+        # the sequential head + confidence head (none in DFlash)
         self.head = None
         if config.head != "none":
-            self.head = HEADS[config.head](self.vocab.n_prev, self.vocab.n_out, tc.dim, config.rank)
+            self.head = HEADS[config.head](tc.vocab_size, tc.vocab_size, tc.dim, config.rank)
         self.register_state_dict_post_hook(flat_head_names)
         self.register_load_state_dict_pre_hook(nested_head_names)
         cos, sin = rope_table(self.layer_config)
@@ -277,12 +274,7 @@ class ParallelDrafter(Drafter):
         cos, sin = self.rope_cos[block_pos, None], self.rope_sin[block_pos, None]  # (R, S, 1, hd/2)
         mask = visible[:, None]  # (R, 1, S, L + S)
         for layer, k_ctx, v_ctx in zip(self.layers, ctx_k, ctx_v):
-            attn = layer.attn
-            q, k, v = attn._qkv(layer.attn_norm(x), cos, sin)  # (R, S, H|Hkv, hd)
-            keys = torch.cat([k_ctx, k.transpose(1, 2)], dim=2)  # (R, Hkv, L + S, hd)
-            values = torch.cat([v_ctx, v.transpose(1, 2)], dim=2)
-            out = attn.attend_masked(q, keys, values, mask)  # (R, S, H, hd)
-            x = x + attn.wo(out.flatten(2))
+            x = x + layer.attn.forward_masked(layer.attn_norm(x), cos, sin, k_ctx, v_ctx, mask)
             x = x + layer.ffn(layer.ffn_norm(x))
         return x
 
@@ -319,8 +311,7 @@ class ParallelDrafter(Drafter):
         """One backbone pass over [anchor, MASK × (γ−1)]: (h (R, γ, dim), U (R, γ, V))."""
         R, device = slots.shape[0], slots.device
         ctx_len = self.cache.lengths[slots]  # (R,) = the anchor's position
-        # host sync only without `longest`
-        L = longest if longest is not None else to_host(ctx_len.max(), "parallel drafter: longest context")
+        L = longest if longest is not None else ctx_len.max().tolist()  # host sync only without `longest`
         block = torch.full((R, gamma), self.mask_id, dtype=torch.long, device=device)
         block[:, 0] = anchors
         block_pos = ctx_len[:, None] + torch.arange(gamma, device=device)  # (R, γ)
@@ -333,9 +324,9 @@ class ParallelDrafter(Drafter):
         return self.block_outputs(h)
 
     def block_outputs(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(RMSNorm(h), the heads' input; U = LMHead(RMSNorm(h)), over the draft vocabulary if any)."""
+        """(RMSNorm(h), the heads' input; U = LMHead(RMSNorm(h)), the target's frozen head)."""
         normed = self.out_norm(h)
-        return normed, self.vocab.logits(normed)
+        return normed, self.target.lm_head(normed)
 
     @torch.no_grad()
     def propose(self, slots, committed_tokens, features, committed_lens, anchors, gamma, params, generator):
@@ -345,14 +336,21 @@ class ParallelDrafter(Drafter):
         h, u = self.draft_block(slots, anchors, gamma, longest)
         # position-major, so every head consumes the generator alike (rank-0 DSpark == DFlash)
         uniforms = generator_uniforms((gamma, slots.shape[0]), generator, slots.device).T  # (R, γ)
-        uniforms = uniforms.contiguous()
-        vocab = self.vocab  # sampling happens over draft indices; tokens and q leave in the target's ids
+        return Proposal(*self.sample_head(u, h, anchors, params, uniforms.contiguous()))
+
+    def sample_head(
+        self,
+        u: torch.Tensor,
+        h: torch.Tensor,
+        anchors: torch.Tensor,
+        params: SamplingParams,
+        uniforms: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The sequential stage of a block: U (R, γ, V), h (R, γ, dim), x_0 = anchors (R,), uniforms (R, γ) ->
+        tokens (R, γ), q (R, γ, V) fp32, c (R, γ) (None for DFlash)."""
         if self.config.rank == 0:  # DFlash: no dependence between positions, sample the block at once
             q = probabilities(u, params)  # (R, γ, V)
-            return Proposal(vocab.to_target(draw_token(q, uniforms, params)), q, vocab=vocab)
-        prev = vocab.to_draft(anchors)  # (R,) the previous token's row of W1
+            return draw_token(q, uniforms, params), q, None
         if self.config.head == "markov":  # the whole block in one call (a Triton kernel on CUDA)
-            tokens, probs, conf = markov_block_sample(u, h, prev, *self.head.weights(), params, uniforms)
-            return Proposal(vocab.to_target(tokens), probs, conf, vocab)
-        tokens, probs, conf = sample_block(self.head.step, u, h, prev, params, uniforms)  # the RNN head
-        return Proposal(vocab.to_target(tokens), probs, conf, vocab)
+            return markov_block_sample(u, h, anchors, *self.head.weights(), params, uniforms)
+        return sample_block(self.head.step, u, h, anchors, params, uniforms)  # the RNN head

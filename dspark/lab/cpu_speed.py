@@ -3,13 +3,13 @@ attention that pads less, copies fewer keys and skips torch's slow bf16 SDPA.
 
 The paper's premise -- verifying ℓ + 1 tokens costs about what decoding one does -- needs every matmul of a
 few rows to stream its weight once. In fp32 on a CPU `F.linear` does that for one row (the matrix-vector
-path) but re-packs the whole weight for a matrix product from two rows on. `project_to_vocab` (LM heads) and
-`LayerLinear` (decoder-layer projections) take the transposed product instead where that was measured to
-pay. The same sums in another order: equal to `F.linear` up to fp32 rounding (walkthrough/DESIGN.md §8).
-Attention (`ragged_attention_on_cpu`, `masked_attention_on_cpu`) computes what the core's one SDPA path does,
-but a pass of long blocks beside short ones attends part by part (`by_request`), slots that fill a range read
-the cache as a view, and bf16/fp16 take `grouped_attention`. `fast_on_cpu` applies all of them to a core model
-or drafter (the core itself is plain `nn.Linear`, `F.linear` and SDPA), as gpt-fast's quantize.py swaps
+path) but re-packs the whole weight for a matrix product from two rows on. `VocabHead` (LM heads, by
+`project_to_vocab`) and `LayerLinear` (decoder-layer projections) take the transposed product instead where
+that was measured to pay. The same sums in another order: equal to `F.linear` up to fp32 rounding
+(walkthrough/DESIGN.md §8). `CPUAttention` computes what the core's `Attention` does, but a pass of long
+blocks beside short ones attends part by part (`by_request`), slots that fill a range read the cache as a
+view, and bf16/fp16 take `grouped_attention`. `fast_on_cpu` swaps these subclasses into a core model or
+drafter (the core itself is plain `nn.Linear`, `F.linear` and SDPA), as gpt-fast's quantize.py swaps
 `nn.Linear`; the lab's loaders (`cli.load_target`, `exported.get_drafter`) apply it, so every command runs
 with it.
 
@@ -24,8 +24,9 @@ from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
+from dspark.kv_cache import KVCache
 from dspark.model import Attention, RaggedIndex, Transformer, masked_attention, ragged_attention
 from dspark_kernels import use_kernel
 
@@ -85,6 +86,20 @@ def project_to_vocab(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if transposed_product_pays(x, weight, TRANSPOSED_PRODUCT_MIN_WEIGHTS):
         return transposed_product(x, weight)
     return F.linear(x, weight)
+
+
+class VocabHead(nn.Linear):
+    """An LM head (`nn.Linear` without bias: same parameters, same state_dict) whose logits are
+    `project_to_vocab`: what the target's `lm_head(x)` computes, for itself and for its drafters."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return project_to_vocab(x, self.weight)
+
+
+def projection_method(target: Transformer) -> str:
+    """How `target`'s projections compute (PROJECTION_METHOD once swapped, else "F.linear"), for the keys of
+    cached step timings."""
+    return PROJECTION_METHOD if isinstance(target.lm_head, VocabHead) else "F.linear"
 
 
 class LayerLinear(nn.Linear):
@@ -194,16 +209,26 @@ def attend_part(
     return out[p.token_row, rb.offsets]  # (N_p, H, hd)
 
 
+# the last pass's index and its parts: `by_request` runs once a pass, not once a layer
+_last_pass: tuple[RaggedIndex, list[Part]] | None = None
+
+
+def parts_of(rb: RaggedIndex, context: int) -> list[Part]:
+    """`by_request(rb, context)`, found at a pass's first layer and kept for its others."""
+    global _last_pass
+    if _last_pass is None or _last_pass[0] is not rb:
+        _last_pass = (rb, by_request(rb, context))
+    return _last_pass[1]
+
+
 def ragged_attention_on_cpu(
     q: torch.Tensor, layer_keys: torch.Tensor, layer_values: torch.Tensor, rb: RaggedIndex
 ) -> torch.Tensor:
     """The core's `ragged_attention` (same arguments and result): the kernel or, off the CPU, the core's path
-    as they are; on the CPU the pass's `by_request` parts, found once a pass (`rb.memo`), each by `attend_part`."""
+    as they are; on the CPU the pass's `by_request` parts (`parts_of`), each by `attend_part`."""
     if q.device.type != "cpu" or use_kernel(q, layer_keys, layer_values):
         return ragged_attention(q, layer_keys, layer_values, rb)
-    if "cpu parts" not in rb.memo:
-        rb.memo["cpu parts"] = by_request(rb, layer_keys.shape[2])
-    parts = rb.memo["cpu parts"]
+    parts = parts_of(rb, layer_keys.shape[2])
     if len(parts) == 1:
         return attend_part(q, layer_keys, layer_values, parts[0])
     out = torch.empty_like(q)
@@ -212,25 +237,46 @@ def ragged_attention_on_cpu(
     return out
 
 
+class CPUAttention(Attention):
+    """The core's `Attention` (same parameters, same state_dict) attending through `ragged_attention_on_cpu`
+    (cached passes) and `masked_attention_on_cpu` (a drafter's blocks); its causal `forward` is the core's."""
+
+    def forward_cached(
+        self, x: Tensor, cos: Tensor, sin: Tensor, layer: int, cache: KVCache, rb: RaggedIndex
+    ) -> Tensor:
+        q, k, v = self._qkv(x, cos, sin)  # (N, H, hd), (N, Hkv, hd), (N, Hkv, hd)
+        cache.keys[layer][rb.token_slot, :, rb.positions] = k.to(cache.keys.dtype)
+        cache.values[layer][rb.token_slot, :, rb.positions] = v.to(cache.values.dtype)
+        out = ragged_attention_on_cpu(q, cache.keys[layer], cache.values[layer], rb)  # (N, H, hd)
+        return self.wo(out.reshape(x.shape[0], -1))
+
+    def forward_masked(
+        self, x: Tensor, cos: Tensor, sin: Tensor, ctx_k: Tensor, ctx_v: Tensor, mask: Tensor
+    ) -> Tensor:
+        q, k, v = self._qkv(x, cos, sin)  # (R, S, H|Hkv, hd)
+        keys = torch.cat([ctx_k, k.transpose(1, 2)], dim=2)  # (R, Hkv, L + S, hd)
+        values = torch.cat([ctx_v, v.transpose(1, 2)], dim=2)
+        return self.wo(masked_attention_on_cpu(q, keys, values, mask).flatten(2))
+
+
 # the layer projections that take `LayerLinear`: a decoder layer's q/k/v/o and SwiGLU, and a drafter's input
 # projections (EAGLE's fuse and w_in, the parallel drafters' W_c); nothing else changes class
 LAYER_PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "fuse", "w_in", "ctx_proj")
 
 
 def fast_on_cpu(model: M) -> M:
-    """Swap the CPU speed path into a target (`Transformer`) or a drafter, in place; returns it. Every
-    `nn.Linear` named in LAYER_PROJECTIONS becomes a `LayerLinear` (same parameters, same state_dict), and a
-    target's LM-head projection (which its drafters' heads call too) becomes `project_to_vocab`, and every
-    `Attention` attends through `ragged_attention_on_cpu` / `masked_attention_on_cpu`. On a GPU, in bf16 or
-    under autograd the projections take `F.linear`, and on a GPU attention the core's path, so the swap is safe
-    everywhere."""
+    """Swap the CPU speed path into a target (`Transformer`) or a drafter, in place; returns it: every
+    `nn.Linear` named in LAYER_PROJECTIONS becomes a `LayerLinear`, a target's `lm_head` (which its
+    drafters' heads call too) a `VocabHead`, every `Attention` a `CPUAttention` (the same parameters and
+    state_dict). On a GPU, in bf16 or under autograd the projections take `F.linear`, and on a GPU attention
+    the core's path, so the swap is safe everywhere."""
     for module in model.modules():
-        if isinstance(module, Attention):
-            module.attend, module.attend_masked = ragged_attention_on_cpu, masked_attention_on_cpu
+        if type(module) is Attention:
+            module.__class__ = CPUAttention
         for name in LAYER_PROJECTIONS:
             child = getattr(module, name, None)
             if type(child) is nn.Linear:
                 child.__class__ = LayerLinear
-        if isinstance(module, Transformer):
-            module.project_to_vocab, module.speed_paths = project_to_vocab, PROJECTION_METHOD
+        if isinstance(module, Transformer) and type(module.lm_head) is nn.Linear:
+            module.lm_head.__class__ = VocabHead
     return model

@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from dspark.lab import storage
+from dspark.lab.cpu_speed import projection_method
 from dspark.lab.machine import OtherLoad, cpu_description
 from dspark.model import Transformer
 from dspark.profiler import DEFAULT_POINTS, measure_sps, profile_from_points
@@ -138,7 +139,7 @@ def cpu_profile_key(target: Transformer) -> dict:
         "threads": torch.get_num_threads(),
         "cpu": cpu_description(),
         "method": "3 sweeps of 4 requests, medians, isotonic",
-        "projection": target.speed_paths,  # how its projections compute (dspark/lab/cpu_speed.py swaps them)
+        "projection": projection_method(target),  # how its projections compute (cpu_speed.py swaps them)
     }  # (a profile measured the older way, or of the older LM-head code, is measured again)
     key["config"]["tap_layers"] = list(key["config"]["tap_layers"])
     if target.embed.weight.dtype != torch.float32:  # (only a non-fp32 dtype joins the key)

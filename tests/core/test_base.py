@@ -17,11 +17,12 @@ def test_drafters_without_a_trained_head_propose_no_confidence(tiny_model):
 
 def test_the_contract_pieces_do_what_the_loop_relies_on(tiny_model):
     """`NoDrafter` proposes an empty block (the loop becomes plain decoding); `TargetFeatures` splits, takes and
-    flattens by position; the core's `Vocabulary` is the target's whole vocabulary (ids map to themselves, its
-    logits are the target's LM head) and a `Proposal` without one reads its q as the target's distribution."""
+    flattens by position; the core's drafters score the target's whole vocabulary with its LM head, and a
+    `Proposal` without a reduced vocabulary reads its q as the target's distribution."""
     import torch
 
-    from dspark.drafters.base import NoDrafter, Proposal, TargetFeatures, Vocabulary
+    from dspark.drafters.base import NoDrafter, Proposal, TargetFeatures
+    from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
     from dspark.sampling import SamplingParams
 
     V, dim = tiny_model.config.vocab_size, tiny_model.config.dim
@@ -35,11 +36,12 @@ def test_the_contract_pieces_do_what_the_loop_relies_on(tiny_model):
     assert torch.equal(feats.take(2).taps, first.taps) and feats.flat().shape == (5, 6)
     assert torch.equal(feats.flat()[1], feats.taps[1].flatten())
 
-    vocab = Vocabulary(tiny_model)
+    drafter = ParallelDrafter(tiny_model, ParallelDrafterConfig(gamma=2, n_layers=1, ffn_hidden=8, rank=4))
+    assert drafter.head.w1.weight.shape[0] == drafter.head.w2.weight.shape[0] == V  # a row per target id
     ids = torch.tensor([0, 3, V - 1])
-    assert vocab.size == 0 and vocab.n_out == vocab.n_prev == V
-    assert torch.equal(vocab.to_draft(ids), ids) and torch.equal(vocab.to_target(ids), ids)
     normed = torch.randn(2, dim)
-    torch.testing.assert_close(vocab.logits(normed), normed @ tiny_model.lm_head.weight.T)
+    torch.testing.assert_close(drafter.target.lm_head(normed), normed @ tiny_model.lm_head.weight.T)
+    h = torch.randn(2, 2, dim)
+    torch.testing.assert_close(drafter.block_outputs(h)[1], drafter.out_norm(h) @ tiny_model.lm_head.weight.T)
     q = torch.softmax(torch.randn(3, 4, V), -1)
     assert Proposal(ids, q).probs is q

@@ -1,5 +1,6 @@
-"""dspark/decoding.py: plain generation batched == one by one == a naive recompute-everything loop (EOS, context
-limit, seeds, cache slots returned), and bad prompts or budgets refused with a clear ValueError."""
+"""dspark/decoding.py: plain generation (the engine without a drafter) batched == one by one == a naive
+recompute-everything loop (EOS, context limit, seeds, cache slots returned), and bad prompts or budgets refused
+with a clear ValueError by the entry points' one check (the lab's detailed messages: tests/lab/test_inputs.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import pytest
 import torch
 from helpers import TINY, make_drafter
 
-from dspark.decoding import check_prompts, generate
+from dspark.decoding import generate
 from dspark.decoding import generate as plain_generate
-from dspark.engine import speculative_generate
+from dspark.drafters.base import NoDrafter
+from dspark.engine import Engine, Request, speculative_generate
 from dspark.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -78,16 +80,16 @@ def test_sampling_is_reproducible_with_a_seed(tiny_model):
 
 
 def test_cache_slots_are_returned(tiny_model):
-    cache = tiny_model.new_cache(3)
+    engine = Engine(tiny_model, NoDrafter(TINY.vocab_size), GREEDY, 0, 3)
     for _ in range(4):
-        generate(tiny_model, prompts([4, 5, 6]), 3, GREEDY, cache=cache)
-    assert cache.n_free == 3
+        engine.run([Request(p, 3) for p in prompts([4, 5, 6])])
+    assert engine.cache.n_free == 3
 
 
 @pytest.mark.parametrize("bad", [[], [[]], [[1] * 64]])
-def test_bad_prompts(bad):
-    with pytest.raises(ValueError):
-        check_prompts(bad, 64)
+def test_bad_prompts(tiny_model, bad):
+    with pytest.raises(ValueError, match="no prompts given|prompt 1 must be a non-empty list"):
+        generate(tiny_model, bad, 4, GREEDY)
 
 
 def test_max_new_tokens_must_be_positive(tiny_model):
@@ -113,11 +115,11 @@ def test_decoding_records_no_autograd_graph(tiny_model, monkeypatch):
 
 # ---- the inputs are validated where they enter (token ids, max_new_tokens) ---------------------------------------
 BAD_PROMPTS = [
-    ([[1.5, 2]], "token 1 is 1.5, not an integer"),
-    ([[3, True]], "token 2 is True, not an integer"),
-    ([[4, 5], [-1, 3]], "prompt 2: token id -1 is outside the vocabulary 0..96"),
-    ([[TINY.vocab_size]], f"prompt 1: token id {TINY.vocab_size} is outside the vocabulary"),
-    ([torch.tensor([1, 2])], "prompt 1 is a Tensor, not a list"),
+    ([[1.5, 2]], "prompt 1 must be a non-empty list of token ids"),
+    ([[3, True]], "prompt 1 must be a non-empty list of token ids"),
+    ([[4, 5], [-1, 3]], "prompt 2: a token id is outside the vocabulary 0..96"),
+    ([[TINY.vocab_size]], "prompt 1: a token id is outside the vocabulary"),
+    ([torch.tensor([1, 2])], "prompt 1 must be a non-empty list of token ids"),
 ]
 
 

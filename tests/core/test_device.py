@@ -3,7 +3,7 @@
 Run inside `with torch.device("meta")` (the engine, plain and speculative decoding, every drafter's `propose`, the
 scheduler, verify and calibration) with CPU models and inputs: a tensor factory without an explicit device makes a
 meta tensor and the run fails; device-aware code gives the same output as outside the context. A static `ast` scan
-of the hot paths backs it up, and host syncs are counted per engine step.
+of the hot paths backs it up (the host reads per step are counted by the lab: tests/lab/test_host_reads.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import pytest
 import torch
 from helpers import make, make_drafter, on_meta, prompts
 
-from dspark import device as dev
 from dspark.decoding import generate
 from dspark.drafters.base import NoDrafter, TargetFeatures
 from dspark.engine import Engine, Request, speculative_generate
@@ -30,7 +29,6 @@ from dspark.scheduler import (
     make_policy,
     prefix_schedule,
     prefix_survival,
-    scheduled_lengths,
 )
 from dspark.verify import draw_uniforms, verify
 
@@ -105,7 +103,6 @@ def test_engine_every_policy_with_slot_reuse(tiny_model, policy):
         engine = Engine(tiny_model, drafter, PARAMS["sampled"], 4, 2, None, scheduler)
         result = engine.run([Request(p, 10) for p in ps], torch.Generator().manual_seed(5))
         recs = result.records
-        assert len(result.host_syncs) == result.steps
         return [(r.tokens, r.rounds, r.stop_reason) for r in recs]
 
     expected, got = on_meta(run)
@@ -154,13 +151,12 @@ def test_scheduler_functions():
         survivals = prefix_survival(conf, TEMPERATURES)  # temperatures (float64, CPU) follow conf
         lengths = prefix_schedule(survivals, PROFILE)
         out = [survivals, greedy_path(survivals), lengths, prefix_schedule(survivals, PROFILE, early_stop=False),
-               prefix_schedule(survivals, PROFILE, budget=5), scheduled_lengths(conf, TEMPERATURES, PROFILE),
-               expected_rate(survivals, lengths, PROFILE)]  # fmt: skip
+               prefix_schedule(survivals, PROFILE, budget=5), expected_rate(survivals, lengths, PROFILE)]  # fmt: skip
         for name in POLICY_NAMES:
-            policy = make_policy(name)
+            scheduler = Scheduler(make_policy(name), PROFILE, TEMPERATURES)
             for _ in range(3):  # dspark-async needs two rounds of history
-                ell = policy.lengths_from_confidence(conf, TEMPERATURES, 4, PROFILE)
-                policy.observe(ell, ell // 2)
+                ell = scheduler(_proposal(conf, with_confidence=True))
+                scheduler.observe(ell, ell // 2)
             out.append(ell)
         out.append(Scheduler(make_policy("fixed"), PROFILE)(_proposal(conf)))
         assert all(t.device.type == "cpu" for t in out if isinstance(t, torch.Tensor))
@@ -170,11 +166,12 @@ def test_scheduler_functions():
     assert got == expected
 
 
-def _proposal(conf):
+def _proposal(conf, with_confidence=False):
     from dspark.drafters.base import Proposal
 
     R, gamma = conf.shape
-    return Proposal(torch.zeros(R, gamma, dtype=torch.long, device=conf.device), torch.zeros(R, gamma, 5))
+    tokens = torch.zeros(R, gamma, dtype=torch.long, device=conf.device)
+    return Proposal(tokens, torch.zeros(R, gamma, 5), conf if with_confidence else None)
 
 
 def test_verify_and_sampling():
@@ -219,21 +216,6 @@ def test_the_meta_trick_catches_a_tensor_made_on_the_default_device(tiny_model):
     assert careless(x).tolist() == [0, 1, 2]
     with torch.device("meta"), pytest.raises((RuntimeError, NotImplementedError)):
         careless(x).tolist()
-
-
-# ---- syncs are counted -----------------------------------------------------------------------------
-def test_host_syncs_are_counted_per_engine_step(tiny_model):
-    drafter = build("dspark", tiny_model)
-    scheduler = Scheduler.for_drafter(make_policy("dspark"), drafter, PROFILE, TEMPERATURES)
-    engine = Engine(tiny_model, drafter, PARAMS["sampled"], 4, 3, None, scheduler)
-    before = dev.host_sync_counts()
-    result = engine.run([Request(p, 12) for p in prompts([4, 9, 3], seed=8)])
-    after = dev.host_sync_counts()
-    assert result.steps > 0 and len(result.host_syncs) == result.steps
-    # every step (README, "On a GPU"): the drafter's ragged index, Algorithm 1's walk (the reference), the
-    # verify lengths, the target pass's ragged index, verify's length check (the reference), the outcome
-    assert result.host_syncs == [6] * result.steps
-    assert sum(after.values()) - sum(before.values()) == sum(result.host_syncs) + result.prefill_host_syncs
 
 
 # ---- static scan -----------------------------------------------------------------------------------

@@ -126,7 +126,7 @@ def test_edge_cases_no_requests_one_request_zero_confidence():
         prefix_survival(torch.full((1, 4), 0.9)), ThroughputProfile([1.0, 0.1])
     ).tolist() == [0]
     for name in POLICY_NAMES:
-        assert make_policy(name).lengths(torch.zeros(0, 3).double(), 3, profile).shape == (0,)
+        assert make_policy(name).lengths(torch.zeros(0, 3).double(), profile).shape == (0,)
 
 
 def test_early_stop_is_trapped_by_a_jagged_profile_and_async_is_not():
@@ -138,7 +138,7 @@ def test_early_stop_is_trapped_by_a_jagged_profile_and_async_is_not():
     best = brute_force_best(survivals, jagged)
     assert expected_rate(survivals, trapped, jagged) < best
     policy = AsyncPrefixPolicy()
-    lengths = [policy.lengths(survivals, 4, jagged) for _ in range(4)]
+    lengths = [policy.lengths(survivals, jagged) for _ in range(4)]
     assert lengths[0].tolist() == lengths[1].tolist() == [0]  # no history yet: Algorithm 1
     assert lengths[3].tolist() == [4] and expected_rate(survivals, lengths[3], jagged) == pytest.approx(best)
 
@@ -147,11 +147,11 @@ def test_async_budget_and_minimum_length():
     profile = linear_profile(1.0, 0.02)
     policy = AsyncPrefixPolicy(min_length=1)
     old = prefix_survival(torch.tensor([[0.9, 0.9, 0.9], [0.1, 0.1, 0.1]]))
-    policy.lengths(old, 3, profile)
-    policy.lengths(old, 3, profile)
+    policy.lengths(old, profile)
+    policy.lengths(old, profile)
     K = int(prefix_schedule(old, profile, early_stop=False).sum())
     now = prefix_survival(torch.tensor([[0.1, 0.1, 0.1], [0.9, 0.9, 0.9]]))
-    lengths = policy.lengths(now, 3, profile)
+    lengths = policy.lengths(now, profile)
     assert int(lengths.sum()) == max(K, 2) and bool((lengths >= 1).all())
     assert lengths[1] >= lengths[0]  # the budget goes to the currently confident request
 
@@ -159,16 +159,16 @@ def test_async_budget_and_minimum_length():
 def test_baseline_policies():
     survivals = prefix_survival(torch.tensor([[0.9, 0.8, 0.5], [0.4, 0.9, 0.9]]))
     profile = linear_profile(1.0, 0.05)
-    assert make_policy("none").lengths(survivals, 3, profile).tolist() == [0, 0]
-    assert make_policy("mtp1").lengths(survivals, 3, profile).tolist() == [1, 1]
-    assert make_policy("fixed").lengths(survivals, 3, profile).tolist() == [3, 3]
+    assert make_policy("none").lengths(survivals, profile).tolist() == [0, 0]
+    assert make_policy("mtp1").lengths(survivals, profile).tolist() == [1, 1]
+    assert make_policy("fixed").lengths(survivals, profile).tolist() == [3, 3]
     # survivals: (0.9, 0.72, 0.36) and (0.4, 0.36, 0.324)
-    assert make_policy("threshold", threshold=0.5).lengths(survivals, 3, profile).tolist() == [2, 0]
+    assert make_policy("threshold", threshold=0.5).lengths(survivals, profile).tolist() == [2, 0]
     goodput = GoodputPolicy(alpha=0.0)
-    assert goodput.lengths(survivals, 3, profile).tolist() == [0, 0]  # nothing is ever accepted
+    assert goodput.lengths(survivals, profile).tolist() == [0, 0]  # nothing is ever accepted
     for _ in range(50):
         goodput.observe(torch.tensor([3, 3]), torch.tensor([3, 3]))
-    assert goodput.alpha > 0.99 and goodput.lengths(survivals, 3, profile).tolist() == [3, 3]
+    assert goodput.alpha > 0.99 and goodput.lengths(survivals, profile).tolist() == [3, 3]
     with pytest.raises(ValueError, match="unknown policy"):
         make_policy("fastest")
 
@@ -221,11 +221,20 @@ def test_policies_that_ignore_confidences_accept_any_drafter(tiny_model):
         assert lengths.shape == (3,) and bool(((lengths >= 0) & (lengths <= 4)).all())
 
 
-def test_the_scheduler_uses_the_temperatures_it_is_given():
-    """Same proposal, different STS temperatures passed in -> the lengths follow Algorithm 1 on
-    the survivals calibrated with exactly those temperatures."""
+def test_the_scheduler_uses_the_sts_pair_it_is_given():
+    """Same proposal, different STS pairs passed in -> the lengths follow the policy (Algorithm 1, a
+    threshold) on the survivals calibrated with exactly that pair."""
     conf = torch.tensor([[0.9, 0.8, 0.7, 0.6], [0.6, 0.5, 0.9, 0.9]])
     proposal = Proposal(torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, 5), conf)
-    for temps in (None, torch.tensor([0.5, 0.5, 0.5, 0.5]), torch.tensor([3.0, 2.0, 1.0, 1.0])):
-        got = Scheduler(make_policy("dspark"), PROFILE, temps)(proposal)
-        assert torch.equal(got, prefix_schedule(prefix_survival(conf, temps), PROFILE))
+    temps = torch.tensor([3.0, 2.0, 1.0, 1.0])
+    for sts in (
+        None,
+        torch.full((4,), 0.5),
+        temps,
+        torch.stack([temps, torch.tensor([0.5, -0.5, 0.0, 1.0])]),
+    ):
+        survivals = prefix_survival(conf, sts)
+        got = Scheduler(make_policy("dspark"), PROFILE, sts)(proposal)
+        assert torch.equal(got, prefix_schedule(survivals, PROFILE))
+        got = Scheduler(make_policy("threshold", threshold=0.3), PROFILE, sts)(proposal)
+        assert torch.equal(got, make_policy("threshold", threshold=0.3).lengths(survivals, PROFILE))

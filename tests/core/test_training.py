@@ -1,5 +1,5 @@
 """dspark/training.py: the block masks (hand-worked; no block sees at or after its anchor), packed training
-blocks == the inference path, the block losses and their recipe options, target probabilities at draft ids."""
+blocks == the inference path, the block losses and their recipe options."""
 
 from __future__ import annotations
 
@@ -92,21 +92,3 @@ def test_loss_recipe_options(tiny_model):
         assert not hasattr(dflash, "confidence") and not dflash.has_confidence
         loss, _, terms = block_losses(dflash, tiny_model, batch, anchors, valid)
         assert terms["conf"] == 0.0 and float(loss) == pytest.approx(float(terms["ce"]))
-
-
-def test_target_probs_at_draft_ids_from_the_cached_normaliser(tiny_model):
-    """p_t at K ids from K head rows and the stored log-sum-exp == the full softmax read at those ids."""
-    from dspark.lab.training.feature_cache import features_of_tokens
-    from dspark.training import supervised_target_probs
-
-    tokens = torch.randint(0, TINY.vocab_size, (2, 24), generator=torch.Generator().manual_seed(4))
-    batch = features_of_tokens(tiny_model, tokens, torch.tensor([24, 15]), torch.tensor([4, 3]))
-    ids = torch.randperm(TINY.vocab_size, generator=torch.Generator().manual_seed(1))[:30]
-    fast, rows = supervised_target_probs(tiny_model, batch, ids)
-    batch.lse = None
-    slow, rows_again = supervised_target_probs(tiny_model, batch, ids)
-    full, _ = supervised_target_probs(tiny_model, batch)
-    assert torch.equal(rows, rows_again) and fast.shape == (full.shape[0], 30)
-    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(fast, full[:, ids], rtol=1e-5, atol=1e-7)
-    assert float(fast[:-1].sum(-1).max()) < 1  # a part of the distribution: the mass off the ids is missing

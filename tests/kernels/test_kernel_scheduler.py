@@ -1,5 +1,5 @@
 """The device prefix scheduler (dspark_kernels/prefix_scheduler.py) against its reference,
-prefix_schedule(prefix_survival(...)), and the dispatch that picks between them.
+prefix_schedule(prefix_survival(...)), and the scheduler's dispatch that picks between them.
 
 The kernel runs here under Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1);
 its sort is slow there (~0.5 s for a 64 x 8 tile), so the big sizes get one mode per case."""
@@ -14,13 +14,14 @@ pytest.importorskip("triton")
 
 import torch  # noqa: E402
 
+from dspark.drafters.base import Proposal  # noqa: E402
 from dspark.scheduler import (  # noqa: E402
     PrefixPolicy,
+    Scheduler,
     ThresholdPolicy,
     ThroughputProfile,
     prefix_schedule,
     prefix_survival,
-    scheduled_lengths,
 )
 from dspark_kernels import kernels_as
 from dspark_kernels.prefix_scheduler import MAX_TILE, fits, prefix_schedule_triton  # noqa: E402
@@ -158,28 +159,25 @@ def test_wrapper_rejects_bad_inputs():
     assert fits(64, 64) and not fits(65, 33)
 
 
-def test_dispatch_and_policies_agree_in_every_mode():
+def test_the_scheduler_dispatches_algorithm_1_to_the_kernel_and_back():
     g = torch.Generator().manual_seed(5)
-    conf, temps = torch.rand(6, 5, generator=g), temperatures(5, g, True).double()  # float64
-    cases = [dict(early_stop=True), dict(early_stop=False), dict(budget=11)]
+    conf, sts = torch.rand(6, 5, generator=g), temperatures(5, g, True).double()  # float64
+
+    def lengths(conf, policy=None, sts=sts, profile=JAGGED):
+        proposal = Proposal(torch.zeros(conf.shape, dtype=torch.long), torch.zeros(*conf.shape, 3), conf)
+        return Scheduler(policy or PrefixPolicy(), profile, sts)(proposal)
+
     with kernels_as("reference"):
-        expected = [scheduled_lengths(conf, temps, JAGGED, **kw) for kw in cases]
+        expected = lengths(conf)
+    survivals = prefix_survival(conf, sts)
+    assert torch.equal(expected, prefix_schedule(survivals, JAGGED))
     with kernels_as("triton"):
-        assert all(
-            torch.equal(scheduled_lengths(conf, temps, JAGGED, **kw), e) for kw, e in zip(cases, expected)
-        )
-        assert torch.equal(PrefixPolicy().lengths_from_confidence(conf, temps, 5, JAGGED), expected[0])
+        assert torch.equal(lengths(conf), expected)
         big = torch.rand(65, 33, generator=g)  # too big for one tile: the reference answers
         assert torch.equal(
-            scheduled_lengths(big, None, SMOOTH), prefix_schedule(prefix_survival(big), SMOOTH)
+            lengths(big, sts=None, profile=SMOOTH), prefix_schedule(prefix_survival(big), SMOOTH)
         )
-    # default mode on CPU: exactly the reference, for Algorithm 1 and for a policy without an override
-    survivals = prefix_survival(conf, temps)
-    assert torch.equal(
-        PrefixPolicy().lengths_from_confidence(conf, temps, 5, JAGGED), prefix_schedule(survivals, JAGGED)
-    )
-    threshold = ThresholdPolicy(0.3)
-    assert torch.equal(
-        threshold.lengths_from_confidence(conf, temps, 5, JAGGED), threshold.lengths(survivals, 5, JAGGED)
-    )
+        # a policy other than Algorithm 1 never goes to the kernel
+        threshold = ThresholdPolicy(0.3)
+        assert torch.equal(lengths(conf, threshold), threshold.lengths(survivals, JAGGED))
     assert SMOOTH.table() is SMOOTH.table(torch.device("cpu")) and SMOOTH.table().dtype == torch.float32

@@ -4,6 +4,7 @@ draft nothing; the decision only ever reads earlier rounds."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -580,7 +581,7 @@ def test_the_decision_never_sees_the_current_round(tiny_model):
         def perturbed(*args, **kwargs):
             p = propose(*args, **kwargs)
             if perturb and len(log) >= K:
-                return Proposal(p.tokens, p.q, 1 - p.confidence, p.vocab)
+                return dataclasses.replace(p, confidence=1 - p.confidence)
             return p
 
         drafter.propose = perturbed

@@ -16,18 +16,22 @@ from dspark.model import RaggedIndex
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_cpu_swap_drafts_what_the_plain_backbone_does(tiny_model, dtype):
+def test_the_cpu_swap_drafts_what_the_plain_backbone_does(tiny_model, dtype, monkeypatch):
     """`fast_on_cpu` swaps the drafter layers' attention too (in bf16 written out, `grouped_attention`): the
     backbone's block outputs stay within rounding of the plain drafter's (fp32: to fp32 rounding), and in fp32 a
     swapped target and drafter decode the target's greedy tokens."""
     import copy
 
-    from dspark.lab.cpu_speed import fast_on_cpu, masked_attention_on_cpu
+    from dspark.lab import cpu_speed
+    from dspark.lab.cpu_speed import CPUAttention, fast_on_cpu
     from dspark.model import cast_keeping_rope
 
     plain = cast_keeping_rope(make(copy.deepcopy(tiny_model).cast(dtype), "dspark"), dtype)
     fast = fast_on_cpu(copy.deepcopy(plain))
-    assert all(layer.attn.attend_masked is masked_attention_on_cpu for layer in fast.layers)
+    assert all(type(layer.attn) is CPUAttention for layer in fast.layers)
+    taken = []  # the lab's masked attention runs in the swapped drafter's blocks, not in the plain one's
+    masked = cpu_speed.masked_attention_on_cpu
+    monkeypatch.setattr(cpu_speed, "masked_attention_on_cpu", lambda *a: taken.append(1) or masked(*a))
     torch.manual_seed(0)
     feats = TargetFeatures(torch.randn(7, len(TINY.tap_layers), TINY.dim), torch.randn(7, TINY.dim))
     feats = TargetFeatures(feats.taps.to(dtype), feats.last_hidden.to(dtype))
@@ -37,6 +41,7 @@ def test_the_cpu_swap_drafts_what_the_plain_backbone_does(tiny_model, dtype):
             d.reset(2)
             d.append_context(slots, feats, torch.tensor([3, 4]))
             outs.append(d.draft_block(slots, torch.tensor([5, 6]), 4))
+            assert len(taken) == (0 if d is plain else len(fast.layers))
     tol = dict(atol=5e-2, rtol=5e-2) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
     for got, want in zip(outs[1], outs[0]):
         torch.testing.assert_close(got.float(), want.float(), **tol)
@@ -202,17 +207,19 @@ def test_layer_linear_is_nn_linear_in_another_order(monkeypatch):
 
 def test_the_cpu_speed_swap_is_the_plain_model_in_another_order(tiny_model, monkeypatch):
     """`fast_on_cpu` turns exactly the named layer projections into `LayerLinear` (same state_dict), the LM
-    head into `project_to_vocab` and every attention into the CPU one. A swapped model with weights above the
+    head into a `VocabHead` and every attention into a `CPUAttention`. A swapped model with weights above the
     thresholds computes the plain model's logits to fp32 rounding, taking the other order, and decodes the same
     greedy tokens; the tiny target (all below them) gives the same bits, and the same greedy tokens cached."""
     from dspark.decoding import generate
     from dspark.lab import cpu_speed
-    from dspark.model import ModelConfig, Transformer, ragged_attention
+    from dspark.model import Attention, ModelConfig, Transformer
     from dspark.sampling import SamplingParams
 
-    taken = []
+    taken, attended = [], []
     transposed = cpu_speed.transposed_product
     monkeypatch.setattr(cpu_speed, "transposed_product", lambda x, w: taken.append(1) or transposed(x, w))
+    ragged = cpu_speed.ragged_attention_on_cpu
+    monkeypatch.setattr(cpu_speed, "ragged_attention_on_cpu", lambda *a: attended.append(1) or ragged(*a))
     torch.manual_seed(0)
     config = ModelConfig(vocab_size=4096, dim=512, n_layers=2, n_heads=8, n_kv_heads=8, ffn_hidden=1024,
                          max_seq_len=64, tap_layers=(0, 1))  # fmt: skip
@@ -221,12 +228,12 @@ def test_the_cpu_speed_swap_is_the_plain_model_in_another_order(tiny_model, monk
     swapped = {n for n, m in fast.named_modules() if isinstance(m, cpu_speed.LayerLinear)}
     assert swapped == {f"blocks.{i}.{part}" for i in range(2) for part in
                        ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "ffn.w_gate", "ffn.w_up", "ffn.w_down")}  # fmt: skip
-    assert type(fast.lm_head) is torch.nn.Linear and fast.speed_paths == cpu_speed.PROJECTION_METHOD
-    assert fast.state_dict().keys() == plain.state_dict().keys() and plain.speed_paths == "F.linear"
-    assert {(b.attn.attend, b.attn.attend_masked) for b in fast.blocks} == {
-        (cpu_speed.ragged_attention_on_cpu, cpu_speed.masked_attention_on_cpu)
-    }
-    assert plain.blocks[0].attn.attend is ragged_attention  # the plain model keeps the core's
+    assert type(fast.lm_head) is cpu_speed.VocabHead and fast.lm_head.weight is fast.embed.weight  # tied
+    assert cpu_speed.projection_method(fast) == cpu_speed.PROJECTION_METHOD
+    assert fast.state_dict().keys() == plain.state_dict().keys()
+    assert cpu_speed.projection_method(plain) == "F.linear" and type(plain.lm_head) is torch.nn.Linear
+    assert {type(b.attn) for b in fast.blocks} == {cpu_speed.CPUAttention}
+    assert type(plain.blocks[0].attn) is Attention  # the plain model keeps the core's
     tokens = torch.randint(0, config.vocab_size, (1, 12))
     with torch.no_grad():
         torch.testing.assert_close(fast(tokens).logits, plain(tokens).logits, rtol=1e-4, atol=1e-4)
@@ -234,6 +241,7 @@ def test_the_cpu_speed_swap_is_the_plain_model_in_another_order(tiny_model, monk
     greedy = SamplingParams(0.0)
     prompts = [tokens[0].tolist()]
     assert generate(fast, prompts, 8, greedy).tokens == generate(plain, prompts, 8, greedy).tokens
+    assert len(attended) == 8 * config.n_layers  # the cached passes of `fast` only: a prefill, 7 steps
     tiny = cpu_speed.fast_on_cpu(copy.deepcopy(tiny_model))
     with torch.no_grad():
         small = tokens % tiny_model.config.vocab_size

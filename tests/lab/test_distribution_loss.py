@@ -11,7 +11,7 @@ from dspark.lab.training import fast_loss
 from dspark.lab.training import fast_loss as distribution_loss
 from dspark.lab.training.anchors import every_anchor
 from dspark.lab.training.fast_loss import soft_target_loss
-from dspark.training import block_losses
+from dspark.training import DFLASH_LOSS, BlockLoss, block_losses
 from dspark.training import soft_target_loss as plain
 
 
@@ -77,14 +77,16 @@ def test_the_labs_packed_pass_and_distance_equal_the_cores_dense_mask(tiny_model
     anchors, valid = every_anchor(batch.lengths, batch.prompt_lens)
     assert int(valid.sum()) == (16 - 1 - 4) + (11 - 1 - 3)
 
-    def loss_and_grads(**speed):
+    def loss_and_grads(losses):
         drafter.zero_grad(set_to_none=True)
-        loss, _, _ = block_losses(drafter, tiny_model, batch, anchors, valid, **speed)
+        loss, _, _ = losses(
+            drafter, tiny_model, batch, anchors, valid, BlockLoss() if kind == "dspark" else DFLASH_LOSS
+        )
         loss.backward()
         return loss.detach(), {n: p.grad for n, p in drafter.named_parameters() if p.grad is not None}
 
-    dense_loss, dense_grads = loss_and_grads()
-    loss, grads = loss_and_grads(speed=(fast_loss.packed_backbone, fast_loss.soft_target_loss))
+    dense_loss, dense_grads = loss_and_grads(block_losses)
+    loss, grads = loss_and_grads(fast_loss.block_losses)
     torch.testing.assert_close(loss, dense_loss, atol=1e-6, rtol=1e-5)
     assert grads.keys() == dense_grads.keys() and any(n.startswith("layers.") for n in grads)
     for name, grad in grads.items():

@@ -12,10 +12,9 @@ from helpers import GREEDY, MICRO, MICRO_LENGTH, MICRO_PROMPT, RAGGED, TINY, mic
 from stats_helpers import assert_matches
 
 from dspark.decoding import generate
-from dspark.drafters import load_drafter
 from dspark.drafters.base import TargetFeatures
 from dspark.engine import speculative_generate
-from dspark.lab.draft_vocab import DraftVocabulary, most_frequent, vocabulary
+from dspark.lab.draft_vocab import DraftVocabulary, load_checkpoint, most_frequent
 from dspark.lab.storage import save_checkpoint
 from dspark.lab.training.drafters import DrafterTrainConfig, batch_loss, new_drafter
 from dspark.sampling import SamplingParams
@@ -131,7 +130,7 @@ def test_sampling_is_exact_when_the_drafter_cannot_propose_some_tokens(kind):
 def test_checkpoint_keeps_the_ids(tiny_model, kind, tmp_path):
     drafter = drafter_with_vocab(tiny_model, kind, [50, 3, 11, 7, 60, 2])
     save_checkpoint(drafter, drafter.config, tmp_path / "d.safetensors", dtype=torch.float16)
-    again = load_drafter(tmp_path / "d.safetensors", tiny_model, vocabulary)
+    again = load_checkpoint(tmp_path / "d.safetensors", tiny_model)
     assert again.vocab.ids.tolist() == [50, 3, 11, 7, 60, 2] and again.vocab.ids.dtype == torch.long
     assert again.vocab.to_draft(torch.tensor([60])).tolist() == [4]
 
@@ -176,3 +175,22 @@ def test_a_draft_vocabulary_of_every_id_trains_like_the_full_vocabulary(tiny_mod
             -1
         )  # mass on the draft ids
     assert torch.isfinite(loss.detach()) and float(acc[0]) <= float(p.max()) + 1e-6
+
+
+def test_target_probs_at_draft_ids_from_the_cached_normaliser(tiny_model):
+    """p_t at K ids from K head rows and the stored log-sum-exp == the full softmax read at those ids."""
+    from dspark.lab.training.fast_loss import draft_target_probs
+    from dspark.lab.training.feature_cache import features_of_tokens
+    from dspark.training import supervised_target_probs
+
+    tokens = torch.randint(0, TINY.vocab_size, (2, 24), generator=torch.Generator().manual_seed(4))
+    batch = features_of_tokens(tiny_model, tokens, torch.tensor([24, 15]), torch.tensor([4, 3]))
+    ids = torch.randperm(TINY.vocab_size, generator=torch.Generator().manual_seed(1))[:30]
+    fast, rows = draft_target_probs(tiny_model, batch, ids)
+    batch.lse = None
+    slow, rows_again = draft_target_probs(tiny_model, batch, ids)
+    full, _ = supervised_target_probs(tiny_model, batch)
+    assert torch.equal(rows, rows_again) and fast.shape == (full.shape[0], 30)
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(fast, full[:, ids], rtol=1e-5, atol=1e-7)
+    assert float(fast[:-1].sum(-1).max()) < 1  # a part of the distribution: the mass off the ids is missing

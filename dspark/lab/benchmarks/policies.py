@@ -47,7 +47,7 @@ class RecordingScheduler(CostAwareScheduler):
     pass), and how many steps drafted."""
 
     def __init__(self, base: CostAwareScheduler) -> None:
-        super().__init__(base.policy, base.profile, base.temperatures, base.draft_cost)
+        super().__init__(base.policy, base.profile, base.sts, base.draft_cost)
         self.widths: list[int] = []
         self.steps = self.drafting_steps = 0
         self.predicted_tokens = self.predicted_seconds = 0.0
@@ -70,7 +70,7 @@ class RecordingScheduler(CostAwareScheduler):
         predicted = self._predicted  # (R,) verified drafts' survivals, summed by the parent for realism
         if predicted is None:  # a free drafting cost: the parent took the paper's step without them
             keep = torch.arange(gamma)[None, :] < lengths[:, None]
-            predicted = prefix_survival(self.confidences(proposal), self.temperatures) * keep  # (R, γ)
+            predicted = prefix_survival(self.confidences(proposal), self.sts) * keep  # (R, γ)
         self.predicted_tokens += R + float(predicted.sum())
         paid = with_drafting(self.profile, self.draft_cost.seconds(n_drafting, gamma))
         self.predicted_seconds += 1.0 / paid.sps(R + int(lengths.sum()))

@@ -63,13 +63,12 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import replace
 
 import torch
 
 from dspark.checkpoint import TARGET_CHECKPOINT, TOKENIZER_PATH
-from dspark.decoding import GenerationResult, check_prompts, generate
-from dspark.engine import SpeculativeResult, speculative_generate
+from dspark.decoding import generate
+from dspark.engine import Run, speculative_generate
 from dspark.lab import cli
 from dspark.lab.benchmarks.common import dtype_name
 from dspark.lab.calibration import get_calibration
@@ -79,6 +78,7 @@ from dspark.lab.cost_aware.scheduler import COST_AWARE
 from dspark.lab.data.corpus import eval_prompts_by_domain
 from dspark.lab.data.prompt_files import held_out, read_prompts
 from dspark.lab.exporting.exported import get_drafter
+from dspark.lab.inputs import check_prompts
 from dspark.lab.study.gpu import measured_scheduler
 from dspark.lab.text import decode_complete
 from dspark.model import Transformer
@@ -142,7 +142,7 @@ DEFAULT_POLICY = "dspark"  # the paper's scheduler, for a drafter with a confide
 DEFAULT_THRESHOLD = 0.5  # --policy threshold: verify drafts while their survival estimate is at least this
 
 
-def comparison_line(drafter: str, result: SpeculativeResult, plain: GenerationResult, greedy: bool) -> str:
+def comparison_line(drafter: str, result: Run, plain: Run, greedy: bool) -> str:
     """What speculation bought on these prompts: plain and speculative tokens/s, their ratio, τ, and at T = 0
     whether the text is the same."""
     line = (f"plain decoding {plain.tokens_per_s:.1f} tokens/s, {drafter} {result.tokens_per_s:.1f} tokens/s "
@@ -156,19 +156,14 @@ def comparison_line(drafter: str, result: SpeculativeResult, plain: GenerationRe
     return line
 
 
-def merged(results: list[GenerationResult]) -> GenerationResult:
-    """Runs of consecutive batches as one result: their prompts in order, their times and steps added."""
-    first = results[0]
+def merged(results: list[Run]) -> Run:
+    """Runs of consecutive batches as one run: their prompts in order, their times and steps added."""
     if len(results) == 1:
-        return first
-    fields = {"tokens": [t for r in results for t in r.tokens],
-              "stop_reasons": [s for r in results for s in r.stop_reasons],
-              "prefill_seconds": sum(r.prefill_seconds for r in results),
-              "decode_seconds": sum(r.decode_seconds for r in results), "steps": sum(r.steps for r in results)}  # fmt: skip
-    if isinstance(first, SpeculativeResult):
-        fields["from_draft"] = [f for r in results for f in r.from_draft]
-        fields["stats"] = RoundStats([rounds for r in results for rounds in r.stats.requests])
-    return replace(first, **fields)
+        return results[0]
+    return Run([rec for r in results for rec in r.records], seconds=sum(r.seconds for r in results),
+               prefill_seconds=sum(r.prefill_seconds for r in results), steps=sum(r.steps for r in results),
+               draft_seconds=sum(r.draft_seconds for r in results),
+               drafted_rounds=sum(r.drafted_rounds for r in results))  # fmt: skip
 
 
 NO_PAY_SHARE = 0.1  # a run that drafted in fewer steps than this says that drafting did not pay
@@ -332,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
             plain = merged([generate(model, b, args.max_new_tokens, params, plain_generator, eos_id=tokenizer.eos_id)
                             for b in batches])  # fmt: skip
     replies = [decode_complete(tokenizer, t) for t in result.tokens]
-    speculative = isinstance(result, SpeculativeResult)
+    speculative = speculative_run
 
     if args.json:
         single = len(replies) == 1

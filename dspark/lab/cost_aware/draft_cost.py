@@ -45,6 +45,7 @@ import torch
 
 from dspark.drafters.base import Drafter, TargetFeatures
 from dspark.lab import storage
+from dspark.lab.cpu_speed import projection_method
 from dspark.lab.machine import OtherLoad, cpu_description
 from dspark.lab.profiles import RooflineConfig, too_busy_to_cache
 from dspark.model import Transformer
@@ -212,7 +213,7 @@ def draft_cost_key(target: Transformer, drafter: Drafter, gamma: int) -> dict:
         "gamma": gamma,
         "threads": torch.get_num_threads(),
         "cpu": cpu_description(),
-        "projection": target.speed_paths,  # how the heads compute (their cost)
+        "projection": projection_method(target),  # how the heads compute (their cost)
     }
     if target.embed.weight.dtype != torch.float32:  # (only a non-fp32 dtype joins the key)
         key["dtype"] = str(target.embed.weight.dtype)

@@ -16,25 +16,28 @@ import torch
 
 from dspark.device import model_device, upload
 from dspark.drafters.base import Proposal, TargetFeatures
-from dspark.engine import Engine, Round, RunState
-from dspark.requests import ActiveRequest
+from dspark.engine import Engine, Round, Run
+from dspark.lab.draft_vocab import ReducedProposal
+from dspark.requests import RequestRecord
 
 RECENT_ROUNDS = 4  # drafted rounds per request kept for the scheduler's forecast (`CostAwareEngine.recent`)
 
 
 @dataclass
-class PartialProposal(Proposal):
+class PartialProposal(ReducedProposal):
     """A proposal padded to every active request: `drafted` (R,) bool marks the rows that really drafted; the
-    others are zeros and verify nothing."""
+    others are zeros and verify nothing (q over a reduced vocabulary's K ids where `vocab` is set)."""
 
     drafted: torch.Tensor | None = None  # (R,) bool
 
 
-def joined(earlier: tuple[torch.Tensor, TargetFeatures], new: tuple[torch.Tensor, TargetFeatures]):
-    """Two chunks of committed (tokens, features), one after the other."""
-    (t0, f0), (t1, f1) = earlier, new
-    taps, hidden = torch.cat([f0.taps, f1.taps]), torch.cat([f0.last_hidden, f1.last_hidden])
-    return torch.cat([t0, t1]), TargetFeatures(taps, hidden)
+def joined(earlier: tuple[torch.Tensor, TargetFeatures], a: RequestRecord) -> None:
+    """`a`'s unseen committed (tokens, features) after the `earlier` chunk it has not shown the drafter yet."""
+    (t0, f0), t1, f1 = earlier, a.unseen_tokens, a.unseen_features
+    a.unseen_tokens = torch.cat([t0, t1])
+    a.unseen_features = TargetFeatures(
+        torch.cat([f0.taps, f1.taps]), torch.cat([f0.last_hidden, f1.last_hidden])
+    )
 
 
 class CostAwareEngine(Engine):
@@ -48,7 +51,7 @@ class CostAwareEngine(Engine):
         self.idle: dict[int, int] = {}
         self.drafting: list[bool] = []  # this step, per active request
 
-    def plan(self, active: list[ActiveRequest]) -> list[int]:
+    def plan(self, active: list[RequestRecord]) -> list[int]:
         """Per request a block width in 0..γ (0: a plain decode step), from earlier rounds only."""
         gamma, speculate = self.gamma, getattr(self.scheduler, "speculate", None)
         if speculate is None or gamma == 0:
@@ -59,7 +62,7 @@ class CostAwareEngine(Engine):
             raise ValueError(f"draft widths must be in 0..{gamma}, got {widths}")
         return widths
 
-    def step(self, run: RunState, generator: torch.Generator) -> Round:
+    def step(self, run: Run, generator: torch.Generator) -> Round:
         widths = self.plan(run.active)
         self.drafting = [w > 0 for w in widths]
         device = model_device(self.target)
@@ -89,31 +92,31 @@ class CostAwareEngine(Engine):
         tokens[index], q[index], drafted[index] = proposal.tokens, proposal.q, True
         if conf is not None:
             conf[index] = proposal.confidence.to(conf.dtype)
-        return PartialProposal(tokens, q, conf, proposal.vocab, drafted)
+        return PartialProposal(tokens, q, conf, getattr(proposal, "vocab", None), drafted)
 
     def verify_lengths(self, proposal: Proposal, lengths: list[int]) -> list[int]:
         """The core's ℓ_r, and 0 for a request that did not draft."""
         ells = super().verify_lengths(proposal, lengths)
         return [ell if drafting else 0 for ell, drafting in zip(ells, self.drafting)]
 
-    def commit(self, run: RunState, step: Round) -> None:
+    def commit(self, run: Run, outcome: Round) -> None:
         """The core's commit; then a request that did not draft records no confidences and keeps its earlier
         committed chunk for the drafter's next call, and one that drafted remembers its confidences."""
-        active, kept = list(run.active), [a.pending for a in run.active]
-        super().commit(run, step)
+        active, kept = list(run.active), [(a.unseen_tokens, a.unseen_features) for a in run.active]
+        super().commit(run, outcome)
         for a, drafted, earlier in zip(active, self.drafting, kept):
-            last = a.record.rounds[-1]
+            last = a.rounds[-1]
             if not drafted and last.confidences is not None:
                 last.confidences = []
-            if a.record.stop_reason:  # finished: its slot is free
+            if a.stop_reason:  # finished: its slot is free
                 continue
             self.idle[a.slot] = 0 if drafted else self.idle.get(a.slot, 0) + 1
-            if not drafted:
-                a.pending = joined(earlier, a.pending)
+            if not drafted and self.gamma > 0:  # (γ = 0: nobody ever drafts, nothing is kept)
+                joined(earlier, a)
             elif last.confidences is not None:
                 self.recent[a.slot] = [*self.recent.get(a.slot, []), last.confidences][-RECENT_ROUNDS:]
 
-    def finish(self, run: RunState, a: ActiveRequest) -> None:
+    def finish(self, run: Run, a: RequestRecord) -> None:
         super().finish(run, a)
         self.recent.pop(a.slot, None)
         self.idle.pop(a.slot, None)

@@ -3,7 +3,7 @@
 `CostAwareScheduler` is the core's `Scheduler` (dspark/scheduler.py)
 with the drafting cost (dspark/lab/cost_aware/draft_cost.py) for the cost-aware
 policies (`dspark`, `dspark-async`; any other policy, or a free cost: the core's
-scheduler, the paper's step). Every input is an argument: the temperatures and
+scheduler, the paper's step). Every input is an argument: the STS pair and
 costs here, the earlier rounds in `speculate`, the round's `Proposal` in
 `__call__`, its outcome in `observe`. This is the project's own extension; the
 paper prices a step by its target pass alone.
@@ -75,7 +75,6 @@ from itertools import accumulate
 
 import torch
 
-from dspark.device import to_host
 from dspark.drafters.base import Proposal
 from dspark.lab.cost_aware.draft_cost import DraftCost
 from dspark.scheduler import (
@@ -191,7 +190,7 @@ def mean_survivals(rounds: list[list[float]], gamma: int) -> tuple[list[float], 
 def forecast_parts(
     history: list[list[list[float]]],
     gamma: int,
-    temperatures: torch.Tensor | None = None,
+    sts: torch.Tensor | None = None,
     first_rounds: list[list[float]] | None = None,
 ) -> ForecastParts:
     """The idle-independent part of `forecast_survivals`: every round through `prefix_survival` together
@@ -203,7 +202,7 @@ def forecast_parts(
     rounds = [c[:gamma] for h in history for c in h] + [c[:gamma] for c in first_rounds]
     # a narrower round is padded for the one `prefix_survival` call, then cut back to the positions it saw
     padded = torch.tensor([[*c, *[0.0] * (gamma - len(c))] for c in rounds], dtype=torch.float64, device=HOST)
-    survivals = [row[: len(c)] for row, c in zip(prefix_survival(padded, temperatures).tolist(), rounds)]
+    survivals = [row[: len(c)] for row, c in zip(prefix_survival(padded, sts).tolist(), rounds)]
     own, known, at = [], [], 0
     for n in counts:
         mean, seen = mean_survivals(survivals[at : at + n], gamma)
@@ -250,7 +249,7 @@ def forecast_survivals(
     history: list[list[list[float]]],
     idle_steps: list[int],
     gamma: int,
-    temperatures: torch.Tensor | None = None,
+    sts: torch.Tensor | None = None,
     first_rounds: list[list[float]] | None = None,
 ) -> torch.Tensor | None:
     """(R, γ) float64 forecast of this step's survivals from earlier rounds: each request's mean calibrated
@@ -260,7 +259,7 @@ def forecast_survivals(
     that is the only one with rounds keeps exactly its own. None when nothing is known: no request has
     drafted and no first round is remembered. All rounds go through `prefix_survival` together
     (`forecast_parts`), then the idle steps fade them (`faded_forecast`)."""
-    rows = faded_forecast(forecast_parts(history, gamma, temperatures, first_rounds), idle_steps)
+    rows = faded_forecast(forecast_parts(history, gamma, sts, first_rounds), idle_steps)
     return None if rows is None else torch.tensor(rows, dtype=torch.float64, device=HOST).reshape(-1, gamma)
 
 
@@ -282,7 +281,7 @@ def draft_plan(
     gamma: int,
     profile: ThroughputProfile,
     cost: DraftCost,
-    temperatures: torch.Tensor | None = None,
+    sts: torch.Tensor | None = None,
     realism: float = 1.0,
     first_rounds: list[list[float]] | None = None,
     early_stop: bool = True,
@@ -299,7 +298,7 @@ def draft_plan(
     a jagged SPS (CUDA-graph buckets) the early stop halts at the first bucket edge and forecasts ℓ̂ = 0.
     The width is γ unless a narrower block costs less (`DraftCost.width_matters`): then the top k drafting
     requests draft w = min(γ, max forecast ℓ̂ + DRAFT_SLACK) positions, priced at that width.
-    parts: a function giving `forecast_parts(history, gamma, temperatures, first_rounds)`, called only where
+    parts: a function giving `forecast_parts(history, gamma, sts, first_rounds)`, called only where
     a forecast is needed, if the caller keeps them (the same decision, without recomputing what only new
     rounds change); can_pay: `drafting_can_pay(R, gamma, profile, cost)` if the caller knows it.
     After the one `prefix_survival` call, everything is host-side Python: the forecast verify lengths are the
@@ -309,7 +308,7 @@ def draft_plan(
         return torch.ones(R, dtype=torch.bool, device=HOST), gamma
     if not (can_pay if can_pay is not None else drafting_can_pay(R, gamma, profile, cost)):
         return torch.zeros(R, dtype=torch.bool, device=HOST), 0
-    kept = parts() if parts is not None else forecast_parts(history, gamma, temperatures, first_rounds)
+    kept = parts() if parts is not None else forecast_parts(history, gamma, sts, first_rounds)
     forecast = faded_forecast(kept, idle_steps)  # (R, γ) rows
     if forecast is None:  # nothing learnt yet: draft the whole block to find out
         return torch.ones(R, dtype=torch.bool, device=HOST), gamma
@@ -342,10 +341,10 @@ class CostAwareScheduler(Scheduler):
         self,
         policy: Policy,
         profile: ThroughputProfile,
-        temperatures: torch.Tensor | None = None,
+        sts: torch.Tensor | None = None,
         draft_cost: DraftCost | None = None,
     ) -> None:
-        super().__init__(policy, profile, temperatures)
+        super().__init__(policy, profile, sts)
         seen = policy.name in COST_AWARE and draft_cost is not None
         self.draft_cost = draft_cost if seen else DraftCost.free()
         self.accepted_total = self.predicted_total = 0.0  # over every drafted round: realised vs forecast
@@ -398,7 +397,7 @@ class CostAwareScheduler(Scheduler):
             parts_key, kept = (gamma, self.first_rounds_seen), self._parts
             if kept is not None and kept[0] == parts_key and same_lists(kept[1], history):
                 return kept[2]
-            fresh = forecast_parts(history, gamma, self.temperatures, list(self.first_rounds))
+            fresh = forecast_parts(history, gamma, self.sts, list(self.first_rounds))
             self._parts = (parts_key, list(history), fresh)
             return fresh
 
@@ -409,7 +408,7 @@ class CostAwareScheduler(Scheduler):
             gamma,
             self.profile,
             self.draft_cost,
-            self.temperatures,
+            self.sts,
             self.realism,
             list(self.first_rounds),
             # the async policy's budget is a global search: its forecast searches the same way
@@ -439,11 +438,11 @@ class CostAwareScheduler(Scheduler):
             lengths = super().__call__(proposal)
             return lengths if drafted is None else lengths * drafted
         # host sync (only when some rows did not draft): a count for the cost table
-        n_drafting = R if drafted is None else to_host(drafted.sum(), "step: drafting requests")
+        n_drafting = R if drafted is None else drafted.sum().tolist()
         # the kernel knows no drafting time: the survivals once, for the lengths and for realism
-        survivals = prefix_survival(self.confidences(proposal), self.temperatures)  # (R, γ)
+        survivals = prefix_survival(self.confidences(proposal), self.sts)  # (R, γ)
         paid = with_drafting(self.profile, self.draft_cost.seconds(n_drafting, gamma))  # the block was γ wide
-        lengths = self.policy.lengths(survivals, gamma, paid)
+        lengths = self.policy.lengths(survivals, paid)
         lengths = lengths if drafted is None else lengths * drafted
         keep = torch.arange(gamma, device=survivals.device)[None, :] < lengths[:, None]
         self._predicted = (survivals * keep).sum(dim=1)  # (R,) what the survivals predicted: 0 where no draft

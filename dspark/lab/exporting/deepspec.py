@@ -21,6 +21,7 @@ DeepSpec's checkpoints carry as frozen copies of the target's).
 
 from __future__ import annotations
 
+from dspark.lab.draft_vocab import vocab_of
 from dspark.lab.exporting.fields import (
     ExportInfo,
     layer_config,
@@ -49,17 +50,17 @@ def dspark_fields(drafter, info: ExportInfo) -> dict:
               "enable_confidence_head": rank > 0}  # fmt: skip
     if rank:
         fields |= {"markov_head_type": "vanilla", "confidence_head_with_markov": True}
-    if drafter.vocab.size:
-        fields["draft_vocab_size"] = drafter.vocab.size
+    if vocab_of(drafter).size:
+        fields["draft_vocab_size"] = vocab_of(drafter).size
     return fields
 
 
 def whole_vocabulary(drafter) -> None:
     """Refuse a reduced draft vocabulary: DeepSpec's model has vocab_size rows in lm_head and markov_w2."""
-    k = drafter.vocab.size
+    k = vocab_of(drafter).size
     if k:
         refuse(f"the {NAME} layout holds the target's whole vocabulary (DeepSpec sizes lm_head and markov_w2 by "
-               f"vocab_size, {drafter.vocab.target_vocab}, and reads no d2t/t2d), this drafter scores {k} ids; "
+               f"vocab_size, {vocab_of(drafter).target_vocab}, and reads no d2t/t2d), this drafter scores {k} ids; "
                "export it with --format speculators (draft_vocab_size, d2t, t2d: what vLLM's qwen3_dspark loads)")  # fmt: skip
 
 

@@ -14,6 +14,7 @@ Only an EAGLE drafter built with `--eagle3-layer` has this layer (dspark/drafter
 
 from __future__ import annotations
 
+from dspark.lab.draft_vocab import vocab_of
 from dspark.lab.exporting.fields import (
     ExportInfo,
     eagle3_checks,
@@ -36,7 +37,7 @@ def build(drafter, info: ExportInfo) -> tuple[dict, dict, str]:
     config = {
         "architectures": ["LlamaForCausalLMEagle3"],
         **layer_config(drafter, 1, cfg.ffn_hidden, info, "llama"),
-        "draft_vocab_size": drafter.vocab.n_out, "target_hidden_size": drafter.target.config.dim,
+        "draft_vocab_size": vocab_of(drafter).n_out, "target_hidden_size": drafter.target.config.dim,
         "eagle_aux_hidden_state_layer_ids": aux,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux, "use_aux_hidden_state": True},
     }  # fmt: skip

@@ -38,12 +38,11 @@ from safetensors.torch import load_file
 from dspark import drafters
 from dspark.checkpoint import CheckpointError
 from dspark.device import model_device
-from dspark.drafters import load_drafter
-from dspark.drafters.autoregressive import AutoregressiveDrafter, AutoregressiveDrafterConfig
+from dspark.drafters.autoregressive import AutoregressiveDrafterConfig
 from dspark.drafters.base import Drafter
-from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
+from dspark.drafters.parallel import ParallelDrafterConfig
 from dspark.lab.cpu_speed import fast_on_cpu
-from dspark.lab.draft_vocab import vocabulary
+from dspark.lab.draft_vocab import build_drafter, load_checkpoint, vocab_of
 from dspark.lab.exporting.hf_layout import draft_ids, head_rows, load_eagle3, load_parallel
 from dspark.lab.prompt_lookup import PromptLookupDrafter
 from dspark.model import Transformer, cast_keeping_rope
@@ -119,7 +118,7 @@ def check_taps(layer_ids: list[int], target: Transformer, folder: Path) -> None:
 def check_borrowed(tensors: dict[str, torch.Tensor], drafter: Drafter, folder: Path) -> None:
     """The embedding and LM-head rows a folder ships must be the target's own (within bf16 rounding)."""
     target = drafter.target
-    pairs = [("embed_tokens.weight", target.embed.weight), ("lm_head.weight", head_rows(drafter.vocab))]
+    pairs = [("embed_tokens.weight", target.embed.weight), ("lm_head.weight", head_rows(vocab_of(drafter)))]
     for name, ours in pairs:
         if name not in tensors:
             continue
@@ -160,7 +159,7 @@ def parallel_drafter(config: dict, tensors: dict, extra: dict, target: Transform
             draft_vocab=0 if ids is None else ids.shape[0],
             qk_norm="layers.0.self_attn.q_norm.weight" in tensors,
         )  # fmt: skip
-        drafter = ParallelDrafter(target, drafter_config, vocabulary(target, drafter_config.draft_vocab))
+        drafter = build_drafter(target, drafter_config)
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{folder}: config.json does not describe a drafter this project can build "
                               f"({exc})") from None  # fmt: skip
@@ -187,9 +186,7 @@ def eagle3_drafter(config: dict, tensors: dict, extra: dict, target: Transformer
             "eagle", int(gamma), int(layer.get("num_hidden_layers", 1)), int(layer["intermediate_size"]),
             draft_vocab=0 if ids is None else ids.shape[0], eagle3_layer=True,
         )  # fmt: skip
-        drafter = AutoregressiveDrafter(
-            target, drafter_config, vocabulary(target, drafter_config.draft_vocab)
-        )
+        drafter = build_drafter(target, drafter_config)
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{folder}: config.json does not describe an EAGLE-3 drafter this project can "
                               f"build ({exc})") from None  # fmt: skip
@@ -229,7 +226,7 @@ def load_exported(folder: str | Path, target: Transformer) -> Drafter:
 def load_any(path: str | Path, target: Transformer) -> Drafter:
     """A drafter from a checkpoint (the core's `load_drafter`) or from a folder in a serving engine's layout,
     with the CPU speed path swapped in (`cpu_speed.fast_on_cpu`)."""
-    drafter = load_exported(path, target) if Path(path).is_dir() else load_drafter(path, target, vocabulary)
+    drafter = load_exported(path, target) if Path(path).is_dir() else load_checkpoint(path, target)
     return fast_on_cpu(drafter)
 
 
@@ -244,4 +241,7 @@ def get_drafter(
                 "prompt lookup copies from the text and has no weights: drop --drafter-checkpoint"
             )
         return PromptLookupDrafter(target.config.vocab_size)
-    return drafters.get_drafter(name, target, path, target_name, load=load_any)
+    if name == "none" or name not in drafters.DRAFTER_NAMES:
+        return drafters.get_drafter(name, target)  # `none`, or the core's one-line refusal
+    path = drafters.drafter_path(name, path, target_name)
+    return drafters.check_kind(load_any(path, target), name, path)

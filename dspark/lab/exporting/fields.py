@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from dspark.drafters.autoregressive import AutoregressiveDrafter
 from dspark.drafters.parallel import ParallelDrafter
+from dspark.lab.draft_vocab import vocab_of
 
 # the Hugging Face model a known target of this project is, its own context (the cache here is shorter), and
 # what a user serving it should know about the weights the drafter was trained against
@@ -128,10 +129,10 @@ def mask_note(drafter: ParallelDrafter, info: ExportInfo) -> str:
 
 def vocab_note(drafter) -> str:
     """One README sentence on the draft vocabulary."""
-    k = drafter.vocab.size
+    k = vocab_of(drafter).size
     if not k:
         return "Vocabulary: the drafter scores the target's whole vocabulary (no d2t/t2d)."
-    return (f"Vocabulary: the drafter scores {k} of the target's {drafter.vocab.target_vocab} ids; `lm_head` holds "
+    return (f"Vocabulary: the drafter scores {k} of the target's {vocab_of(drafter).target_vocab} ids; `lm_head` holds "
             "their rows in ascending id order, `d2t` (int64) maps draft index i to target id i + d2t[i], `t2d` "
             "(bool) marks them.")  # fmt: skip
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from dspark.lab.draft_vocab import vocab_of
 from dspark.lab.exporting import deepspec, eagle3, speculators
 from dspark.lab.exporting.fields import ExportInfo
 
@@ -117,8 +118,8 @@ def provenance(drafter, fmt: str, info: ExportInfo) -> dict:
     record = {"written_by": WRITTEN_BY, "format": fmt, "drafter": drafter.config.to_dict(),
               "target": info.target_name, "tap_layers": list(drafter.target.config.tap_layers),
               "source": info.source}  # fmt: skip
-    if drafter.vocab.size:
-        record["draft_ids"] = drafter.vocab.ids.tolist()  # most frequent first: the order sampling walks
+    if vocab_of(drafter).size:
+        record["draft_ids"] = vocab_of(drafter).ids.tolist()  # most frequent first: the order sampling walks
     return record
 
 

@@ -33,8 +33,9 @@ import torch
 
 from dspark.checkpoint import CheckpointError, mismatch
 from dspark.drafters.autoregressive import AutoregressiveDrafter
-from dspark.drafters.base import Vocabulary
 from dspark.drafters.parallel import ParallelDrafter
+from dspark.lab.draft_vocab import WholeVocabulary as Vocabulary
+from dspark.lab.draft_vocab import vocab_of
 from dspark.lab.pretrained.llama import BLOCK_NAMES  # Llama block tensor names: HF suffix -> ours
 
 # this project's per-layer key -> the Hugging Face suffix (Llama's, plus Qwen3's per-head q/k norms)
@@ -81,8 +82,8 @@ def parallel_tensors(drafter: ParallelDrafter) -> dict[str, torch.Tensor]:
     for i, layer in enumerate(drafter.layers):
         out |= {f"layers.{i}.{LAYER_NAMES[k]}": v for k, v in layer.state_dict().items()}
     out["embed_tokens.weight"] = drafter.target.embed.weight
-    out["lm_head.weight"] = head_rows(drafter.vocab)
-    out |= vocabulary_tensors(drafter.vocab)
+    out["lm_head.weight"] = head_rows(vocab_of(drafter))
+    out |= vocabulary_tensors(vocab_of(drafter))
     if drafter.config.head != "none":
         if drafter.config.head == "markov":
             w1, w2, conf_w, conf_b = drafter.head.weights()
@@ -91,12 +92,12 @@ def parallel_tensors(drafter: ParallelDrafter) -> dict[str, torch.Tensor]:
             conf_w, conf_b = drafter.head.confidence.weight[0], drafter.head.confidence.bias
             out["markov_head.joint_proj.weight"] = drafter.head.rnn.weight
             out["markov_head.joint_proj.bias"] = drafter.head.rnn.bias
-        row_of_id = drafter.vocab.to_draft(torch.arange(drafter.vocab.target_vocab, device=w1.device))
+        row_of_id = vocab_of(drafter).to_draft(torch.arange(vocab_of(drafter).target_vocab, device=w1.device))
         out["markov_head.markov_w1.weight"] = w1[
             row_of_id
         ]  # (V, r): the ids off the vocabulary share "other"
-        order = sorted_order(drafter.vocab).to(w2.device)
-        out["markov_head.markov_w2.weight"] = w2[order] if drafter.vocab.size else w2
+        order = sorted_order(vocab_of(drafter)).to(w2.device)
+        out["markov_head.markov_w2.weight"] = w2[order] if vocab_of(drafter).size else w2
         out["confidence_head.proj.weight"] = conf_w[None]
         out["confidence_head.proj.bias"] = conf_b
     return on_cpu(out)
@@ -107,8 +108,8 @@ def eagle3_tensors(drafter: AutoregressiveDrafter, prefix: str = "midlayer.") ->
     state = drafter.state_dict()
     out = {hf: state[ours] for ours, hf in EAGLE3_TOP.items()}
     out |= {prefix + hf: state[ours] for ours, hf in EAGLE3_LAYER.items()}
-    out["lm_head.weight"] = head_rows(drafter.vocab)
-    out |= vocabulary_tensors(drafter.vocab)
+    out["lm_head.weight"] = head_rows(vocab_of(drafter))
+    out |= vocabulary_tensors(vocab_of(drafter))
     return on_cpu(out)
 
 
@@ -151,7 +152,7 @@ def load_parallel(
 ) -> None:
     """Fill a freshly built `drafter` (config from the folder) with DeepSpec-layout `tensors`;
     `order`: the draft ids in the order to keep (None: ascending). CheckpointError on what it cannot hold."""
-    vocab, source = drafter.vocab, "the folder's weights"
+    vocab, source = vocab_of(drafter), "the folder's weights"
     ids = draft_ids(tensors, vocab.target_vocab, source)
     rows = reorder(ids, order) if ids is not None else None
     if ids is not None:
@@ -187,7 +188,7 @@ def load_eagle3(
 ) -> None:
     """Fill an EAGLE drafter built with `eagle3_layer` from EAGLE-3-layout `tensors` (`prefix`: "midlayer."
     or "layers.0."); `order` as in `load_parallel`."""
-    vocab = drafter.vocab
+    vocab = vocab_of(drafter)
     ids = draft_ids(tensors, vocab.target_vocab, "the folder's weights")
     if ids is not None:
         vocab.set_ids(ids[reorder(ids, order)])

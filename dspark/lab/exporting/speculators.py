@@ -20,6 +20,7 @@ The tensors are the DeepSpec / EAGLE-3 ones (dspark/lab/exporting/hf_layout.py):
 from __future__ import annotations
 
 from dspark.drafters.autoregressive import AutoregressiveDrafter
+from dspark.lab.draft_vocab import vocab_of
 from dspark.lab.exporting.deepspec import dspark_fields
 from dspark.lab.exporting.fields import (
     ExportInfo,
@@ -60,7 +61,7 @@ def build(drafter, info: ExportInfo) -> tuple[dict, dict, str]:
         "speculators_config": speculators_config("dspark", cfg.gamma, info),
         "transformer_layer_config": layer_config(drafter, cfg.n_layers, cfg.ffn_hidden, info, "qwen3")
         | {"layer_types": ["full_attention"] * cfg.n_layers},
-        "draft_vocab_size": drafter.vocab.n_out, "target_hidden_size": None,
+        "draft_vocab_size": vocab_of(drafter).n_out, "target_hidden_size": None,
         "aux_hidden_state_layer_ids": aux, "sliding_window_non_causal": False, "sample_from_anchor": True,
         **dspark_fields(drafter, info), "tie_word_embeddings": False, "torch_dtype": info.dtype,
     }  # fmt: skip
@@ -90,7 +91,7 @@ def build_eagle3(drafter: AutoregressiveDrafter, info: ExportInfo) -> tuple[dict
         "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
         "speculators_config": speculators_config("eagle3", cfg.max_gamma, info),
         "transformer_layer_config": layer_config(drafter, 1, cfg.ffn_hidden, info, "llama"),
-        "draft_vocab_size": drafter.vocab.n_out, "norm_before_residual": False, "norm_before_fc": False,
+        "draft_vocab_size": vocab_of(drafter).n_out, "norm_before_residual": False, "norm_before_fc": False,
         "fc_norm": False, "norm_output": False, "target_hidden_size": None,
         "eagle_aux_hidden_state_layer_ids": aux, "tie_word_embeddings": False, "torch_dtype": info.dtype,
     }  # fmt: skip

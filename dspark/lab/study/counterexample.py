@@ -50,7 +50,7 @@ def counterexample(draws: int, seed: int = 0) -> dict:
         a = survivals[i : i + 1]  # (R=1, γ=2)
         lengths["retrospective"].append(int(prefix_schedule(a, PROFILE, early_stop=False)[0]))
         lengths["early_stop"].append(int(prefix_schedule(a, PROFILE, early_stop=True)[0]))
-        lengths["async"].append(int(policy.lengths(a, 2, PROFILE)[0]))
+        lengths["async"].append(int(policy.lengths(a, PROFILE)[0]))
 
     draft_probs = p_d.expand(draws, 2, 2)
     target_probs = p_t.expand(draws, 3, 2)  # the same law at every position (only the first matters)

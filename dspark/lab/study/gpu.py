@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from dspark import profiler
-from dspark.device import host_sync_counts, model_device
+from dspark.device import model_device
 from dspark.drafters import PARALLEL_KINDS
 from dspark.drafters.base import Drafter, NoDrafter
 from dspark.engine import Request, speculative_generate
@@ -53,6 +53,7 @@ from dspark.lab.cost_aware.draft_cost import DraftCost
 from dspark.lab.cost_aware.engine import CostAwareEngine
 from dspark.lab.cost_aware.scheduler import COST_AWARE, CostAwareScheduler
 from dspark.lab.exporting.exported import get_drafter
+from dspark.lab.host_reads import HostReads
 from dspark.lab.machine import MeasureProgress
 from dspark.lab.step_cost import engine_draft_cost
 from dspark.lab.study import kernels as kernel_study
@@ -368,7 +369,7 @@ def _mode(mode: str, plan: Plan) -> str | None:
 
 
 def sync_rows(target: Transformer, tokenizer: Tokenizer, plan: Plan, profile: ThroughputProfile) -> dict:
-    """Per policy: device-to-host reads per engine step, counted by reason (dspark/device.py), and on
+    """Per policy: device-to-host reads per engine step, counted by the function that read (dspark/lab/host_reads.py), and on
     CUDA every synchronising call measured by torch.cuda's sync debug mode (prefill included)."""
     device = model_device(target)
     prompts = [p for ps in offline.prompts_by_domain(tokenizer, 2, 0).values() for p in ps]
@@ -384,26 +385,23 @@ def sync_rows(target: Transformer, tokenizer: Tokenizer, plan: Plan, profile: Th
             target, drafter, params, gamma, plan.sync_concurrency, tokenizer.eos_id, scheduler
         )
         engine.run(requests[:1])  # warm-up
-        before = host_sync_counts()
         measured = None
-        if device.type == "cuda":
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                torch.cuda.set_sync_debug_mode("warn")
-                try:
-                    result = engine.run(requests, torch.Generator().manual_seed(0))
-                finally:
-                    torch.cuda.set_sync_debug_mode("default")
-            measured = sum("synchroniz" in str(w.message).lower() for w in caught)
-        else:
-            result = engine.run(requests, torch.Generator().manual_seed(0))
-        after = host_sync_counts()
+        with HostReads(engine) as reads:
+            if device.type == "cuda":
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    torch.cuda.set_sync_debug_mode("warn")
+                    try:
+                        result = engine.run(requests, torch.Generator().manual_seed(0))
+                    finally:
+                        torch.cuda.set_sync_debug_mode("default")
+                measured = sum("synchroniz" in str(w.message).lower() for w in caught)
+            else:
+                result = engine.run(requests, torch.Generator().manual_seed(0))
         steps = max(1, result.steps)
         rows.append({"policy": policy, "drafter": name, "steps": result.steps,
-                     "counted_per_step": result.host_syncs_per_step,
-                     "counted_prefill": result.prefill_host_syncs,
-                     "by_reason_per_step": {k: (v - before.get(k, 0)) / steps for k, v in after.items()
-                                            if v != before.get(k, 0)},
+                     "counted_per_step": sum(reads.per_step) / steps, "counted_prefill": reads.prefill,
+                     "by_function_per_step": {k: v / steps for k, v in reads.by_function.items()},
                      "cuda_synchronising_calls_per_step": None if measured is None else measured / steps})  # fmt: skip
     return {"counted_per_step": {r["policy"]: r["counted_per_step"] for r in rows}, "rows": rows}
 
@@ -507,7 +505,7 @@ def report(record: dict) -> str:
                                "by reason, per step (prefill included)"],
                               [[r["policy"], r["drafter"], r["counted_per_step"],
                                 r["cuda_synchronising_calls_per_step"],
-                                "; ".join(f"{k} {v:.2f}" for k, v in r["by_reason_per_step"].items())]
+                                "; ".join(f"{k} {v:.2f}" for k, v in r["by_function_per_step"].items())]
                                for r in record["syncs"]["rows"]]))  # fmt: skip
     out.append("## Drafter training at the paper's sizes (every response position an anchor)\n")
     out.append(markdown_table(["drafter", "layers", "bf16", "s/step", "anchors/step", "anchors/s"],

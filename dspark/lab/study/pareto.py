@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from dspark.device import model_device
 from dspark.drafters.base import Drafter, NoDrafter
-from dspark.engine import EngineResult, Request
+from dspark.engine import Request, Run
 from dspark.lab import storage
 from dspark.lab.calibration import get_calibration
 from dspark.lab.cost_aware.draft_cost import DraftCost, roofline_draft_cost
@@ -171,13 +171,13 @@ def combine_repeats(points: list[dict]) -> list[dict]:
     return out
 
 
-def serve_metrics(result: EngineResult) -> dict:
+def serve_metrics(result: Run) -> dict:
     """The numbers of one `bench serve` point, from the engine's per-request records (module docstring)."""
     served = [r for r in result.records if not r.error]
     tpots = [r.tpot for r in served if r.tpot]
     stats = result.stats
     return {
-        "throughput": result.throughput,
+        "throughput": result.tokens_per_s,
         "tps_per_user": statistics.mean(1 / t for t in tpots) if tpots else float("nan"),
         "tpot_ms": 1000 * statistics.mean(tpots) if tpots else float("nan"),
         "ttft_ms": 1000 * statistics.mean(r.ttft for r in served) if served else float("nan"),

@@ -49,12 +49,12 @@ from dspark.drafters.autoregressive import AutoregressiveDrafter, Autoregressive
 from dspark.drafters.base import Drafter
 from dspark.drafters.parallel import KINDS as PARALLEL_KINDS
 from dspark.drafters.parallel import ParallelDrafter, ParallelDrafterConfig
-from dspark.lab.draft_vocab import vocabulary
+from dspark.lab.draft_vocab import build_drafter, draft_vocabulary
 from dspark.lab.storage import save_checkpoint
 from dspark.lab.training.anchors import anchor_counts, candidate_counts, every_anchor, sample_anchors
-from dspark.lab.training.fast_loss import packed_backbone, soft_target_loss
+from dspark.lab.training.fast_loss import block_losses, draft_target_probs, soft_target_loss
 from dspark.model import Transformer
-from dspark.training import DFLASH_LOSS, BlockLoss, FeatureBatch, block_losses, supervised_target_probs
+from dspark.training import DFLASH_LOSS, BlockLoss, FeatureBatch, supervised_target_probs
 
 
 @dataclass
@@ -132,8 +132,12 @@ def unrolled_logits(
     Chain i starts from the real entry i; it is supervised at step k when token_{i+1} is an anchor (a response
     token) and token_{i+k+2} exists; the n rows are the supervised chains in row-major order."""
     B, T = batch.tokens.shape
-    ids = drafter.vocab.ids if drafter.vocab.size else None  # p_t at the draft vocabulary's ids only
-    probs, row_of = target_probs if target_probs is not None else supervised_target_probs(target, batch, ids)
+    if target_probs is None:
+        vocab = draft_vocabulary(drafter)  # p_t at the draft vocabulary's ids only
+        target_probs = (
+            draft_target_probs(target, batch, vocab.ids) if vocab else supervised_target_probs(target, batch)
+        )
+    probs, row_of = target_probs
     tokens = batch.tokens
     lengths, prompt_lens = batch.lengths.to(tokens.device), batch.prompt_lens.to(tokens.device)
     g = drafter.features_of(batch.flat_features()).view(B, T, -1)[:, :-1]  # feature at i, i = 0..T-2
@@ -170,7 +174,7 @@ def unrolled_losses(
     """Per unrolled step: (soft cross-entropy −Σ p_t log q, mean expected acceptance c*)."""
     losses, accept = [], []
     probs, steps = unrolled_logits(drafter, target, batch, unroll)
-    mass = probs.sum(-1) if drafter.vocab.size else None  # (N + 1,) p_t's mass on the draft ids
+    mass = probs.sum(-1) if draft_vocabulary(drafter) else None  # (N + 1,) p_t's mass on the draft ids
     for logits, rows, _ in steps:
         if logits.shape[0] == 0:
             break
@@ -196,8 +200,9 @@ def batch_loss(
             drafter, ParallelDrafter
         ):  # anchors drawn on the host (lengths live there), used on device
             anchors, valid = sample_anchors(batch.lengths, batch.prompt_lens, tc.anchors_per_seq, generator)
-            loss, acc, _ = block_losses(drafter, target, batch, anchors.to(device), valid.to(device),
-                                        tc.block_loss(drafter), speed=(packed_backbone, soft_target_loss))  # fmt: skip
+            loss, acc, _ = block_losses(
+                drafter, target, batch, anchors.to(device), valid.to(device), tc.block_loss(drafter)
+            )
         else:
             losses, acc = unrolled_losses(drafter, target, batch, K)
             weights = [tc.step_decay**k for k in range(len(losses))]
@@ -422,7 +427,7 @@ def new_drafter(
                                        rank=ParallelDrafterConfig.rank if rank is None else rank,
                                        mask_id=min(ParallelDrafterConfig.mask_id, target.config.vocab_size - 1),
                                        draft_vocab=draft_vocab, qk_norm=qk_norm)  # fmt: skip
-        return ParallelDrafter(target, config, vocabulary(target, draft_vocab))
+        return build_drafter(target, config)
     layers = layers or AutoregressiveDrafterConfig.n_layers
     config = AutoregressiveDrafterConfig(
         kind,
@@ -432,4 +437,4 @@ def new_drafter(
         draft_vocab=draft_vocab,
         eagle3_layer=eagle3_layer and kind == "eagle",
     )
-    return AutoregressiveDrafter(target, config, vocabulary(target, draft_vocab))
+    return build_drafter(target, config)

@@ -1,6 +1,6 @@
-"""The drafter loss's CPU speed paths, which the lab's trainer passes to the core's `block_losses`
-(dspark/training.py); tests/lab/test_distribution_loss.py holds them equal to the
-core's plain ones, values and gradients.
+"""The drafter loss's CPU speed paths: `block_losses` is the core's (dspark/training.py) built from the core's
+pieces with these two, over the drafter's draft vocabulary if it has one (dspark/lab/draft_vocab.py);
+tests/lab/test_distribution_loss.py holds it equal to the core's plain one, values and gradients.
 
   * `packed_backbone`: the packed pass with the attention split the way `block_visibility` draws it: each
     slot scores the T context keys (masked at its anchor) and the γ keys of its own block only, never the
@@ -22,8 +22,23 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
+from dspark.drafters.base import TargetFeatures
 from dspark.drafters.parallel import ParallelDrafter
+from dspark.lab.draft_vocab import draft_vocabulary
+from dspark.model import Transformer
+from dspark.training import (
+    BlockLoss,
+    FeatureBatch,
+    block_slots,
+    label_cross_entropy,
+    probability_table,
+    supervised_positions,
+    supervised_target_probs,
+    teacher_forced,
+    weighted_terms,
+)
 
 CHUNK_ELEMENTS = 1 << 18  # fp32 elements of one chunk of rows: 1 MB
 
@@ -110,3 +125,60 @@ def packed_backbone(
         x = x + attn.wo(out.flatten(3))
         x = x + layer.ffn(layer.ffn_norm(x))
     return x
+
+
+def block_losses(
+    drafter: ParallelDrafter,
+    target: Transformer,
+    batch: FeatureBatch,
+    anchors: torch.Tensor,
+    valid_anchor: torch.Tensor,
+    loss: BlockLoss,
+) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]:
+    """The core's `block_losses` through `packed_backbone` and `soft_target_loss` above; with a draft vocabulary
+    q and p_t are over its K ids, and p_t's mass off them counts in full in the distance."""
+    vocab = draft_vocabulary(drafter)
+    probs, row_of = (
+        draft_target_probs(target, batch, vocab.ids) if vocab else supervised_target_probs(target, batch)
+    )
+    h_ctx = drafter.context_features(TargetFeatures(batch.taps, batch.last_hidden))  # (B, T, dim)
+    h, u = drafter.block_outputs(packed_backbone(drafter, h_ctx, batch.tokens, anchors)[valid_anchor])
+    row, safe, valid, prev, label = block_slots(batch, anchors, valid_anchor, drafter.config.gamma)
+    if vocab:  # the head's rows and labels are draft indices (K: an id off the draft vocabulary)
+        prev, label = vocab.to_draft(prev), vocab.to_draft(label)
+    p_row, label = row_of[row[:, None], safe].flatten(), label.flatten()  # (N·γ,)
+    logits, confs = teacher_forced(drafter, h, u, prev)
+    ce, tv, lse = soft_target_loss(logits, probs, p_row)
+    if not loss.soft_ce:
+        K = logits.shape[-1]
+        ce = label_cross_entropy(logits, lse, label.clamp(max=K - 1)) * (label < K)
+    if vocab:
+        supervised = p_row < probs.shape[0] - 1
+        tv = tv + (1 - probs.sum(-1)[p_row]).clamp(min=0) * supervised
+    return weighted_terms(ce.view_as(prev), tv.view_as(prev), confs, valid, loss)
+
+
+def draft_target_probs(
+    target: Transformer, batch: FeatureBatch, ids: torch.Tensor, chunk: int = 256
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The core's `supervised_target_probs` at the K draft ids only (probs (N + 1, K)), still normalised over
+    V: from the K head rows and the stored log-sum-exp when the batch has it, no softmax over V."""
+    need = supervised_positions(batch)
+    hidden, head = batch.last_hidden[need], target.lm_head.weight  # (N, dim)
+    with torch.no_grad():
+        if batch.lse is not None:  # K head rows and the known normaliser
+            rows, lse = head[ids], batch.lse[need]  # (K, dim), (N,)
+            pieces = [
+                (
+                    F.linear(hidden[s : s + chunk].to(rows.dtype), rows).float() - lse[s : s + chunk, None]
+                ).exp()
+                for s in range(0, hidden.shape[0], chunk)
+            ]
+        else:
+            pieces = [
+                torch.log_softmax(F.linear(hidden[s : s + chunk].to(head.dtype), head).float(), -1)[
+                    :, ids
+                ].exp()
+                for s in range(0, hidden.shape[0], chunk)
+            ]
+    return probability_table(pieces, need, ids.shape[0])

@@ -68,7 +68,7 @@ def sample_instructions(
     bar = tqdm(total=sum(per_domain.values()), initial=sum(min(have[d], n) for d, n in per_domain.items()),
                desc="instructions", unit="prompt")  # fmt: skip
     longest = max(len(tokenizer.user_turn(o)) for openings in PREFIXES.values() for o in openings)
-    cache = target.new_cache(batch_size, max_seq_len=longest + max_tokens)  # as long as the longest row needs
+    context = longest + max_tokens  # a KV cache as long as the longest row needs
     with open(out_path, "a", encoding="utf-8") as f:
         while True:
             short = [d for d in INSTRUCTION_DOMAINS if have[d] < per_domain.get(d, 0)]
@@ -80,7 +80,7 @@ def sample_instructions(
             openings = [rng.choice(PREFIXES[domain]) for _ in range(batch_size)]
             gen = torch.Generator().manual_seed(rng.randrange(2**62))
             result = generate(target, [tokenizer.user_turn(o) for o in openings], max_tokens, SAMPLING, gen,
-                              tokenizer.eos_id, cache)  # one cache of short rows for every batch  # fmt: skip
+                              tokenizer.eos_id, context)  # fmt: skip
             for opening, ids, stop in zip(openings, result.tokens, result.stop_reasons):
                 text = tokenizer.decode([*tokenizer.encode(opening), *ids]).strip()
                 reason = drop_reason(text, domain, ended=stop == "eos")

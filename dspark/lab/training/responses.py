@@ -157,14 +157,14 @@ def regenerate(
     longest = max(
         len(ids) for _, _, ids in chosen
     )  # one cache as long as the longest request, for every batch
-    cache = target.new_cache(batch_size, max_seq_len=longest + max_new_tokens)
+    context = longest + max_new_tokens  # a KV cache as long as the longest row needs
     with open(out_path, "a", encoding="utf-8") as f:
         for start in range(0, len(todo), batch_size):
             batch = [c for _, c in todo[start : start + batch_size]]
             # seeded by the first prompt's place in the whole selection: a resumed run repeats an uninterrupted one
             gen = torch.Generator().manual_seed(seed * 1_000_003 + todo[start][0])
             result = generate(
-                target, [ids for _, _, ids in batch], max_new_tokens, params, gen, tokenizer.eos_id, cache
+                target, [ids for _, _, ids in batch], max_new_tokens, params, gen, tokenizer.eos_id, context
             )
             for (domain, split, ids), response in zip(batch, result.tokens):
                 record = {"domain": domain, "split": split, "prompt_ids": ids, "response_ids": response}
