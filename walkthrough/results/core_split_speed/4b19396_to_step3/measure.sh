@@ -31,3 +31,6 @@ for i in 1 2 3; do
   plain "$BEFORE" > plain_tiny_before_$i.json; plain "$AFTER" > plain_tiny_after_$i.json
 done
 for i in 1 2; do serve "$BEFORE" > serve_tiny_before_$i.json; serve "$AFTER" > serve_tiny_after_$i.json; done
+# C = 1 again (fixed and dspark were 0.88x / 0.92x in the two runs above): four more alternating runs each
+serve1() { (cd "$1" && python -m dspark.bench serve --temperature 0 --requests 32 --concurrency 1 --policies fixed,dspark --json - 2>/dev/null); }
+for i in 1 2 3 4; do serve1 "$BEFORE" > serve_tiny_c1_before_$i.json; serve1 "$AFTER" > serve_tiny_c1_after_$i.json; done
