@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from dspark.drafters.base import NoDrafter
-from dspark.engine import Engine, Request, Run, check_inputs
+from dspark.engine import Run, speculative_generate
 from dspark.model import Transformer
 from dspark.sampling import SamplingParams
 
@@ -27,8 +27,7 @@ def generate(
 ) -> Run:
     """Generate for every prompt; `eos_id=None` never stops early (benchmarks); `context` < the model's: a
     smaller KV cache. The result's `tokens`, `stop_reasons` ("eos", "length", "context"): see `engine.Run`."""
-    check_inputs(prompts, max_new_tokens, model.config)
-    engine = Engine(
-        model, NoDrafter(model.config.vocab_size), params, 0, len(prompts), eos_id, context=context
+    drafter = NoDrafter(model.config.vocab_size)
+    return speculative_generate(
+        model, drafter, prompts, max_new_tokens, params, 0, generator, eos_id, context=context
     )
-    return engine.run([Request(p, max_new_tokens) for p in prompts], generator)

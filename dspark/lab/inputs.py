@@ -8,13 +8,9 @@ from __future__ import annotations
 import math
 import numbers
 
+from dspark.engine import is_integer
 from dspark.model import ModelConfig
 from dspark.requests import Request
-
-
-def is_integer(value: object) -> bool:
-    """A Python or NumPy integer, not a bool (True is an int to Python, never a token id or a count)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_token_ids(ids: list[int], vocab_size: int | None, what: str) -> None:

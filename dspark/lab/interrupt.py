@@ -23,4 +23,8 @@ def _interrupted(
     os._exit(130)  # 128 + SIGINT; sys.exit is not allowed in an excepthook
 
 
-sys.excepthook = _interrupted
+# only for `python -m dspark...`: a Python session that merely imports a command keeps its own Ctrl-C
+_argv = getattr(sys, "orig_argv", [])
+_module = next((a[2:] or b for a, b in zip(_argv, [*_argv[1:], ""]) if a.startswith("-m")), "")
+if _module == "dspark" or _module.startswith("dspark."):
+    sys.excepthook = _interrupted

@@ -40,3 +40,10 @@ def test_import_dspark_loads_no_torch():
     """The package's names load on first use, so the hook can come before torch."""
     code = "import sys, dspark; assert 'torch' not in sys.modules; dspark.SamplingParams; assert 'torch' in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_a_session_that_imports_a_command_keeps_its_own_ctrl_c():
+    """Only `python -m dspark.<command>` swaps the hook: a REPL or notebook importing dspark.bench must not be
+    ended by its next Ctrl-C."""
+    code = "import sys, dspark.bench; assert sys.excepthook is sys.__excepthook__"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

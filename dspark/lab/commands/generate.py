@@ -327,7 +327,6 @@ def main(argv: list[str] | None = None) -> None:
             plain = merged([generate(model, b, args.max_new_tokens, params, plain_generator, eos_id=tokenizer.eos_id)
                             for b in batches])  # fmt: skip
     replies = [decode_complete(tokenizer, t) for t in result.tokens]
-    speculative = speculative_run
 
     if args.json:
         single = len(replies) == 1
@@ -345,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
             "prefill_s": round(result.prefill_seconds, 4),
             "decode_s": round(result.decode_seconds, 4),
         }
-        if speculative:
+        if speculative_run:
             stats = result.stats
             record |= {
                 "gamma": gamma,
@@ -367,17 +366,17 @@ def main(argv: list[str] | None = None) -> None:
         tokens, reason = result.tokens[i], result.stop_reasons[i]
         print(_style(f"[{label}]", 1), text.strip())
         print(_style(f"--- reply ({len(tokens)} tokens, stopped by {reason}) ---", 2))
-        marked = _mark_drafted(tokenizer, tokens, result.from_draft[i]) if speculative else reply
+        marked = _mark_drafted(tokenizer, tokens, result.from_draft[i]) if speculative_run else reply
         print(marked.rstrip() + "\n")
     how = "plain autoregressive decoding"
-    if speculative:
+    if speculative_run:
         how = f"drafter {args.drafter}, gamma {gamma}, policy {args.policy}"
     batch = "batch 1 each" if len(batches) > 1 else f"batch {len(prompts)}"
     print(
         f"{result.new_tokens} new tokens for {len(prompts)} prompt(s), {mode}, {result.tokens_per_s:.1f} tokens/s "
         f"(target {target_label(target_name, model)}; {how}; {batch}, on {device.type})"
     )
-    if speculative:
+    if speculative_run:
         stats = result.stats
         rates = " ".join("-" if r is None else f"{r:.2f}" for r in stats.acceptance_by_position(gamma))
         print(
@@ -386,7 +385,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     if plain is not None:
         print(comparison_line(args.drafter, result, plain, params.greedy))
-        share = drafted_share(result.stats) if speculative else 1.0
+        share = drafted_share(result.stats) if speculative_run else 1.0
         if share < NO_PAY_SHARE:
             print(f"drafting did not pay here: the scheduler drafted in {share:.0%} of the "
                   "steps and decoded plainly in the others (this machine's measured costs; --policy fixed "
