@@ -52,8 +52,7 @@ class KVCache:
 
     def allocate(self) -> int:
         """Claim a free slot (length 0) for a new request."""
-        if not self._free:
-            raise RuntimeError(f"all {self.n_slots} KV-cache slots are in use")
+        assert self._free, f"all {self.n_slots} KV-cache slots are in use"
         slot = self._free.pop(0)
         self._in_use.add(slot)
         self.lengths[slot] = 0
@@ -61,8 +60,7 @@ class KVCache:
 
     def free(self, slot: int) -> None:
         """Give a slot back; its contents become garbage to be overwritten."""
-        if slot not in self._in_use:
-            raise ValueError(f"slot {slot} is not allocated")
+        assert slot in self._in_use, f"slot {slot} is not allocated"
         self._in_use.remove(slot)
         self.lengths[slot] = 0
         self._free.append(slot)
@@ -73,8 +71,6 @@ class KVCache:
         self.lengths[slots] += block_lens
 
     def rollback(self, slot: int, new_length: int) -> None:
-        """Forget everything of `slot` from position `new_length` on."""
-        current = self.lengths[slot].tolist()  # host sync: the check below
-        if not 0 <= new_length <= current:
-            raise ValueError(f"cannot roll slot {slot} back to {new_length} (length {current})")
+        """Forget everything of `slot` from position `new_length` on (it cannot grow: a host read)."""
+        assert 0 <= new_length <= self.lengths[slot], f"cannot roll slot {slot} back to {new_length}"
         self.lengths[slot] = new_length

@@ -37,21 +37,18 @@ class ModelConfig:
     tap_layers: tuple[int, ...] = (0, 2, 3)
 
     def __post_init__(self) -> None:
+        """`load_target`'s one check (the JSON twin): positive sizes, heads that divide, taps that exist."""
         self.tap_layers = tuple(self.tap_layers)
-        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("rope_theta", "norm_eps"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-        if self.dim % self.n_heads:
-            raise ValueError("dim must be divisible by n_heads")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError("n_heads must be divisible by n_kv_heads")
-        if (self.dim // self.n_heads) % 2:
-            raise ValueError("head dimension must be even for RoPE")
+        sizes = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len")
+        for name in (*sizes, "rope_theta", "norm_eps"):
+            value, kind = getattr(self, name), int if name in sizes else (int, float)
+            if isinstance(value, bool) or not isinstance(value, kind) or not 0 < value < math.inf:
+                what = "integer" if name in sizes else "finite number"
+                raise ValueError(f"{name} must be a positive {what}, got {value!r}")
+        if self.dim % (2 * self.n_heads) or self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                "dim must be divisible by 2·n_heads (an even head dimension for RoPE), n_heads by n_kv_heads"
+            )
         if any(not 0 <= t < self.n_layers for t in self.tap_layers):
             raise ValueError(f"tap_layers {self.tap_layers} outside 0..{self.n_layers - 1}")
 
@@ -131,14 +128,11 @@ class RaggedIndex:
     @classmethod
     def build(cls, slots: Tensor, block_lens: Tensor, starts: Tensor, context: int) -> RaggedIndex:
         """The index of a pass appending block_lens (S,) tokens to `slots` (S,) after `starts` (S,) cached
-        positions. One host read (shapes and checks); refuses a negative length or a cache overflow."""
+        positions. One host read (shapes and checks); asserts the cache does not overflow."""
         ends = starts + block_lens  # (S,) each slot's length after the pass
         facts = torch.stack([block_lens.max(), ends.max(), block_lens.sum(), block_lens.min()])
         block_max, kv_len, n_tokens, shortest = facts.tolist()  # host sync: shapes and checks
-        if shortest < 0:
-            raise ValueError("block lengths must be >= 0")
-        if kv_len > context:  # before anything is written
-            raise ValueError(f"sequence of {kv_len} tokens exceeds the context of {context}")
+        assert kv_len <= context, f"sequence of {kv_len} tokens exceeds the context of {context}"
         device = slots.device
         request = torch.arange(slots.shape[0], device=device)
         slot_index = torch.repeat_interleave(request, block_lens, output_size=n_tokens)  # (N,)
@@ -350,8 +344,7 @@ class Transformer(nn.Module):
     def forward(self, tokens: Tensor, return_taps: bool = False) -> ModelOutput:
         """tokens: (B, T) -> logits (B, T, V). No cache: training and reference."""
         T = tokens.shape[1]
-        if T > self.config.max_seq_len:
-            raise ValueError(f"sequence of {T} tokens exceeds context {self.config.max_seq_len}")
+        assert T <= self.config.max_seq_len, f"{T} tokens exceed the {self.config.max_seq_len}-token context"
         cos, sin = self.rope_cos[:T, None], self.rope_sin[:T, None]  # (T, 1, hd/2)
         x = self.embed(tokens)
         taps = [] if return_taps else None
@@ -377,15 +370,9 @@ class Transformer(nn.Module):
         tokens (N,) flat, slot-major; slots, block_lens (S,) int64, block_lens >= 1, slots distinct. Logits
         (N, V); with last_only, (S, V) for each block's last token; with `logits_at` (M,), (M, V) at those
         flat positions (taps and hidden still cover all N). The cache lengths advance by block_lens."""
-        if tokens.dim() != 1 or slots.dim() != 1 or slots.shape != block_lens.shape:
-            raise ValueError("tokens must be (N,), slots and block_lens both (S,)")
-        if slots.shape[0] == 0:
-            raise ValueError("block_lens must be >= 1 and sum to the number of tokens")
-        if last_only and logits_at is not None:
-            raise ValueError("last_only and logits_at exclude each other")
+        assert not (last_only and logits_at is not None), "last_only and logits_at exclude each other"
         rb = RaggedIndex.build(slots, block_lens, cache.lengths[slots], cache.max_seq_len)  # one host read
-        if rb.n_tokens != tokens.shape[0] or rb.shortest_block < 1:
-            raise ValueError("block_lens must be >= 1 and sum to the number of tokens")
+        assert rb.shortest_block >= 1 and rb.n_tokens == len(tokens), "block_lens must be >= 1, sum N"
         taps_at = self.config.tap_layers if return_taps else ()
         x, taps = run_blocks_cached(
             self.blocks, self.embed(tokens), rb, cache, self.rope_cos, self.rope_sin, taps_at

@@ -37,18 +37,12 @@ class ThroughputProfile:
     name: str = ""  # where it came from ("cpu-measured", "h200-roofline", ...)
     _tables: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # device -> table()
 
-    def __post_init__(self) -> None:
-        if not self.steps_per_second or any(not s > 0 for s in self.steps_per_second):
-            raise ValueError("a throughput profile needs positive steps/s for B = 1, 2, ...")
-
     @property
     def max_tokens(self) -> int:
         return len(self.steps_per_second)
 
     def sps(self, batch_tokens: int) -> float:
-        """SPS(B). Beyond the table a step is assumed to take proportionally longer."""
-        if batch_tokens < 1:
-            raise ValueError(f"batch tokens must be >= 1, got {batch_tokens}")
+        """SPS(B), B >= 1. Beyond the table a step is assumed to take proportionally longer."""
         if batch_tokens <= self.max_tokens:
             return self.steps_per_second[batch_tokens - 1]
         return self.steps_per_second[-1] * self.max_tokens / batch_tokens

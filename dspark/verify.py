@@ -25,27 +25,6 @@ class VerifyResult:
     next_token: torch.Tensor  # (R,) int64: residual sample after a rejection, else the bonus token
 
 
-def check_verify_inputs(
-    draft_tokens: torch.Tensor,
-    draft_probs: torch.Tensor,
-    target_probs: torch.Tensor,
-    verify_lens: torch.Tensor,
-) -> None:
-    R, gamma = draft_tokens.shape
-    V = target_probs.shape[-1]
-    if draft_probs.shape != (R, gamma, V):
-        raise ValueError(f"draft_probs must be {(R, gamma, V)}, got {tuple(draft_probs.shape)}")
-    if target_probs.shape != (R, gamma + 1, V):
-        raise ValueError(f"target_probs must be {(R, gamma + 1, V)}, got {tuple(target_probs.shape)}")
-    if verify_lens.shape != (R,):
-        raise ValueError(f"verify_lens must be (R,) with values in 0..{gamma}")
-    # host sync: a verify length outside 0..γ stops here (the kernel trusts its caller)
-    if ((verify_lens < 0) | (verify_lens > gamma)).any().tolist():
-        raise ValueError(f"verify_lens must be (R,) with values in 0..{gamma}")
-    if draft_probs.dtype != torch.float32 or target_probs.dtype != torch.float32:
-        raise ValueError("probabilities must be float32 (the dtype the tokens were sampled with)")
-
-
 def verify(
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor,
@@ -79,9 +58,9 @@ def verify_reference(
 
     draft_tokens (R, γ) int64; draft_probs (R, γ, V) fp32, the q each draft was sampled from; target_probs
     (R, γ+1, V) fp32; verify_lens (R,) in 0..γ; accept_uniforms (R, γ), resample_uniforms (R,) in [0, 1).
-    Drafts beyond verify_lens[r] are ignored. One host read: the verify lengths' check."""
-    check_verify_inputs(draft_tokens, draft_probs, target_probs, verify_lens)
+    Drafts beyond verify_lens[r] are ignored. No host reads."""
     R, gamma = draft_tokens.shape
+    assert target_probs.shape == (R, gamma + 1, draft_probs.shape[-1]), "target_probs must be (R, γ+1, V)"
     rows = torch.arange(R, device=draft_tokens.device)
     if gamma > 0:
         tok = draft_tokens.unsqueeze(-1)
@@ -121,8 +100,7 @@ def verify_greedy(
     (R, γ+1) the target's argmax ids, verify_lens (R,). A draft is accepted when it equals the target's
     choice; the next token is the target's choice at the stop. No uniforms: at T = 0 they do not matter."""
     R, gamma = draft_tokens.shape
-    if target_top.shape != (R, gamma + 1) or verify_lens.shape != (R,):
-        raise ValueError(f"target_top must be {(R, gamma + 1)} and verify_lens {(R,)}")
+    assert target_top.shape == (R, gamma + 1), "target_top must be (R, γ+1)"
     accepted = accepted_prefix(draft_tokens == target_top[:, :gamma], verify_lens)  # (R,)
     next_token = target_top.gather(1, accepted[:, None]).squeeze(1)  # (R,)
     return VerifyResult(accepted, next_token)

@@ -147,7 +147,7 @@ class AutoregressiveDrafter(Drafter):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x ~ q = softmax(LMHead(RMSNorm(g)) / T): (x (R,), q (R, V) fp32)."""
         q = probabilities(self.logits(g), params)
-        return sample(q, generator, check=False), q
+        return sample(q, generator), q
 
     # ---- per-slot state -----------------------------------------------------------
     def reset(self, n_slots: int) -> None:

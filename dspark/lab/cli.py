@@ -43,7 +43,6 @@ from dspark.lab import storage
 from dspark.lab.machine import cpu_has_bf16, resolve_device
 from dspark.lab.pretrained.fetch import KNOWN_MODELS, FetchError
 from dspark.lab.pretrained.prompt_sets import PROMPT_SETS, resolve_prompts
-from dspark.sampling import MIN_TEMPERATURE
 
 RUNNABLE_DRAFTERS = (*DRAFTER_NAMES, "prompt-lookup")  # the trained ones, and the lab's copying drafter
 
@@ -191,6 +190,27 @@ def number(kind: type, low: float | None = None, high: float | None = None) -> C
 
     parse.__name__ = kind.__name__  # argparse names the type in its messages
     return parse
+
+
+MIN_TEMPERATURE = 1e-6  # below this, logits / T can overflow fp32 (at 1e-39 it does)
+
+
+def parse_temperature(text: str) -> float:
+    """An argparse type: a sampling temperature, 0 (greedy) or a finite number >= MIN_TEMPERATURE."""
+    value = number(float, low=0)(text)
+    if 0 < value < MIN_TEMPERATURE:
+        raise argparse.ArgumentTypeError(
+            f"must be 0 (greedy) or >= {MIN_TEMPERATURE:g}, got {text}; smaller ones overflow fp32 logits / T"
+        )
+    return value
+
+
+def parse_top_p(text: str) -> float:
+    """An argparse type: a nucleus mass in (0, 1]."""
+    value = number(float, 0, 1)(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
 
 
 # ---- shared options -----------------------------------------------------------------------------------
@@ -400,11 +420,11 @@ def add_sampling(
         add_option(parser, "--max-new-tokens", max_new_tokens, tokens_help, low=1)
     if temperature is not None:
         add_option(parser, "--temperature", float(temperature),
-                   f"sampling temperature: 0 = greedy, else >= {MIN_TEMPERATURE:g}", low=0)  # fmt: skip
+                   f"sampling temperature: 0 = greedy, else >= {MIN_TEMPERATURE:g}", type=parse_temperature)  # fmt: skip
     if top:
         add_option(parser, "--top-k", 0, "sample only from the k best tokens, 0 = off (at most the vocabulary)",
                    low=0)  # fmt: skip
-        add_option(parser, "--top-p", 1.0, "nucleus sampling mass in (0, 1], 1 = off", low=0, high=1)
+        add_option(parser, "--top-p", 1.0, "nucleus sampling mass in (0, 1], 1 = off", type=parse_top_p)
     if seed is not None:
         add_seed(parser, seed, "random seed for sampling")
 
@@ -473,6 +493,17 @@ def parse_float_list(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
     if not values or any(not 0 <= v < math.inf for v in values):
         raise argparse.ArgumentTypeError(f"expected finite non-negative numbers, got {text!r}")
+    return values
+
+
+def parse_temperature_list(text: str) -> list[float]:
+    """Comma-separated sampling temperatures: each 0 (greedy) or >= MIN_TEMPERATURE (`parse_temperature`)."""
+    values = parse_float_list(text)
+    if any(0 < v < MIN_TEMPERATURE for v in values):
+        raise argparse.ArgumentTypeError(
+            f"temperatures must be 0 (greedy) or >= {MIN_TEMPERATURE:g}, got {text!r}; smaller ones overflow "
+            "fp32 logits / T"
+        )
     return values
 
 

@@ -1,6 +1,7 @@
 """What the lab's commands check before they call the core, with messages that name the bad item: prompts
-(token ids, lengths), budgets and `bench serve`'s requests. The core's entry points keep one short check
-each (`engine.check_inputs`); the user-facing detail lives here.
+(token ids, lengths), budgets and `bench serve`'s requests. The core's entry points
+keep one short check each (`engine.check_inputs`); the user-facing detail lives here (sampling settings:
+`cli.add_sampling`'s parsers).
 """
 
 from __future__ import annotations

@@ -42,12 +42,19 @@ def profile_path(key: dict) -> Path:
 REFRESH_HINT = "python -m dspark.bench profile --refresh"
 
 
+def profile_from_record(record: dict) -> ThroughputProfile:
+    """The SPS profile a cache record holds; ValueError unless its steps/s are positive for B = 1, 2, ...
+    (`storage.read_cache` turns it into one line naming the file)."""
+    steps = record["steps_per_second"]
+    if not steps or any(not s > 0 for s in steps):
+        raise ValueError("a throughput profile needs positive steps/s for B = 1, 2, ...")
+    return ThroughputProfile(steps, record["name"])
+
+
 def read_profile(path: Path, key: dict, refresh: str = REFRESH_HINT) -> ThroughputProfile | None:
     """The SPS profile cached in `path` for `key` (None: none yet, or of other settings); a corrupt file is
     one line naming it and `refresh` (`storage.read_cache`)."""
-    return storage.read_cache(
-        path, key, lambda r: ThroughputProfile(r["steps_per_second"], r["name"]), refresh
-    )
+    return storage.read_cache(path, key, profile_from_record, refresh)
 
 
 SWEEPS = 3  # independent sweeps of every batch size; the profile takes their medians

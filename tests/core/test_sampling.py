@@ -1,5 +1,6 @@
 """dspark/sampling.py: logits -> probabilities -> tokens, hand-worked and edge cases, nucleus = its sorted
-definition, unusable temperatures and non-distributions refused, and a chi-square check of the sampler."""
+definition, and a chi-square check of the sampler (unusable temperatures: the lab's parser refuses them,
+tests/lab/test_cli.py)."""
 
 from __future__ import annotations
 
@@ -33,15 +34,6 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     torch.testing.assert_close(probs, torch.tensor([0.0, 4 / 7, 0.0, 3 / 7]))
     # a tiny p still keeps the single best token
     assert probabilities(logits, SamplingParams(top_p=1e-6)).tolist() == [0.0, 1.0, 0.0, 0.0]
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [{"temperature": -0.1}, {"temperature": float("nan")}, {"top_k": -1}, {"top_p": 0.0}, {"top_p": 1.5}],
-)
-def test_invalid_params_raise(kwargs):
-    with pytest.raises(ValueError):
-        SamplingParams(**kwargs)
 
 
 def test_inverse_cdf_hand_worked():
@@ -86,28 +78,6 @@ def test_draw_token_is_the_inverse_cdf_draw():
     for params in (SamplingParams(0.0), SamplingParams(1.0), SamplingParams(0.7, top_k=5)):
         probs = probabilities(logits, params)
         assert torch.equal(draw_token(probs, uniforms, params), sample_from_probs(probs, uniforms))
-
-
-@pytest.mark.parametrize("temperature", [math.inf, math.nan, -0.5, 1e-39, 1e-7])
-def test_temperatures_that_are_not_usable_are_refused(temperature):
-    with pytest.raises(ValueError, match="temperature"):
-        SamplingParams(temperature)
-
-
-def test_usable_temperatures_pass():
-    for t in (0.0, 1e-6, 0.7, 1.0, 1e6):
-        assert SamplingParams(t).temperature == t
-
-
-@pytest.mark.parametrize("probs, message", [
-    (torch.zeros(2, 5), "no mass"),
-    (torch.tensor([[0.5, math.nan, 0.5]]), "not all finite"),
-    (torch.tensor([[0.5, -0.1, 0.6]]), "negative"),
-    (torch.tensor([[0.5, math.inf, 0.5]]), "not all finite"),
-])  # fmt: skip
-def test_sampling_needs_a_distribution(probs, message):
-    with pytest.raises(ValueError, match=message):
-        sample(probs, torch.Generator().manual_seed(0))
 
 
 def test_sampling_a_distribution_still_works():

@@ -15,6 +15,7 @@ import torch
 
 from dspark import bench, generate, train
 from dspark.checkpoint import TARGET_CHECKPOINT
+from dspark.lab import cli
 from dspark.lab.cli import run_main
 from dspark.lab.commands import bench as bench_command
 from dspark.lab.commands import generate as generate_command
@@ -214,6 +215,34 @@ def test_generate_errors_are_clear(small_checkpoint, argv, message, capsys):
     assert run_main(generate.main, argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--temperature", "-0.1"), ("--temperature", "nan"), ("--temperature", "inf"), ("--temperature", "1e-39"),
+    ("--temperature", "1e-7"), ("--top-k", "-1"), ("--top-p", "0"), ("--top-p", "1.5"), ("--top-p", "nan"),
+])  # fmt: skip
+def test_unusable_sampling_settings_are_refused_when_parsed(flag, value, capsys):
+    """The parser refuses what `SamplingParams` cannot use (the core does not check): a temperature other than
+    0 or a finite number >= 1e-6 (smaller ones overflow fp32 logits / T), a negative top-k, a top-p outside
+    (0, 1]; `--temperatures` lists alike."""
+    parser = argparse.ArgumentParser()
+    cli.add_sampling(parser, temperature=1.0, top=True)
+    with pytest.raises(SystemExit):
+        parser.parse_args([flag, value])
+    assert flag in capsys.readouterr().err
+    if flag == "--temperature":
+        with pytest.raises(argparse.ArgumentTypeError, match="temperature|finite|>= 0"):
+            cli.parse_temperature_list(f"1,{value}")
+
+
+def test_usable_sampling_settings_pass():
+    parser = argparse.ArgumentParser()
+    cli.add_sampling(parser, temperature=1.0, top=True)
+    for t in ("0", "1e-6", "0.7", "1", "1e6"):
+        assert parser.parse_args(["--temperature", t]).temperature == float(t)
+    args = parser.parse_args(["--top-k", "0", "--top-p", "1e-6"])
+    assert (args.top_k, args.top_p) == (0, 1e-6)
+    assert cli.parse_temperature_list("0,1e-6,0.7") == [0.0, 1e-6, 0.7]
 
 
 def test_corrupt_checkpoint_is_a_clear_error(small_checkpoint, tmp_path, capsys):

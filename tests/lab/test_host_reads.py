@@ -36,7 +36,7 @@ def test_host_reads_per_engine_step(tiny_model):
         result = engine.run(requests)
     assert result.steps > 0 and len(reads.per_step) == result.steps
     # every step (README, "On a GPU"): the drafter's ragged index, Algorithm 1's walk (the reference), the
-    # verify lengths, the target pass's ragged index, verify's length check (the reference), the outcome
-    assert reads.per_step == [6] * result.steps, reads.by_function
+    # verify lengths, the target pass's ragged index, the outcome
+    assert reads.per_step == [5] * result.steps, reads.by_function
     assert reads.total == sum(reads.per_step) + reads.prefill and reads.prefill > 0
     assert "step" not in vars(engine)  # the engine's own methods again

@@ -1,5 +1,6 @@
 """dspark/lab/inputs.py: what the lab's commands refuse before calling the core, each message naming the bad
-item (prompt or request numbered from 1, token position, the value): token ids, budgets, arrival times."""
+item (prompt or request numbered from 1, token position, the value): token ids, budgets, arrival times, a
+cached SPS profile."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from helpers import TINY
 
 from dspark.lab.inputs import check_max_new_tokens, check_prompts, check_requests
+from dspark.lab.profiles import profile_from_record
 from dspark.requests import Request
 
 BAD_PROMPTS = [
@@ -56,3 +58,10 @@ def test_malformed_requests_are_refused(request_, message):
     with pytest.raises(ValueError, match=message):
         check_requests([Request([3, 4], 4), request_], TINY)
     check_requests([Request([3, 4], 4), Request([1], 2, 0.5)], TINY)  # good ones pass
+
+
+@pytest.mark.parametrize("steps", [[1.0, 0.0], [], [2.0, -1.0], [math.nan]])
+def test_a_cached_profile_needs_positive_steps_per_second(steps):
+    with pytest.raises(ValueError, match="positive steps/s"):
+        profile_from_record({"steps_per_second": steps, "name": "edited"})
+    assert profile_from_record({"steps_per_second": [2.0, 1.5], "name": "cpu"}).sps(2) == 1.5

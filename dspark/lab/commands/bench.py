@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--drafters", type=cli.parse_drafter_list, default=["mtp", "eagle"],
                    help="comma-separated shipped drafter names or LABEL=CHECKPOINT (default: mtp,eagle)")  # fmt: skip
-    p.add_argument("--temperatures", type=parse_float_list, default=[1.0],
+    p.add_argument("--temperatures", type=cli.parse_temperature_list, default=[1.0],
                    help="comma-separated sampling temperatures (default: 1)")  # fmt: skip
     p.add_argument("--policy", choices=POLICY_NAMES, default=None,
                    help="verify-length policy, built as `generate --policy` builds it (drafters without a "

@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     refuse_ignored_options(args)
     if args.prompts and args.prompts_file:
         raise UsageError("give prompts on the command line or --prompts FILE, not both")
-    params = SamplingParams(args.temperature, args.top_k, args.top_p)  # validates
+    params = SamplingParams(args.temperature, args.top_k, args.top_p)  # the parser checked them
     for i, prompt in enumerate(args.prompts, start=1):
         try:
             prompt.encode("utf-8")

@@ -151,9 +151,7 @@ def round_latency(
     lens = torch.tensor([len(p) for p in prompts], device=device)
     flat = torch.tensor([t for p in prompts for t in p], device=device)
     res = target.forward_cached(flat, slots, lens, cache, return_taps=True)
-    anchors = sample(
-        probabilities(res.logits[torch.cumsum(lens, 0) - 1], params), torch.Generator(), check=False
-    )
+    anchors = sample(probabilities(res.logits[torch.cumsum(lens, 0) - 1], params), torch.Generator())
     generator = torch.Generator().manual_seed(0)
     features, committed, committed_lens = TargetFeatures(res.taps, res.last_hidden), flat, lens
     draft_ms, verify_ms = [], []
