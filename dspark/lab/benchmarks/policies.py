@@ -40,6 +40,8 @@ from dspark.lab.study.tables import markdown_table
 from dspark.sampling import SamplingParams
 from dspark.scheduler import prefix_survival
 
+UNLEARNT = "default, costs not learnt"  # --unlearnt's row: the one-off measured costs alone
+
 
 class RecordingScheduler(CostAwareScheduler):
     """The default scheduler, also adding up what each step's decision predicted: tokens (1 per request,
@@ -47,7 +49,7 @@ class RecordingScheduler(CostAwareScheduler):
     pass), and how many steps drafted."""
 
     def __init__(self, base: CostAwareScheduler) -> None:
-        super().__init__(base.policy, base.profile, base.sts, base.draft_cost)
+        super().__init__(base.policy, base.profile, base.sts, base.draft_cost, base.learned)
         self.widths: list[int] = []
         self.steps = self.drafting_steps = 0
         self.predicted_tokens = self.predicted_seconds = 0.0
@@ -98,9 +100,12 @@ def bench_policies(args: argparse.Namespace) -> dict:
     gamma = min(args.gamma or drafter.max_gamma, drafter.max_gamma)
     temperatures = get_calibration(args.drafter, None, args.target_name, drafter.max_gamma)
     base = gpu.measured_scheduler("dspark", drafter, target, gamma, temperatures, requests=1)
+    # the same scheduler on the one-off measurement alone, not learning from the run's steps
+    unlearnt = CostAwareScheduler(base.policy, base.profile, base.sts, base.draft_cost)
+    schedulers = {"default": base, **({UNLEARNT: unlearnt} if args.unlearnt else {})}
     baselines = {name: get_drafter(name, target, None, args.target_name) for name in args.baselines}
     lengths = [ell for ell in (args.lengths or range(1, gamma + 1)) if 1 <= ell <= gamma]
-    systems = ["plain", *[f"fixed l={ell}" for ell in lengths], "default", *baselines, *peers]
+    systems = ["plain", *[f"fixed l={ell}" for ell in lengths], *schedulers, *baselines, *peers]
     params, rows = SamplingParams(0.0), []
     bar = tqdm(total=sum(map(len, by_domain.values())), desc=f"{len(systems)} systems", unit="prompt")
     for domain, prompts in by_domain.items():
@@ -110,16 +115,16 @@ def bench_policies(args: argparse.Namespace) -> dict:
             peer_generate(peer, prompts[0], 4, None, lookup)
         tokens, seconds, taus, ells = ({s: 0.0 for s in systems} for _ in range(4))
         rounds = dict.fromkeys(systems, 0)
-        sched_totals = {"steps": 0, "drafting": 0, "pred_tokens": 0.0, "pred_seconds": 0.0, "decode_s": 0.0,
-                        "decode_tokens": 0}  # fmt: skip
-        same = dict.fromkeys(["default", *peers], 0)  # replies token for token those of plain decoding
+        totals = {name: {"steps": 0, "drafting": 0, "pred_tokens": 0.0, "pred_seconds": 0.0, "decode_s": 0.0,
+                         "decode_tokens": 0} for name in schedulers}  # fmt: skip
+        same = dict.fromkeys([*schedulers, *peers], 0)  # replies token for token those of plain decoding
         for i, prompt in enumerate(prompts):
             plain = generate(target, [prompt], args.max_new_tokens, params, torch.Generator().manual_seed(i),
                              tokenizer.eos_id)  # fmt: skip
             tokens["plain"] += plain.new_tokens
             seconds["plain"] += plain.prefill_seconds + plain.decode_seconds
             runs = [(f"fixed l={ell}", drafter, ell, None) for ell in lengths]
-            runs += [("default", drafter, gamma, RecordingScheduler(base))]
+            runs += [(name, drafter, gamma, RecordingScheduler(b)) for name, b in schedulers.items()]
             runs += [(name, d, d.max_gamma, None) for name, d in baselines.items()]
             for name, d, g, sched in runs:
                 r = speculative_generate(target, d, [prompt], args.max_new_tokens, params, g,
@@ -130,13 +135,14 @@ def bench_policies(args: argparse.Namespace) -> dict:
                 ells[name] += sum(rec.verify_len for rec in r.stats.all_rounds())
                 rounds[name] += r.stats.rounds
                 if sched is not None:
-                    same["default"] += r.tokens == plain.tokens
-                    sched_totals["steps"] += sched.steps
-                    sched_totals["drafting"] += sched.drafting_steps
-                    sched_totals["pred_tokens"] += sched.predicted_tokens
-                    sched_totals["pred_seconds"] += sched.predicted_seconds
-                    sched_totals["decode_s"] += r.decode_seconds
-                    sched_totals["decode_tokens"] += r.new_tokens - 1  # the prefill's token is not a step's
+                    same[name] += r.tokens == plain.tokens
+                    t = totals[name]
+                    t["steps"] += sched.steps
+                    t["drafting"] += sched.drafting_steps
+                    t["pred_tokens"] += sched.predicted_tokens
+                    t["pred_seconds"] += sched.predicted_seconds
+                    t["decode_s"] += r.decode_seconds
+                    t["decode_tokens"] += r.new_tokens - 1  # the prefill's token is not a step's
             for name, lookup in peers.items():
                 new, took = peer_generate(peer, prompt, args.max_new_tokens, tokenizer.eos_id, lookup)
                 tokens[name] += len(new)
@@ -151,8 +157,8 @@ def bench_policies(args: argparse.Namespace) -> dict:
                    "mean_verify_len": ells[name] / rounds[name] if rounds[name] else 0.0}  # fmt: skip
             if name in peers:
                 row["same_text_as_plain"] = f"{same[name]}/{len(prompts)}"
-            if name == "default":
-                t = sched_totals
+            if name in schedulers:
+                t = totals[name]
                 row |= {"drafted_share": t["drafting"] / max(1, t["steps"]),
                         "predicted_tokens_per_s": t["pred_tokens"] / max(t["pred_seconds"], 1e-9),
                         "realised_tokens_per_s": t["decode_tokens"] / max(t["decode_s"], 1e-9),
@@ -164,7 +170,7 @@ def bench_policies(args: argparse.Namespace) -> dict:
           f"held-out prompts {'of ' + prompts_label(args.prompts) + ' ' if args.prompts else ''}per domain: "
           f"{', '.join(f'{d} {len(p)}' for d, p in by_domain.items())}; {machine}\n")  # fmt: skip
     print(policies_table(rows, systems, list(by_domain)))
-    print(decisions_table([r for r in rows if r["system"] == "default"]))
+    print(decisions_table([r for r in rows if r["system"] in schedulers]))
     if peers:
         print(peers_note(rows, list(peers)))
     return {"benchmark": "policies", "target": args.target_name, "drafter": args.drafter, "gamma": gamma,
@@ -195,9 +201,10 @@ def peers_note(rows: list[dict], peers: list[str]) -> str:
 
 
 def decisions_table(rows: list[dict]) -> str:
-    """The default scheduler's decisions per domain."""
-    cells = [[r["domain"], f"{r['speedup']:.2f}", f"{r['mean_verify_len']:.2f}", f"{r['drafted_share']:.0%}",
-              f"{r['predicted_tokens_per_s']:.1f}", f"{r['realised_tokens_per_s']:.1f}", r["same_text_as_plain"]]
-             for r in rows]  # fmt: skip
-    head = ["domain", "speed-up", "mean ℓ", "steps drafted", "predicted tok/s", "realised tok/s", "same text"]
-    return "\nthe default scheduler's decisions\n\n" + markdown_table(head, cells)
+    """The schedulers' decisions per domain."""
+    head = ["scheduler", "domain", "speed-up", "mean ℓ", "steps drafted", "predicted tok/s", "realised tok/s",
+            "same text"]  # fmt: skip
+    cells = [[r["system"], r["domain"], f"{r['speedup']:.2f}", f"{r['mean_verify_len']:.2f}",
+              f"{r['drafted_share']:.0%}", f"{r['predicted_tokens_per_s']:.1f}", f"{r['realised_tokens_per_s']:.1f}",
+              r["same_text_as_plain"]] for r in rows]  # fmt: skip
+    return "\nthe schedulers' decisions\n\n" + markdown_table(head, cells)

@@ -172,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "default: none)")  # fmt: skip
     p.add_argument("--lengths", type=parse_int_list, default=None,
                    help="comma-separated fixed verify lengths to run (default: every one, 1..gamma)")  # fmt: skip
+    p.add_argument("--unlearnt", action="store_true",
+                   help="also run the default scheduler on the one-off measured costs alone, not learning them from "
+                   "the run's own steps (what the learning buys)")  # fmt: skip
     p.add_argument("--transformers", action="store_true",
                    help="also run Hugging Face transformers' greedy generate and its prompt-lookup decoding on the "
                    "same weights (needs --model and the bench extra: pip install -e '.[bench]')")  # fmt: skip

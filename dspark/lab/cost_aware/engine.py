@@ -63,18 +63,34 @@ class CostAwareEngine(Engine):
         return widths
 
     def step(self, run: Run, generator: torch.Generator) -> Round:
+        t0 = time.perf_counter()
         widths = self.plan(run.active)
         self.drafting = [w > 0 for w in widths]
         device = model_device(self.target)
         slots = upload([a.slot for a in run.active], device)  # (R,)
         anchors = upload([a.anchor for a in run.active], device)  # (R,)
+        R = len(widths)
         if not any(self.drafting):  # nothing to propose, schedule or verify: the step plain decoding takes
-            return self.decode_round(slots, anchors, generator)
-        t0 = time.perf_counter()
+            outcome = self.decode_round(slots, anchors, generator)
+            self.timed(R, time.perf_counter() - t0)
+            return outcome
+        t1 = time.perf_counter()
         proposal = self.draft(run.active, slots, anchors, generator, max(widths))
-        run.draft_seconds += time.perf_counter() - t0
+        t2 = time.perf_counter()
+        run.draft_seconds += t2 - t1
         run.drafted_rounds += sum(self.drafting)
-        return self.verify_round(proposal, [a.length for a in run.active], slots, anchors, generator)
+        outcome = self.verify_round(proposal, [a.length for a in run.active], slots, anchors, generator)
+        # an idle request's pass first appended what it committed meanwhile: one token per idle step
+        catch_up = sum(self.idle.get(a.slot, 0) for a, d in zip(run.active, self.drafting) if d)
+        target_seconds = (t1 - t0) + (time.perf_counter() - t2)
+        self.timed(R + sum(outcome.ells), target_seconds, sum(self.drafting), max(widths), t2 - t1, catch_up)
+        return outcome
+
+    def timed(self, *timings: float) -> None:
+        """The step's timings to a scheduler that learns its costs from them (`CostAwareScheduler.timed`)."""
+        timed = getattr(self.scheduler, "timed", None)
+        if timed is not None:
+            timed(*timings)
 
     def draft(self, active, slots, anchors, generator, gamma) -> Proposal:
         """The core's proposal for this step's drafting rows, padded with zeros to every row (a

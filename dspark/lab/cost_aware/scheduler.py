@@ -77,6 +77,7 @@ import torch
 
 from dspark.drafters.base import Proposal
 from dspark.lab.cost_aware.draft_cost import DraftCost
+from dspark.lab.cost_aware.learned_costs import LearnedCosts
 from dspark.scheduler import (
     AsyncPrefixPolicy,
     Policy,
@@ -343,18 +344,47 @@ class CostAwareScheduler(Scheduler):
         profile: ThroughputProfile,
         sts: torch.Tensor | None = None,
         draft_cost: DraftCost | None = None,
+        learned: LearnedCosts | None = None,
     ) -> None:
         super().__init__(policy, profile, sts)
         seen = policy.name in COST_AWARE and draft_cost is not None
         self.draft_cost = draft_cost if seen else DraftCost.free()
+        # the costs learnt from the run's own steps (`timed`), read at each refit; None: the given ones
+        self.learned = learned if seen and not self.draft_cost.is_free else None
+        self.costs_version = -1
         self.accepted_total = self.predicted_total = 0.0  # over every drafted round: realised vs forecast
         self._predicted: torch.Tensor | None = None  # (R,) this round's survival-predicted accepted drafts
         self._last_decision: tuple | None = None  # (inputs, history lists, widths) of the last `speculate`
         self._parts: tuple | None = None  # ((γ, first rounds' version), history lists, their ForecastParts)
         self.first_rounds: deque[list[float]] = deque(maxlen=FIRST_ROUNDS)  # earlier requests' first rounds
         self.first_rounds_seen = 0  # how many were ever remembered (the memory's version)
-        # (R, γ) -> drafting_can_pay, which the profile and the cost fix for the scheduler's life
+        # (R, γ) -> drafting_can_pay, which the profile and the cost fix (until the learnt costs change)
         self._can_pay: dict[tuple[int, int], bool] = {}
+        self.read_learned_costs()
+
+    def timed(
+        self,
+        batch_tokens: int,
+        target_seconds: float,
+        drafting: int = 0,
+        width: int = 0,
+        draft_seconds: float = 0.0,
+        catch_up_tokens: int = 0,
+    ) -> None:
+        """One engine step's timings (`LearnedCosts.observe`), where the scheduler learns its costs."""
+        if self.learned is not None:
+            self.learned.observe(
+                batch_tokens, target_seconds, drafting, width, draft_seconds, catch_up_tokens
+            )
+
+    def read_learned_costs(self) -> None:
+        """Take the learnt profile and drafting cost after each refit; what they fixed is decided again."""
+        if self.learned is None or self.learned.version == self.costs_version:
+            return
+        self.profile, self.draft_cost = self.learned.profile, self.learned.cost
+        self.costs_version = self.learned.version
+        self._can_pay.clear()
+        self._last_decision = None
 
     def speculate(self, history: list[list[list[float]]], idle_steps: list[int], gamma: int) -> list[int]:
         """Per request, how many positions it drafts this step (0: it does not draft; the drafting ones all
@@ -369,6 +399,7 @@ class CostAwareScheduler(Scheduler):
         lone request that stopped drafting costs nothing per step to keep not drafting. On top of the
         decision, a request idle for PROBE_STEPS steps drafts once to look again (`with_probes`), where
         drafting can pay at all."""
+        self.read_learned_costs()
         for h, idle in zip(history, idle_steps):
             if len(h) == 1 and idle == 0:
                 self.first_rounds.append(h[0])

@@ -51,6 +51,7 @@ from dspark.lab import profiles, storage
 from dspark.lab.calibration import get_calibration
 from dspark.lab.cost_aware.draft_cost import DraftCost
 from dspark.lab.cost_aware.engine import CostAwareEngine
+from dspark.lab.cost_aware.learned_costs import LearnedCosts
 from dspark.lab.cost_aware.scheduler import COST_AWARE, CostAwareScheduler
 from dspark.lab.exporting.exported import get_drafter
 from dspark.lab.host_reads import HostReads
@@ -226,7 +227,9 @@ def measured_scheduler(
     if refresh or key not in kept or kept[key][0]() is not target:
         kept[key] = (weakref.ref(target), measured_costs(target, drafter, gamma, requests, refresh, drafting))
     profile, cost = kept[key][1]
-    return CostAwareScheduler(policy, profile, temperatures, cost)
+    # the measured costs are the prior; the run's own steps correct them as it goes
+    learned = LearnedCosts(profile, cost) if cost is not None else None
+    return CostAwareScheduler(policy, profile, temperatures, cost, learned)
 
 
 # `measured_scheduler`'s measurements in this process, per drafter: (γ, requests, drafting) -> (target, costs)
