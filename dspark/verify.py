@@ -61,6 +61,7 @@ def verify_reference(
     Drafts beyond verify_lens[r] are ignored. No host reads."""
     R, gamma = draft_tokens.shape
     assert target_probs.shape == (R, gamma + 1, draft_probs.shape[-1]), "target_probs must be (R, γ+1, V)"
+    assert draft_probs.dtype == target_probs.dtype == torch.float32, "p and q in fp32, as tokens were drawn"
     rows = torch.arange(R, device=draft_tokens.device)
     if gamma > 0:
         tok = draft_tokens.unsqueeze(-1)

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import torch
 
 from dspark.calibration import auroc, ece, ece_rows, fit_sts
-from dspark.checkpoint import config_path
+from dspark.checkpoint import CheckpointError, config_path
 from dspark.device import generator_uniforms
-from dspark.drafters import default_path, load_calibration, stored_calibration
+from dspark.drafters import default_path
 from dspark.lab import storage
 from dspark.scheduler import prefix_survival, temperatures_and_offsets
 
@@ -182,6 +183,56 @@ def drafted_positions(checkpoint: Path) -> int | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
         return None
     return positions if isinstance(positions, int) and not isinstance(positions, bool) else None
+
+
+def stored_calibration(path: str | Path) -> dict | None:
+    """The `calibration` record of the JSON at `path` (or of its twin); None when there is none."""
+    twin = config_path(path)
+    if not twin.is_file():
+        return None
+    try:
+        record = json.loads(twin.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{twin} is not valid JSON ({exc})") from None
+    stored = record.get("calibration") if isinstance(record, dict) else None
+    if stored is not None and not isinstance(stored, dict):
+        raise CheckpointError(f"{twin}: 'calibration' must be a JSON object, got {type(stored).__name__}")
+    return stored
+
+
+def finite_list(twin: Path, field: str, values, positive: bool) -> list[float]:
+    """`values` as floats if it is a list of finite numbers (> 0 with `positive`), else a one-line error."""
+    if not isinstance(values, list) or not values:
+        raise CheckpointError(f"{twin}: {field} must be a non-empty list of numbers, got {values!r}")
+    for k, v in enumerate(values, start=1):
+        finite = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not finite or (positive and v <= 0):
+            need = "finite numbers > 0" if positive else "finite numbers"
+            raise CheckpointError(f"{twin}: {field} must be {need}, got {v!r} at position {k}")
+    return [float(v) for v in values]
+
+
+def load_calibration(path: str | Path, positions: int | None = None) -> torch.Tensor | None:
+    """The stored STS calibration: (γ,) temperatures or (2, γ) temperatures and offsets, None if there is
+    none; anything but finite temperatures > 0 and `positions` of each is a `CheckpointError`."""
+    stored = stored_calibration(path)
+    if stored is None or stored.get("sts_temperatures") is None:
+        return None
+    twin = config_path(path)
+    temps = finite_list(twin, "sts_temperatures", stored["sts_temperatures"], positive=True)
+    shifts = stored.get("sts_shifts")
+    if shifts is not None:
+        shifts = finite_list(twin, "sts_shifts", shifts, positive=False)
+        if len(shifts) != len(temps):
+            raise CheckpointError(
+                f"{twin}: sts_shifts has {len(shifts)} entries, sts_temperatures {len(temps)}"
+            )
+    if positions is not None and len(temps) != positions:
+        raise CheckpointError(
+            f"{twin}: the calibration has {len(temps)} positions but the drafter drafts "
+            f"{positions}; run `python -m dspark.train calibrate` for this drafter again"
+        )
+    return torch.tensor(temps if shifts is None else [temps, shifts], dtype=torch.float64)
 
 
 def find_calibration(

@@ -227,7 +227,7 @@ FACTORIES = {"zeros", "ones", "full", "empty", "arange", "tensor", "as_tensor", 
 ALLOWED = {  # (file, function): why a tensor may be made on the default device there
     ("dspark/model.py", "rope_table"): "built once in a constructor; a buffer, moved with the module",
     ("dspark/model.py", "RMSNorm.__init__"): "a parameter, moved with the module",
-    ("dspark/drafters/__init__.py", "load_calibration"): "STS temperatures read from JSON to the CPU; "
+    ("dspark/drafters/__init__.py", "get_calibration"): "STS temperatures read from JSON to the CPU; "
     "prefix_survival moves them to the confidences' device",
     ("dspark/calibration.py", "<module>"): "the STS temperature grid, moved to the data's device",
 }

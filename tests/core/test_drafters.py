@@ -11,7 +11,7 @@ from helpers import GREEDY, make
 
 from dspark.checkpoint import ASSETS_DIR, CheckpointError
 from dspark.decoding import generate
-from dspark.drafters import get_calibration, load_calibration, load_drafter
+from dspark.drafters import get_calibration, load_drafter
 from dspark.drafters.autoregressive import AutoregressiveDrafterConfig
 from dspark.drafters.parallel import ParallelDrafterConfig
 from dspark.engine import speculative_generate
@@ -72,21 +72,24 @@ def test_drafter_configs_refuse_empty_shapes(config, field):
 def test_temperatures_live_in_the_checkpoint_json(tmp_path):
     weights = tmp_path / "d.safetensors"
     weights.with_suffix(".json").write_text(json.dumps({"config": {}}))
-    assert load_calibration(weights) is None
+    assert get_calibration("dspark", weights) is None
     lab_calibration.save_temperatures(weights, torch.tensor([1.5, 2.0]), {"rounds": 10})
-    assert load_calibration(weights).tolist() == [1.5, 2.0]
+    assert get_calibration("dspark", weights).tolist() == [1.5, 2.0]
     assert json.loads(weights.with_suffix(".json").read_text())["calibration"]["rounds"] == 10
     # with logit offsets: stored next to the temperatures, read back as the (2, γ) prefix_survival takes
     lab_calibration.save_temperatures(weights, torch.tensor([[1.5, 2.0], [0.25, -0.5]]), {"rounds": 10})
-    assert load_calibration(weights).tolist() == [[1.5, 2.0], [0.25, -0.5]]
-    assert lab_calibration.describe_sts(load_calibration(weights)) == "T 1.50 2.00; b +0.25 -0.50"
+    assert get_calibration("dspark", weights).tolist() == [[1.5, 2.0], [0.25, -0.5]]
+    assert get_calibration("dspark", weights, positions=2).dtype == torch.float64
+    # the lab's reader, which also checks every number, reads the same pair
+    assert lab_calibration.load_calibration(weights).tolist() == [[1.5, 2.0], [0.25, -0.5]]
+    assert lab_calibration.describe_sts(get_calibration("dspark", weights)) == "T 1.50 2.00; b +0.25 -0.50"
 
 
 def test_shipped_calibration_is_loaded_with_the_drafter_checkpoint(tmp_path):
     temps = get_calibration("dspark")
     assert temps is not None and temps.dtype == torch.float64 and temps.shape == (2, 7)  # T_k; b_k
     assert get_calibration("none") is None
-    assert load_calibration(tmp_path / "nothing.safetensors") is None
+    assert get_calibration("dspark", tmp_path / "nothing.safetensors") is None
 
 
 def test_old_checkpoints_without_the_fields_load_as_before():

@@ -104,17 +104,16 @@ def test_verify_greedy_equals_the_reference_on_one_hots_at_every_boundary(gamma)
         verify_greedy(drafts, top[:, :gamma], torch.full((R,), gamma))
 
 
-def test_a_target_pass_of_the_wrong_length_is_refused():
-    """The one shape contract verify asserts: target_probs (R, γ+1, V) for drafts (R, γ)."""
+def test_a_target_pass_of_the_wrong_length_or_dtype_is_refused():
+    """The contracts verify asserts: target_probs (R, γ+1, V) for drafts (R, γ), and p and q in fp32 (the dtype
+    the tokens were drawn in; a bf16 q would be another distribution than the one sampled)."""
+    drafts, q = torch.zeros(1, 2, dtype=torch.long), torch.full((1, 2, V), 0.2)
+    draws = (torch.tensor([1]), torch.rand(1, 2), torch.rand(1))
     with pytest.raises(AssertionError):
-        verify(
-            torch.zeros(1, 2, dtype=torch.long),
-            torch.full((1, 2, V), 0.2),
-            torch.full((1, 2, V), 1 / V),
-            torch.tensor([1]),
-            torch.rand(1, 2),
-            torch.rand(1),
-        )
+        verify(drafts, q, torch.full((1, 2, V), 1 / V), *draws)
+    with pytest.raises(AssertionError):
+        verify(drafts, q.bfloat16(), torch.full((1, 3, V), 1 / V), *draws)
+    verify(drafts, q, torch.full((1, 3, V), 1 / V), *draws)  # both right: accepted
 
 
 # ---- statistical losslessness -------------------------------------------------------------

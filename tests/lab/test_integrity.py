@@ -25,8 +25,7 @@ from helpers import HF_CONFIG, HUGE, ROOT, TINY
 
 from dspark import train
 from dspark.checkpoint import ASSETS_DIR, CheckpointError, config_path
-from dspark.drafters import load_calibration
-from dspark.lab.calibration import calibration_path, get_calibration
+from dspark.lab.calibration import calibration_path, get_calibration, load_calibration
 from dspark.lab.cli import run_main
 from dspark.lab.commands import generate
 from dspark.lab.pretrained.hf_dir import hyperparameters
