@@ -163,6 +163,12 @@ def test_project_to_vocab_is_the_lm_head_in_another_order():
         assert got.shape == (3, 5, big.shape[0]) and got.is_contiguous()
         torch.testing.assert_close(got, torch.nn.functional.linear(x, big), rtol=1e-5, atol=1e-5)
         assert torch.equal(project_to_vocab(x[:1, :1], big), torch.nn.functional.linear(x[:1, :1], big))
+        for rows in range(2, 6):  # three rows computed as four (PADDED_ROWS): the three rows' logits alone
+            got = project_to_vocab(x[0, :rows], big)
+            assert got.shape == (rows, big.shape[0]) and got.is_contiguous()
+            torch.testing.assert_close(
+                got, torch.nn.functional.linear(x[0, :rows], big), rtol=1e-5, atol=1e-5
+            )
         assert torch.equal(project_to_vocab(x, small), torch.nn.functional.linear(x, small))
     w = big.clone().requires_grad_()
     out = project_to_vocab(x, w)

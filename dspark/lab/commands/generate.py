@@ -27,7 +27,12 @@ narrower block is drafted where fewer drafts will be verified). On a CPU the
 profile and the drafting time are measured at first use (seconds, with a
 progress bar) and cached under DSPARK_HOME/profiles for this CPU, thread count
 and dtype; `--refresh-profile` measures them again (on a quiet machine: one
-taken beside other work, or whose repeats disagree, is used once, not cached). `fixed`
+taken beside other work, or whose repeats disagree, is used once, not cached).
+That measurement is where the run starts: every step's own timings then
+correct it (dspark/lab/cost_aware/learned_costs.py), so at --temperature > 0
+the choices, and with them which random draws a step takes, follow this run's
+timings: the same seed can give another sample of the same distribution (`fixed`
+repeats it exactly; at --temperature 0 the text never changes). `fixed`
 verifies every draft (the paper's verify-all rows); `dspark-async`,
 `threshold`, `goodput`, `mtp1` or `none` are the others (see
 dspark/scheduler.py). Any policy is lossless.
