@@ -94,7 +94,7 @@ def test_the_scheduler_decides_again_on_the_learnt_costs():
     history, idle = [[[0.45] * 7] * 4], [0]
     assert sched.speculate(history, idle, 7) == [0]
     for _ in range(REFIT_STEPS):
-        sched.timed(1, 1.1 * prior_seconds(1), 1, 2, 0.2 * dear.seconds(1, 2))
+        learned.observe(1, 1.1 * prior_seconds(1), 1, 2, 0.2 * dear.seconds(1, 2))
     assert sched.speculate(history, idle, 7)[0] > 0
     assert sched.profile is learned.profile and sched.draft_cost is learned.cost
     # given no learner (tests, a GPU, a free cost), nothing changes
@@ -115,13 +115,13 @@ def test_the_engine_times_each_step_and_the_output_is_plain_decodings(tiny_model
     )
     seen = []
 
-    class Logged(CostAwareScheduler):
-        def timed(self, *timings):
+    class Logged(LearnedCosts):
+        def observe(self, *timings):
             seen.append((*timings, 0, 0, 0.0, 0)[:6])  # a plain step gives (B, seconds) alone
-            super().timed(*timings)
+            super().observe(*timings)
 
-    learned = LearnedCosts(profile, cost)
-    sched = Logged.for_drafter(make_policy("dspark"), drafter, profile, None, cost, learned)
+    learned = Logged(profile, cost)
+    sched = CostAwareScheduler.for_drafter(make_policy("dspark"), drafter, profile, None, cost, learned)
     engine = CostAwareEngine(tiny_model, drafter, GREEDY, 4, concurrency, None, sched)
     result = engine.run(reqs)
     assert len(seen) == result.steps and learned.version == result.steps // REFIT_STEPS > 0

@@ -100,9 +100,10 @@ def bench_policies(args: argparse.Namespace) -> dict:
     gamma = min(args.gamma or drafter.max_gamma, drafter.max_gamma)
     temperatures = get_calibration(args.drafter, None, args.target_name, drafter.max_gamma)
     base = gpu.measured_scheduler("dspark", drafter, target, gamma, temperatures, requests=1)
-    # the same scheduler on the one-off measurement alone, not learning from the run's steps
-    unlearnt = CostAwareScheduler(base.policy, base.profile, base.sts, base.draft_cost)
-    schedulers = {"default": base, **({UNLEARNT: unlearnt} if args.unlearnt else {})}
+    schedulers = {"default": base}
+    # --unlearnt: the same scheduler on the one-off measurement alone, not learning from the run's steps
+    if args.unlearnt:
+        schedulers[UNLEARNT] = CostAwareScheduler(base.policy, base.profile, base.sts, base.draft_cost)
     baselines = {name: get_drafter(name, target, None, args.target_name) for name in args.baselines}
     lengths = [ell for ell in (args.lengths or range(1, gamma + 1)) if 1 <= ell <= gamma]
     systems = ["plain", *[f"fixed l={ell}" for ell in lengths], *schedulers, *baselines, *peers]

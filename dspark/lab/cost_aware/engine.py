@@ -87,10 +87,10 @@ class CostAwareEngine(Engine):
         return outcome
 
     def timed(self, *timings: float) -> None:
-        """The step's timings to a scheduler that learns its costs from them (`CostAwareScheduler.timed`)."""
-        timed = getattr(self.scheduler, "timed", None)
-        if timed is not None:
-            timed(*timings)
+        """The step's timings to the costs a scheduler learns from them (`LearnedCosts.observe`), if it does."""
+        learned = getattr(self.scheduler, "learned", None)
+        if learned is not None:
+            learned.observe(*timings)
 
     def draft(self, active, slots, anchors, generator, gamma) -> Proposal:
         """The core's proposal for this step's drafting rows, padded with zeros to every row (a

@@ -349,7 +349,7 @@ class CostAwareScheduler(Scheduler):
         super().__init__(policy, profile, sts)
         seen = policy.name in COST_AWARE and draft_cost is not None
         self.draft_cost = draft_cost if seen else DraftCost.free()
-        # the costs learnt from the run's own steps (`timed`), read at each refit; None: the given ones
+        # the costs learnt from the run's own steps (the engine's `timed`), read at each refit; None: the given ones
         self.learned = learned if seen and not self.draft_cost.is_free else None
         self.costs_version = -1
         self.accepted_total = self.predicted_total = 0.0  # over every drafted round: realised vs forecast
@@ -361,21 +361,6 @@ class CostAwareScheduler(Scheduler):
         # (R, γ) -> drafting_can_pay, which the profile and the cost fix (until the learnt costs change)
         self._can_pay: dict[tuple[int, int], bool] = {}
         self.read_learned_costs()
-
-    def timed(
-        self,
-        batch_tokens: int,
-        target_seconds: float,
-        drafting: int = 0,
-        width: int = 0,
-        draft_seconds: float = 0.0,
-        catch_up_tokens: int = 0,
-    ) -> None:
-        """One engine step's timings (`LearnedCosts.observe`), where the scheduler learns its costs."""
-        if self.learned is not None:
-            self.learned.observe(
-                batch_tokens, target_seconds, drafting, width, draft_seconds, catch_up_tokens
-            )
 
     def read_learned_costs(self) -> None:
         """Take the learnt profile and drafting cost after each refit; what they fixed is decided again."""
